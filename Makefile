@@ -1,0 +1,37 @@
+# The two set-up commands of the README: `make run` and `make test`.
+# Each creates (or reuses) the virtual environment in .venv and installs the package into it.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+DATA_DIR ?= data
+MODEL_DIR ?= runs/sample
+
+.PHONY: venv run test test-all lint bazel-test clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,analysis]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+# Main job: prepare the embedded default corpus (real Wikipedia text) and train the CPU-sized model on it.
+run: venv
+	$(PY) -m txl_tf.data.prepare --dataset=enwik8_sample --data_dir=$(DATA_DIR)/enwik8_sample
+	$(PY) -m txl_tf.train --gin_file=gin/sample.gin --model_dir=$(MODEL_DIR) \
+	  --gin_param="DATA_DIR='$(DATA_DIR)/enwik8_sample'"
+
+# Fast test suite (< ~10 min on 2 cores).
+test: venv
+	$(PY) -m pytest -q
+
+# Everything, slow tests included.
+test-all: venv
+	$(PY) -m pytest -q -m ''
+
+lint: venv
+	$(VENV)/bin/ruff check txl_tf tests scripts
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,21 @@
+"""Shared pytest configuration: paths to the shared fixtures and a small TF set-up."""
+
+import os
+import pathlib
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+# The golden fixtures live in ../shared beside the checkout (not inside the repo).
+SHARED = pathlib.Path(os.environ.get("TXL_SHARED_DIR", REPO_ROOT.parent / "shared"))
+FIXTURE_DIR = SHARED / "fixtures" / "original_tf_char_small"
+
+
+@pytest.fixture
+def fixture_dir():
+    if not (FIXTURE_DIR / "golden.npz").exists():
+        pytest.skip(f"golden fixtures not found at {FIXTURE_DIR} (set TXL_SHARED_DIR to the shared/ folder)")
+    return FIXTURE_DIR

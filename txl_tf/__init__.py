@@ -1,0 +1,3 @@
+"""txl_tf: Transformer-XL (Dai et al., 2019) in TensorFlow 2 / Keras 3."""
+
+__version__ = "0.1.0"
