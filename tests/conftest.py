@@ -19,3 +19,20 @@ def fixture_dir():
     if not (FIXTURE_DIR / "golden.npz").exists():
         pytest.skip(f"golden fixtures not found at {FIXTURE_DIR} (set TXL_SHARED_DIR to the shared/ folder)")
     return FIXTURE_DIR
+
+
+def _configure_two_logical_cpus():
+    """Split the CPU into 2 logical devices before any op runs, so MirroredStrategy tests have 2 replicas.
+
+    Logical devices share the host thread pools, so single-device tests are unaffected.
+    """
+    import tensorflow as tf
+
+    cpus = tf.config.list_physical_devices("CPU")
+    try:
+        tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+    except RuntimeError:  # already initialised (e.g. a plugin ran an op first): keep what exists
+        pass
+
+
+_configure_two_logical_cpus()
