@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 
 PROTOCOLS = ("xl", "vanilla")
+LAYOUTS = ("corpus", "original")
 
 
 @dataclasses.dataclass
@@ -100,20 +101,29 @@ def make_score_step(model, jit_compile: bool = False):
     return step
 
 
-def corpus_streams(tokens: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """Splits a 1-D token array into `batch_size` contiguous streams that together predict every token.
+def corpus_streams(tokens: np.ndarray, batch_size: int, layout: str = "corpus") -> tuple[np.ndarray, np.ndarray]:
+    """Splits a 1-D token array into `batch_size` contiguous streams.
+
+    Layouts:
+      "corpus" (default): together the streams predict every token after the first exactly once. Row b holds
+        tokens[b*S : b*S + S + 1] with S = (N - 1) // B (its last target is the next row's first input), and
+        the tail holds the R = (N - 1) % B leftover predictions continuing the last row.
+      "original": the authors' batching: S + 1 = N // B tokens per row, rows do not overlap, and the B - 1
+        tokens that start rows 1.. and the N % B leftover tokens are not predicted (empty tail).
 
     Returns:
-      streams: [B, S + 1] int32; row b holds tokens[b*S : b*S + S + 1] (inputs row[:-1], targets row[1:]).
-      tail: [R + 1] int32 with R = (N - 1) % B, the last stream's continuation (`tail[:1]` when R = 0).
+      streams: [B, S + 1] int32 (inputs row[:-1], targets row[1:]); tail: [R + 1] int32 (R may be 0).
     """
     tokens = np.asarray(tokens, np.int32).reshape(-1)
-    num_predictions = tokens.shape[0] - 1
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive; got {batch_size}")
-    stream_len = num_predictions // batch_size
+    if layout not in LAYOUTS:
+        raise ValueError(f"stream layout must be one of {LAYOUTS}; got {layout!r}")
+    stream_len = (tokens.shape[0] - 1) // batch_size if layout == "corpus" else tokens.shape[0] // batch_size - 1
     if stream_len < 1:
         raise ValueError(f"{tokens.shape[0]} tokens are too few for {batch_size} streams; lower the batch size")
+    if layout == "original":
+        return tokens[:batch_size * (stream_len + 1)].reshape(batch_size, stream_len + 1), tokens[:0]
     index = np.arange(batch_size)[:, None] * stream_len + np.arange(stream_len + 1)[None, :]
     return tokens[index], tokens[batch_size * stream_len:]
 
@@ -173,9 +183,9 @@ def evaluate_streams(model, streams: np.ndarray, *, tgt_len: int, mem_len: int, 
         raise ValueError(f"streams must be [batch, length >= 2]; got shape {streams.shape}")
     batch_size, length = streams.shape[0], streams.shape[1] - 1
     steps = math.ceil(length / tgt_len)
-    if max_steps:
-        steps = min(steps, max_steps)
-    with_tail = tail is not None and len(tail) > 1 and not (max_steps and max_steps < math.ceil(length / tgt_len))
+    truncated = bool(max_steps) and max_steps < steps
+    steps = max_steps if truncated else steps
+    with_tail = tail is not None and len(tail) > 1 and not truncated  # the tail follows the whole last stream
     settings = dict(protocol="xl", tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
                     same_length=same_length, batch_size=batch_size)
     start_time = time.perf_counter()
@@ -201,17 +211,20 @@ def evaluate_streams(model, streams: np.ndarray, *, tgt_len: int, mem_len: int, 
 
 def evaluate_tokens(model, tokens: np.ndarray, *, tgt_len: int, mem_len: int, clamp_len: int = -1,
                     same_length: bool = False, batch_size: int = 10, max_steps: int = 0,
-                    return_token_losses: bool = False, progress: bool = False,
+                    layout: str = "corpus", return_token_losses: bool = False, progress: bool = False,
                     jit_compile: bool = False) -> EvalResult:
-    """Transformer-XL evaluation of a whole split (1-D tokens): every token after the first scored once.
+    """Transformer-XL evaluation of a whole split (1-D tokens); with the default layout every token after
+    the first is scored exactly once, in corpus order.
 
-    See `corpus_streams` for the layout and `evaluate_streams` for the arguments.
+    See `corpus_streams` for the layouts and `evaluate_streams` for the other arguments.
     """
-    streams, tail = corpus_streams(tokens, batch_size)
-    return evaluate_streams(model, streams, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
-                            same_length=same_length, max_steps=max_steps, tail=tail,
-                            return_token_losses=return_token_losses, progress=progress,
-                            jit_compile=jit_compile)
+    streams, tail = corpus_streams(tokens, batch_size, layout)
+    result = evaluate_streams(model, streams, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
+                              same_length=same_length, max_steps=max_steps, tail=tail,
+                              return_token_losses=return_token_losses, progress=progress,
+                              jit_compile=jit_compile)
+    result.protocol["layout"] = layout
+    return result
 
 
 def evaluate_dataset(model, dataset: Iterable, *, mem_len: int | None = None, clamp_len: int | None = None,
