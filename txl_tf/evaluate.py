@@ -37,7 +37,7 @@ def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_pa
     from txl_tf import evaluation, restore
     from txl_tf.data.pipeline import load_vocab, read_split
 
-    configs = restore.parse_configs(model_dir, gin_files, gin_params)
+    configs = restore.parse_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
     protocol = configs.eval
     if protocol.protocol not in evaluation.PROTOCOLS:
         raise ValueError(f"EvalConfig.protocol must be one of {evaluation.PROTOCOLS}; got {protocol.protocol!r}")

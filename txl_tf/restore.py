@@ -6,17 +6,19 @@ Conventions (pinned with the trainer):
     model_dir/ckpt-N.*       tf.train.CheckpointManager checkpoints with the key `model`
     model_dir/best/ckpt-N.*  the best validation checkpoint
 
-A checkpoint converted from the authors' TF code (`python -m txl_tf.convert`) is a plain checkpoint prefix with
-the same `model` key; give its architecture with `--gin_file` (and `--gin_param`).
+A checkpoint converted from the authors' TF code (`python -m txl_tf.convert --output_dir=DIR`) is DIR/ckpt-1
+with the same `model` key and DIR/model.gin (its ModelConfig); pass `--checkpoint=DIR` and the setup's
+`--gin_file` for the data and evaluation protocol.
 
-Gin files are read in this order: `model_dir/config.gin` (when it exists), then `gin_files`, then
-`gin_params`, so later values override earlier ones.
+Gin files are read in this order: `model_dir/config.gin` (or the converter's model.gin), then `gin_files`,
+then `gin_params`, so later values override earlier ones.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Sequence
 
 import gin
@@ -25,6 +27,7 @@ import tensorflow as tf
 from txl_tf.configs import DataConfig, EvalConfig, ModelConfig, TrainConfig
 
 CONFIG_FILE = "config.gin"
+CONVERTED_CONFIG_FILE = "model.gin"  # written by `python -m txl_tf.convert` beside its checkpoint
 BEST_DIR = "best"
 
 
@@ -39,21 +42,30 @@ class Configs:
     files: tuple = ()
 
 
-def parse_configs(model_dir: str | None = None, gin_files: Sequence[str] = (),
-                  gin_params: Sequence[str] = ()) -> Configs:
-    """Parses model_dir/config.gin (if present), then `gin_files`, then `gin_params`; returns the configs.
+def _base_config_files(model_dir: str | None, checkpoint: str | None) -> list:
+    """model_dir/config.gin, else the converter's model.gin beside a converted checkpoint, when present."""
+    if model_dir and os.path.exists(os.path.join(model_dir, CONFIG_FILE)):
+        return [os.path.join(model_dir, CONFIG_FILE)]
+    if checkpoint:
+        directory = checkpoint if os.path.isdir(checkpoint) else os.path.dirname(checkpoint)
+        if os.path.exists(os.path.join(directory, CONVERTED_CONFIG_FILE)):
+            return [os.path.join(directory, CONVERTED_CONFIG_FILE)]
+    return []
 
-    Unknown configurables (e.g. bindings for modules not imported here) are skipped.
+
+def parse_configs(model_dir: str | None = None, gin_files: Sequence[str] = (), gin_params: Sequence[str] = (),
+                  checkpoint: str | None = None) -> Configs:
+    """Parses the base config, then `gin_files`, then `gin_params`; returns the configs.
+
+    The base config is model_dir/config.gin, else the `model.gin` that `txl_tf.convert` writes beside a
+    converted checkpoint. Unknown configurables (bindings for modules not imported here) are skipped.
     """
-    files = []
-    if model_dir:
-        config_path = os.path.join(model_dir, CONFIG_FILE)
-        if os.path.exists(config_path):
-            files.append(config_path)
-        elif not gin_files:
-            raise FileNotFoundError(
-                f"{config_path} does not exist: pass the setup's --gin_file (and the checkpoint) or point "
-                "--model_dir at a directory written by `python -m txl_tf.train`")
+    files = _base_config_files(model_dir, checkpoint)
+    if not files and not gin_files:
+        where = os.path.join(model_dir, CONFIG_FILE) if model_dir else f"beside {checkpoint}"
+        raise FileNotFoundError(
+            f"no gin config found ({where}): pass the setup's --gin_file, or point --model_dir at a directory "
+            "written by `python -m txl_tf.train`")
     for path in gin_files:
         if not os.path.exists(path):
             raise FileNotFoundError(f"gin file {path} does not exist")
@@ -74,7 +86,13 @@ def find_checkpoint(path: str, which: str = "latest") -> str:
         raise ValueError(f"which must be 'latest' or 'best'; got {which!r}")
     search = [os.path.join(path, BEST_DIR)] if which == "best" else [path, os.path.join(path, BEST_DIR)]
     for directory in search:
-        prefix = tf.train.latest_checkpoint(directory) if tf.io.gfile.isdir(directory) else None
+        if not tf.io.gfile.isdir(directory):
+            continue
+        prefix = tf.train.latest_checkpoint(directory)
+        if not prefix:  # written with Checkpoint.write (no state file): the highest ckpt-N
+            numbered = [(int(m.group(1)), name) for name in tf.io.gfile.listdir(directory)
+                        if (m := re.fullmatch(r"ckpt-(\d+)\.index", name))]
+            prefix = os.path.join(directory, max(numbered)[1][:-len(".index")]) if numbered else None
         if prefix:
             return prefix
     raise FileNotFoundError(f"no {which} checkpoint found in {path} (looked in {', '.join(search)})")
@@ -120,7 +138,7 @@ def load_model(model_dir: str | None = None, checkpoint: str | None = None, *, w
     `checkpoint` (a prefix or a directory) defaults to `model_dir`. The vocabulary size comes from
     ModelConfig.n_token, else from the prepared data in DataConfig.data_dir.
     """
-    configs = parse_configs(model_dir, gin_files, gin_params)
+    configs = parse_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
     source = checkpoint or model_dir
     if not source:
         raise ValueError("give --model_dir or --checkpoint")
