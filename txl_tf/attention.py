@@ -41,7 +41,9 @@ def rel_shift(x):
     rank = len(x.shape)
     x = tf.pad(x, [[0, 0]] * (rank - 1) + [[1, 0]])  # [..., L, K+1]: a zero column in front
     x = tf.reshape(x, tf.concat([batch, [klen + 1, qlen]], 0))  # [..., K+1, L]
-    x = x[..., 1:, :]  # [..., K, L]: drop the first row
+    # Drop the first row. tf.slice, not x[..., 1:, :]: the gradient of Slice is a fast Pad, while the strided
+    # slice's gradient (StridedSliceGrad) is ~50x slower on CPU at these sizes.
+    x = tf.slice(x, [0] * (rank - 2) + [1, 0], [-1] * rank)  # [..., K, L]
     return tf.reshape(x, shape)  # [..., L, K]
 
 
@@ -177,17 +179,23 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
     ):
         dtype = self.compute_dtype
         h = tf.cast(inputs, dtype)  # [B, L, d]
-        cat = h if memory is None else tf.concat([tf.cast(memory, dtype), h], axis=1)  # [B, K, d]
+        if memory is not None:
+            memory = tf.cast(memory, dtype)  # [B, M, d]
+        if self.pre_lnorm:  # LayerNorm is per position: normalising memory and segment apart is the same
+            h_in = self.layer_norm(h)
+            memory = None if memory is None else self.layer_norm(memory)
+        else:
+            h_in = h
+        cat = h_in if memory is None else tf.concat([memory, h_in], axis=1)  # [B, K, d]
         qlen, klen = tf.shape(h)[1], tf.shape(cat)[1]
-        if self.pre_lnorm:
-            cat = self.layer_norm(cat)
         width = self.n_head * self.d_head
-        kernel = tf.cast(self.qkv_kernel, dtype)  # [d, 3*N*D]
-        q = tf.matmul(cat[:, klen - qlen :], kernel[:, :width])  # [B, L, N*D]
-        kv = tf.matmul(cat, kernel[:, width:])  # [B, K, 2*N*D]
+        # Split with tf.split rather than strided slices: StridedSliceGrad is slow on CPU.
+        q_kernel, kv_kernel = tf.split(tf.cast(self.qkv_kernel, dtype), [width, 2 * width], axis=1)
+        q = tf.matmul(h_in, q_kernel)  # [B, L, N*D]: queries only for the segment
+        k, v = tf.split(tf.matmul(cat, kv_kernel), 2, axis=-1)  # [B, K, N*D] each
         q = _split_heads(q, self.n_head, self.d_head) * tf.cast(self.scale, dtype)  # [B, N, L, D]
-        k = _split_heads(kv[..., :width], self.n_head, self.d_head)  # [B, N, K, D]
-        v = _split_heads(kv[..., width:], self.n_head, self.d_head)  # [B, N, K, D]
+        k = _split_heads(k, self.n_head, self.d_head)  # [B, N, K, D]
+        v = _split_heads(v, self.n_head, self.d_head)  # [B, N, K, D]
 
         if self.attn_type == "xl":
             u = tf.cast(content_bias, dtype)[:, None, :] * tf.cast(self.scale, dtype)  # [N, 1, D]

@@ -184,8 +184,9 @@ class TransformerXL(keras.Model):
         bias = attention_bias(qlen, mlen, self.same_length, self.same_length_keys, self.mem_len)  # [L, K]
 
         new_mems, all_probs = [], []
+        layer_mems = [None] * self.n_layer if mems is None else tf.unstack(mems, num=self.n_layer)
         for i, block in enumerate(self.blocks):
-            mem_i = None if mems is None else mems[i]  # [B, M, d]
+            mem_i = layer_mems[i]  # [B, M, d]
             new_mems.append(update_memory(mem_i, h, self.mem_len))
             if self.attn_type == "vaswani" and i == 0 and mem_i is not None:
                 mem_i = mem_i + pos[:mlen]  # the authors add the positions to the first layer's memory too
