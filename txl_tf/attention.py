@@ -72,10 +72,18 @@ def attention_bias(qlen, mlen, same_length=False, same_length_keys="tf", mem_len
 
 
 def _split_heads(x, n_head, d_head):
-    """[B, T, N*D] -> [B, N, T, D]."""
+    """[B, T, N*D] -> [N, B, T, D]."""
     shape = tf.shape(x)
     x = tf.reshape(x, [shape[0], shape[1], n_head, d_head])  # [B, T, N, D]
-    return tf.transpose(x, [0, 2, 1, 3])  # [B, N, T, D]
+    return tf.transpose(x, [2, 0, 1, 3])  # [N, B, T, D]
+
+
+def _dense(x, kernel):
+    """[B, T, I] @ [I, O] -> [B, T, O] as one 2-D matmul (a rank-3 tf.matmul broadcasts the kernel over the
+    batch, and its kernel gradient becomes a batched product plus a sum: much slower on CPU)."""
+    shape = tf.shape(x)
+    out = tf.matmul(tf.reshape(x, [-1, x.shape[-1]]), kernel)  # [B*T, O]
+    return tf.reshape(out, tf.concat([shape[:-1], [kernel.shape[-1]]], 0))
 
 
 @keras.saving.register_keras_serializable(package="txl_tf")
@@ -187,39 +195,45 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         else:
             h_in = h
         cat = h_in if memory is None else tf.concat([memory, h_in], axis=1)  # [B, K, d]
-        qlen, klen = tf.shape(h)[1], tf.shape(cat)[1]
+        batch, qlen, klen = tf.shape(h)[0], tf.shape(h)[1], tf.shape(cat)[1]
         width = self.n_head * self.d_head
         # Split with tf.split rather than strided slices: StridedSliceGrad is slow on CPU.
         q_kernel, kv_kernel = tf.split(tf.cast(self.qkv_kernel, dtype), [width, 2 * width], axis=1)
-        q = tf.matmul(h_in, q_kernel)  # [B, L, N*D]: queries only for the segment
-        k, v = tf.split(tf.matmul(cat, kv_kernel), 2, axis=-1)  # [B, K, N*D] each
-        q = _split_heads(q, self.n_head, self.d_head) * tf.cast(self.scale, dtype)  # [B, N, L, D]
-        k = _split_heads(k, self.n_head, self.d_head)  # [B, N, K, D]
-        v = _split_heads(v, self.n_head, self.d_head)  # [B, N, K, D]
+        q = _dense(h_in, q_kernel)  # [B, L, N*D]: queries only for the segment
+        k, v = tf.split(_dense(cat, kv_kernel), 2, axis=-1)  # [B, K, N*D] each
+        # Head-major layout [N, B, T, D]: the position term then needs no broadcast over the batch.
+        q = _split_heads(q, self.n_head, self.d_head) * tf.cast(self.scale, dtype)  # [N, B, L, D]
+        k = _split_heads(k, self.n_head, self.d_head)  # [N, B, K, D]
+        v = _split_heads(v, self.n_head, self.d_head)  # [N, B, K, D]
 
         if self.attn_type == "xl":
-            u = tf.cast(content_bias, dtype)[:, None, :] * tf.cast(self.scale, dtype)  # [N, 1, D]
-            score = tf.matmul(q + u, k, transpose_b=True)  # [B, N, L, K]: (a) + (c)
+            u = tf.cast(content_bias, dtype)[:, None, None, :] * tf.cast(self.scale, dtype)  # [N, 1, 1, D]
+            score = tf.matmul(q + u, k, transpose_b=True)  # [N, B, L, K]: (a) + (c)
         else:
-            score = tf.matmul(q, k, transpose_b=True)  # [B, N, L, K]: (a)
+            score = tf.matmul(q, k, transpose_b=True)  # [N, B, L, K]: (a)
         if self.attn_type in ("xl", "shaw"):
             r = self._relative_keys(klen, position_encoding)  # [N, K, D]
             q_r = q
             if self.attn_type == "xl":
-                q_r = q + tf.cast(position_bias, dtype)[:, None, :] * tf.cast(self.scale, dtype)
-            score += rel_shift(tf.matmul(q_r, r[None], transpose_b=True))  # [B, N, L, K]: (b) + (d)
+                q_r = q + tf.cast(position_bias, dtype)[:, None, None, :] * tf.cast(self.scale, dtype)
+            q_r = tf.reshape(q_r, [self.n_head, batch * qlen, self.d_head])  # [N, B*L, D]
+            position_score = tf.matmul(q_r, r, transpose_b=True)  # [N, B*L, K]: one matmul per head
+            position_score = tf.reshape(position_score, [self.n_head, batch, qlen, klen])  # [N, B, L, K]
+            score += rel_shift(position_score)  # (b) + (d)
 
         score = tf.cast(score, tf.float32)
         if attention_bias is not None:
             score += tf.cast(attention_bias, tf.float32)  # [L, K] broadcast
-        probs = tf.nn.softmax(score, axis=-1)  # [B, N, L, K] float32
+        probs = tf.nn.softmax(score, axis=-1)  # [N, B, L, K] float32
         dropped = self.attention_dropout(tf.cast(probs, dtype), training=training)
-        attn = tf.matmul(dropped, v)  # [B, N, L, D]
-        attn = tf.reshape(tf.transpose(attn, [0, 2, 1, 3]), [tf.shape(h)[0], qlen, width])  # [B, L, N*D]
-        out = tf.matmul(attn, tf.cast(self.o_kernel, dtype))  # [B, L, d]
+        attn = tf.matmul(dropped, v)  # [N, B, L, D]
+        attn = tf.reshape(tf.transpose(attn, [1, 2, 0, 3]), [batch, qlen, width])  # [B, L, N*D]
+        out = _dense(attn, tf.cast(self.o_kernel, dtype))  # [B, L, d]
         out = self.output_dropout(out, training=training)
         out = h + out if self.pre_lnorm else self.layer_norm(h + out)  # [B, L, d]
-        return (out, probs) if return_probs else out
+        if return_probs:
+            return out, tf.transpose(probs, [1, 0, 2, 3])  # [B, N, L, K]
+        return out
 
     def get_config(self):
         return {
