@@ -20,6 +20,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from txl_tf.dropout import Dropout
+
 ATTN_TYPES = ("xl", "shaw", "vaswani", "al_rfou")
 MASK_VALUE = -1e30  # the TF original's value for blocked scores
 
@@ -146,8 +148,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         self.max_position = max_position
         self.init_std = init_std
         self.scale = d_head**-0.5
-        self.output_dropout = keras.layers.Dropout(dropout)
-        self.attention_dropout = keras.layers.Dropout(dropatt)
+        self.output_dropout = Dropout(dropout)
+        self.attention_dropout = Dropout(dropatt)
         self.layer_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="layer_norm")
 
     def build(self, input_shape=None):

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from txl_tf.attention import ATTN_TYPES, attention_bias
 from txl_tf.block import TransformerXLBlock
+from txl_tf.dropout import Dropout
 from txl_tf.embedding import AdaptiveEmbedding, RelativePositionalEncoding
 from txl_tf.softmax import AdaptiveSoftmax
 
@@ -114,9 +115,9 @@ class TransformerXL(keras.Model):
                 init_std=init_std, name=f"layer_{i}",
             )
             setattr(self, f"layer_{i}", block)
-        self.embedding_dropout = keras.layers.Dropout(dropout)
-        self.position_dropout = keras.layers.Dropout(dropout)
-        self.output_dropout = keras.layers.Dropout(dropout)
+        self.embedding_dropout = Dropout(dropout)
+        self.position_dropout = Dropout(dropout)
+        self.output_dropout = Dropout(dropout)
         self.build()
 
     @property
