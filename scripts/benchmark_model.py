@@ -22,7 +22,10 @@ d = d_model, H = n_head * d_head, F = d_inner, V = vocab), per training step:
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -41,6 +44,7 @@ flags.DEFINE_integer("n_layer", 12, "layers (enwik8 base: 12)")
 flags.DEFINE_integer("steps", 5, "timed steps per mode (after 2 warm-up steps)")
 flags.DEFINE_list("modes", ["f32", "bf16", "f32_xla", "bf16_xla"], "modes to time")
 flags.DEFINE_integer("matmul_size", 4096, "square matmul size for the peak measurement")
+flags.DEFINE_string("child_mode", None, "internal: time only this mode and print the result as JSON")
 FLAGS = flags.FLAGS
 
 ARCH = dict(n_token=204, d_model=512, n_head=8, d_head=64, d_inner=2048, dropout=0.1, dropatt=0.0)
@@ -62,7 +66,7 @@ def train_flops_per_step(batch, qlen, mlen, n_layer, d_model, n_head, d_head, d_
     return 3 * forward
 
 
-def matmul_peak(dtype, size, jit_compile=False, repeats=5):
+def matmul_peak(dtype, size, jit_compile=False, repeats=10):
     """Best FLOP/s of a [size, size] @ [size, size] product in a tf.function."""
     a = tf.random.normal([size, size], dtype=tf.float32)
     a, b = tf.cast(a, dtype), tf.cast(tf.transpose(a), dtype)
@@ -108,8 +112,26 @@ def time_training(mode, batch, qlen, mlen, n_layer, steps):
     return sorted(times)[len(times) // 2]
 
 
+def time_in_subprocess(mode):
+    """Times `mode` in a fresh process, so modes do not share thread pools, caches or Keras global state."""
+    result = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), f"--child_mode={mode}", f"--batch={FLAGS.batch}",
+         f"--tgt_len={FLAGS.tgt_len}", f"--mem_len={FLAGS.mem_len}", f"--n_layer={FLAGS.n_layer}",
+         f"--steps={FLAGS.steps}"],
+        capture_output=True, text=True, check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"timing {mode} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])["seconds"]
+
+
 def main(argv):
     del argv
+    if FLAGS.child_mode:
+        seconds = time_training(FLAGS.child_mode, FLAGS.batch, FLAGS.tgt_len, FLAGS.mem_len, FLAGS.n_layer,
+                                FLAGS.steps)
+        print(json.dumps({"mode": FLAGS.child_mode, "seconds": seconds}))
+        return
     print(f"load average before: {os.getloadavg()}")
     peaks = {
         "f32": matmul_peak(tf.float32, FLAGS.matmul_size),
@@ -126,7 +148,7 @@ def main(argv):
     print(f"{'mode':9s} {'s/step':>8s} {'tokens/s':>9s} {'GFLOP/s':>8s} {'MFU(prec. peak)':>16s} {'MFU(bf16 peak)':>15s}")
     best_bf16 = peaks["bf16"]
     for mode in FLAGS.modes:
-        seconds = time_training(mode, FLAGS.batch, FLAGS.tgt_len, FLAGS.mem_len, FLAGS.n_layer, FLAGS.steps)
+        seconds = time_in_subprocess(mode)
         rate = flops / seconds
         precision_peak = peaks["bf16" if mode.startswith("bf16") else "f32"]
         print(f"{mode:9s} {seconds:8.3f} {tokens / seconds:9.1f} {rate / 1e9:8.1f} {rate / precision_peak:15.1%} "
