@@ -157,12 +157,12 @@ class Vocab:
         Word level: words joined by single spaces, the end symbol becomes a newline, a line's start symbol is
         dropped (for lm1b, where start and end are both `<S>`, the first `<S>` of a line opens it).
         """
+        if self.level == "char":
+            return self.decode_bytes(ids).decode("utf-8", errors="replace")
         ids = [int(i) for i in ids]
         bad = [i for i in ids if not 0 <= i < len(self)]
         if bad:
             raise ValueError(f"id {bad[0]} is out of range for a vocabulary of {len(self)} symbols")
-        if self.level == "char":
-            return bytes(self.symbols[i] for i in ids).decode("utf-8", errors="replace")
         out, line, line_open = [], [], False
         for i in ids:
             sym = self.symbols[i]
@@ -175,6 +175,16 @@ class Vocab:
                 line.append(sym)
                 line_open = True
         return "".join(out) + " ".join(line)
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        """Char level: ids -> the exact bytes (no UTF-8 decoding)."""
+        if self.level != "char":
+            raise ValueError("decode_bytes is for char-level vocabularies; use decode")
+        ids = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= len(self)):
+            bad = int(ids[(ids < 0) | (ids >= len(self))][0])
+            raise ValueError(f"id {bad} is out of range for a vocabulary of {len(self)} symbols")
+        return np.asarray(self.symbols, np.uint8)[ids].tobytes()
 
     # ---- storage --------------------------------------------------------------------------------------
     def to_json(self) -> dict:
