@@ -186,8 +186,7 @@ def _main(argv):
     from txl_tf.data.pipeline import read_split
 
     cfg = flags.FLAGS
-    model, configs, prefix = restore.load_model(cfg.model_dir, cfg.checkpoint, which=cfg.which,
-                                                gin_files=cfg.gin_file, gin_params=cfg.gin_param)
+    model, configs, prefix = restore.load_model_from_flags(cfg)
     protocol = configs.eval
     tokens = read_split(configs.data.data_dir, cfg.split)
     attention = average_attention(
@@ -212,11 +211,9 @@ def _main(argv):
 def main():
     from absl import app, flags
 
-    flags.DEFINE_string("model_dir", None, "Training directory (config.gin + checkpoints).")
-    flags.DEFINE_string("checkpoint", None, "Checkpoint prefix or directory (default: --model_dir).")
-    flags.DEFINE_enum("which", "latest", ["latest", "best"], "Checkpoint of a model_dir to use.")
-    flags.DEFINE_multi_string("gin_file", [], "Gin files read after model_dir/config.gin.")
-    flags.DEFINE_multi_string("gin_param", [], "Gin bindings applied last (the EvalConfig lengths apply).")
+    from txl_tf import restore
+
+    restore.define_model_flags()
     flags.DEFINE_string("split", "valid", "Split to average over.")
     flags.DEFINE_integer("max_segments", 20, "Segments averaged (after the memory is filled).")
     flags.DEFINE_integer("max_distance", 0, "Distances plotted (0 = mem_len + tgt_len, every key).")
