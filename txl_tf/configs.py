@@ -120,3 +120,6 @@ class EvalConfig:
     same_length: bool = True
     batch_size: int = 10
     max_steps: int = 0  # 0 = the whole split
+    protocol: str = "xl"  # "xl": segments + memory; "vanilla": al_rfou window of tgt_len shifted by one token
+    compute_dtype: str = "float32"  # or "mixed_bfloat16" (faster on CPUs with AMX, GPUs, TPUs)
+    layout: str = "corpus"  # "corpus": every token scored once; "original": the authors' batching

@@ -1,0 +1,169 @@
+"""TransformerXL: incremental decoding equals one pass, memory semantics, attributes changeable after loading,
+serialization (config, .keras, tf.train.Checkpoint), mixed precision and XLA."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from txl_tf import TransformerXL
+
+V, NL, DM, NH, DH, DI = 23, 2, 12, 2, 5, 17
+
+
+def make_model(**kw):
+    args = dict(n_token=V, n_layer=NL, d_model=DM, n_head=NH, d_head=DH, d_inner=DI, dropout=0.0, dropatt=0.0,
+                mem_len=4, max_position=16)
+    args.update(kw)
+    keras.utils.set_random_seed(7)
+    return TransformerXL(**args)
+
+
+def tokens(b, t, seed=0):
+    return tf.constant(np.random.default_rng(seed).integers(0, V, size=(b, t)), tf.int32)
+
+
+@pytest.mark.parametrize("attn_type", ["xl", "shaw", "al_rfou"])
+def test_token_by_token_equals_segment(attn_type):
+    """With a memory that covers the segment, feeding one token at a time reproduces one segment pass.
+
+    ("vaswani" cannot: as in the authors' code its absolute positions count back from the last token of each
+    call, so a token's position depends on how the text is cut into calls.)
+    """
+    model = make_model(attn_type=attn_type, untie_r=True, clamp_len=3)
+    x = tokens(2, 6)
+    start = model(tokens(2, 3, seed=1))[1]  # a real (non-zero) memory of 3 positions
+    full, _ = model(x, start)
+    model.mem_len = 3 + 6  # keep everything while decoding
+    mems, steps = start, []
+    for t in range(6):
+        out, mems = model(x[:, t : t + 1], mems)
+        steps.append(out)
+    np.testing.assert_allclose(tf.concat(steps, 1).numpy(), full.numpy(), atol=1e-5)
+
+
+def test_segments_with_memory_equal_one_long_pass():
+    model = make_model(mem_len=5)
+    x = tokens(3, 10)
+    long, _ = model(x)
+    first, mems = model(x[:, :5])
+    second, _ = model(x[:, 5:], mems)
+    np.testing.assert_allclose(tf.concat([first, second], 1).numpy(), long.numpy(), atol=1e-5)
+    # with a memory shorter than the context the second segment differs
+    model.mem_len = 2
+    _, short_mems = model(x[:, :5])
+    assert short_mems.shape[2] == 2
+    assert np.abs(model(x[:, 5:], short_mems)[0].numpy() - second.numpy()).max() > 1e-3
+
+
+def test_memory_contents_and_shapes():
+    model = make_model(mem_len=4, dropout=0.3)
+    x = tokens(2, 3)
+    mems = model.initial_mems(2)
+    assert mems.shape == (NL, 2, 4, DM) and mems.dtype == tf.float32 and not np.any(mems.numpy())
+    hidden, new = model(x, mems)
+    assert hidden.shape == (2, 3, DM) and new.shape == (NL, 2, 4, DM)
+    np.testing.assert_array_equal(new[0, :, 1:].numpy(), model.embedding(x).numpy())  # layer 0 = embedding
+    np.testing.assert_array_equal(new[:, :, :1].numpy(), mems[:, :, 3:].numpy())  # oldest kept: last mem slot
+    _, new2 = model(x, new)
+    np.testing.assert_array_equal(new2[:, :, :1].numpy(), new[:, :, 3:].numpy())
+    # longer memories than mem_len are accepted; the result is cut to mem_len
+    assert model(x, tf.zeros([NL, 2, 9, DM]))[1].shape == (NL, 2, 4, DM)
+    # mem_len = 0 turns recurrence off
+    model0 = make_model(mem_len=0)
+    hidden0, new0 = model0(x, model0.initial_mems(2))
+    assert new0.shape == (NL, 2, 0, DM)
+    np.testing.assert_allclose(hidden0.numpy(), model0(x)[0].numpy(), atol=1e-6)
+
+
+def test_no_gradient_reaches_memory():
+    model = make_model()
+    x = tokens(2, 3)
+    with tf.GradientTape(persistent=True) as tape:
+        emb_before = model.embedding.table_0 * 1.0
+        _, mems = model(x, training=True)
+        hidden, _ = model(x, mems, training=True)
+        loss = tf.reduce_sum(model.nll(hidden, x))
+        mem_sum = tf.reduce_sum(mems)
+    assert tape.gradient(mem_sum, model.trainable_weights) == [None] * len(model.trainable_weights)
+    grads = tape.gradient(loss, model.trainable_weights)
+    assert all(g is not None for g in grads)
+    del emb_before
+
+
+def test_bad_mems_rejected():
+    model = make_model()
+    with pytest.raises(ValueError, match="mems shape"):
+        model(tokens(2, 3), tf.zeros([NL + 1, 2, 4, DM]))
+
+
+def test_attributes_change_without_rebuilding(tmp_path):
+    """mem_len, clamp_len and same_length can be changed after loading weights (long-memory evaluation)."""
+    model = make_model()
+    x = tokens(2, 8)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    loaded.mem_len, loaded.clamp_len, loaded.same_length = 6, 2, True
+    hidden, mems = loaded(x[:, 4:], loaded(x[:, :4])[1])
+    assert mems.shape == (NL, 2, 6, DM)
+    fresh = make_model(mem_len=6, clamp_len=2, same_length=True)
+    fresh.set_weights(model.get_weights())
+    expected = fresh(x[:, 4:], fresh(x[:, :4])[1])[0]
+    np.testing.assert_allclose(hidden.numpy(), expected.numpy(), atol=1e-6)
+    assert np.abs(hidden.numpy() - model(x[:, 4:], model(x[:, :4])[1])[0].numpy()).max() > 1e-4
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(),
+    dict(cutoffs=(5, 11), div_val=2, d_embed=8, untie_r=True, tie_projs=(False, True, False)),
+    dict(attn_type="al_rfou", mem_len=0, pre_lnorm=True),
+    dict(attn_type="shaw", same_length=True, same_length_keys="pytorch"),
+])
+def test_save_load_and_checkpoint(tmp_path, kwargs):
+    model = make_model(**kwargs)
+    x = tokens(2, 3)
+    expected = model.nll(model(x)[0], x).numpy()
+    assert TransformerXL.from_config(model.get_config()).get_config() == model.get_config()
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    np.testing.assert_allclose(loaded.nll(loaded(x)[0], x).numpy(), expected, rtol=1e-6)
+    path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
+    other = TransformerXL.from_config(model.get_config())
+    tf.train.Checkpoint(model=other).restore(path).assert_existing_objects_matched()
+    np.testing.assert_allclose(other.nll(other(x)[0], x).numpy(), expected, rtol=1e-6)
+
+
+def test_call_with_attention():
+    model = make_model(mem_len=4)
+    x = tokens(2, 3)
+    mems = model(tokens(2, 4, seed=2))[1]
+    hidden, new_mems, probs = model.call_with_attention(x, mems)
+    assert probs.shape == (NL, 2, NH, 3, 7) and probs.dtype == tf.float32
+    np.testing.assert_allclose(probs.numpy().sum(-1), 1.0, atol=1e-6)
+    assert np.all(np.triu(probs.numpy()[..., 4:], 1) == 0)  # no attention to future tokens
+    ref_hidden, ref_mems = model(x, mems)
+    np.testing.assert_allclose(hidden.numpy(), ref_hidden.numpy(), atol=1e-6)
+    np.testing.assert_allclose(new_mems.numpy(), ref_mems.numpy())
+
+
+def test_mixed_precision_and_xla():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = make_model(cutoffs=(7,), div_val=2)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    x = tokens(2, 3)
+    mems = model.initial_mems(2)
+    assert mems.dtype == tf.bfloat16
+
+    @tf.function(jit_compile=True)
+    def step(x, mems):
+        with tf.GradientTape() as tape:
+            hidden, new_mems = model(x, mems, training=True)
+            loss = tf.reduce_mean(model.nll(hidden, x))
+        return loss, new_mems, tape.gradient(loss, model.trainable_weights)
+
+    loss, new_mems, grads = step(x, mems)
+    assert new_mems.dtype == tf.bfloat16 and loss.dtype == tf.float32
+    assert np.isfinite(loss.numpy()) and all(g is not None for g in grads)
+    assert model.log_probs(model(x, mems)[0]).dtype == tf.float32

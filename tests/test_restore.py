@@ -1,0 +1,90 @@
+"""Rebuild + restore from a model_dir (config.gin, ckpt-N, best/) or a converted checkpoint directory."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from txl_tf import restore
+from txl_tf.configs import ModelConfig
+
+CONFIG = """
+DATA_DIR = '{data_dir}'
+ModelConfig.n_layer = 2
+ModelConfig.d_model = 8
+ModelConfig.n_head = 2
+ModelConfig.d_head = 4
+ModelConfig.d_inner = 12
+ModelConfig.n_token = 13
+ModelConfig.mem_len = 5
+DataConfig.data_dir = %DATA_DIR
+EvalConfig.tgt_len = 3
+EvalConfig.mem_len = 11
+Trainer.unknown_to_this_module = 1
+"""
+
+
+def _model_dir(tmp_path):
+    model_dir = tmp_path / "run"
+    model_dir.mkdir()
+    (model_dir / "config.gin").write_text(CONFIG.format(data_dir=tmp_path / "data"))
+    configs = restore.parse_configs(str(model_dir))
+    tf.keras.utils.set_random_seed(0)
+    model = restore.build_model(configs.model)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), str(model_dir), max_to_keep=2)
+    manager.save(checkpoint_number=7)
+    best = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), str(model_dir / "best"), max_to_keep=1)
+    best.save(checkpoint_number=3)
+    return model_dir, model
+
+
+def test_parse_order_and_overrides(tmp_path):
+    model_dir, _ = _model_dir(tmp_path)
+    extra = tmp_path / "extra.gin"
+    extra.write_text("EvalConfig.tgt_len = 4\nEvalConfig.batch_size = 2\n")
+    configs = restore.parse_configs(str(model_dir), [str(extra)], ["EvalConfig.batch_size = 6"])
+    assert (configs.model.n_layer, configs.eval.mem_len, configs.eval.tgt_len, configs.eval.batch_size) == (
+        2, 11, 4, 6)
+    assert configs.data.data_dir == str(tmp_path / "data")
+    with pytest.raises(FileNotFoundError, match="no gin config"):
+        restore.parse_configs(str(tmp_path / "nowhere"))
+
+
+def test_find_checkpoint_latest_best_prefix(tmp_path):
+    model_dir, _ = _model_dir(tmp_path)
+    assert restore.find_checkpoint(str(model_dir)).endswith("run/ckpt-7")
+    assert restore.find_checkpoint(str(model_dir), "best").endswith("best/ckpt-3")
+    prefix = str(model_dir / "ckpt-7")
+    assert restore.find_checkpoint(prefix) == prefix
+    with pytest.raises(FileNotFoundError, match="neither"):
+        restore.find_checkpoint(str(model_dir / "ckpt-9"))
+
+
+def test_load_model_restores_every_weight(tmp_path):
+    model_dir, saved = _model_dir(tmp_path)
+    tf.keras.utils.set_random_seed(1)  # a different initialisation, overwritten by the restore
+    model, configs, prefix = restore.load_model(str(model_dir))
+    assert prefix.endswith("ckpt-7") and len(model.weights) == len(saved.weights)
+    for a, b in zip(model.weights, saved.weights, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert model.mem_len == 5 and configs.eval.mem_len == 11
+
+
+def test_mismatched_architecture_is_reported(tmp_path):
+    model_dir, _ = _model_dir(tmp_path)
+    with pytest.raises(ValueError, match="does not match the configured model"):
+        restore.load_model(str(model_dir), gin_params=["ModelConfig.n_layer = 3"])
+
+
+def test_converted_checkpoint_directory(tmp_path, fixture_dir):
+    from txl_tf import convert
+
+    converted = convert.from_original_tf(str(fixture_dir / "model.ckpt"), mem_len=7)
+    out = tmp_path / "converted"
+    tf.train.Checkpoint(model=converted).save(str(out / "ckpt"))
+    fields = ("n_token", "n_layer", "d_model", "n_head", "d_head", "d_inner")
+    (out / "model.gin").write_text("".join(f"ModelConfig.{k} = {getattr(converted, k)}\n" for k in fields))
+    model, configs, prefix = restore.load_model(checkpoint=str(out), gin_params=["ModelConfig.dropout = 0.0"])
+    assert prefix.endswith("ckpt-1") and configs.model.n_token == 50
+    tokens = np.arange(12, dtype=np.int32).reshape(2, 6)
+    np.testing.assert_allclose(model(tokens)[0].numpy(), converted(tokens)[0].numpy(), atol=1e-6)
+    assert isinstance(configs.model, ModelConfig)

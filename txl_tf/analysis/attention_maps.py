@@ -1,0 +1,131 @@
+"""Average attention over relative distance, per head and layer (Dai et al., 2019, appendix D, figure 5).
+
+For every attention head of every layer, the attention distributions of all query tokens of an evaluation set
+are averaged after re-indexing keys by their distance to the query (0 = the token itself, 1 = the previous
+token, ...). Each row of the map is a head (layer-major, as in figure 5: 160 rows for 16 layers x 10 heads),
+each column a relative distance, and a row sums to the attention mass inside the plotted window (exactly 1
+when the window covers every key).
+
+Shapes: n_layer layers, B batch, N heads, L queries, M memory, K = M + L keys, D distances plotted.
+
+    python -m txl_tf.analysis.attention_maps --model_dir=runs/sample --split=valid --max_segments=20 \
+        --output=docs/attention_map.png --logdir=runs/sample/analysis
+"""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import tensorflow as tf
+
+
+def distance_sums(probs: tf.Tensor, max_distance: int) -> tf.Tensor:
+    """Sums attention probabilities by query-key distance over batch and queries.
+
+    Args:
+      probs: [n_layer, B, N, L, K] attention probabilities; query i sits at key position K - L + i.
+      max_distance: D, the number of distances kept (0 .. D - 1).
+
+    Returns:
+      [n_layer, N, D] float32: sum over batch and queries of the probability at each distance (zero where a
+      query has no key that far back).
+    """
+    probs = tf.convert_to_tensor(probs, tf.float32)
+    qlen, klen = tf.shape(probs)[3], tf.shape(probs)[4]
+    query_pos = tf.range(qlen)[:, None] + (klen - qlen)  # [L, 1]
+    key_index = query_pos - tf.range(max_distance)[None, :]  # [L, D] key j = query position - distance
+    valid = tf.cast(key_index >= 0, tf.float32)  # [L, D]
+    by_query = tf.transpose(probs, [3, 0, 1, 2, 4])  # [L, n_layer, B, N, K]
+    gathered = tf.gather(by_query, tf.maximum(key_index, 0), axis=4, batch_dims=1)  # [L, n_layer, B, N, D]
+    gathered *= valid[:, None, None, None, :]
+    return tf.reduce_sum(gathered, axis=[0, 2])  # [n_layer, N, D]
+
+
+class AttentionMapAccumulator:
+    """Accumulates `distance_sums` over segments; `result()` is the average attention per distance.
+
+    Args:
+      max_distance: D, the number of relative distances kept.
+    """
+
+    def __init__(self, max_distance: int):
+        if max_distance < 1:
+            raise ValueError(f"max_distance must be positive; got {max_distance}")
+        self.max_distance = int(max_distance)
+        self.sums = None  # [n_layer, N, D] float64
+        self.num_queries = 0
+
+    def add_sums(self, sums, num_queries: int) -> None:
+        """Adds precomputed [n_layer, N, D] sums over `num_queries` query tokens (e.g. from a tf.function)."""
+        sums = np.asarray(sums, np.float64)
+        self.sums = sums if self.sums is None else self.sums + sums
+        self.num_queries += int(num_queries)
+
+    def update(self, probs) -> None:
+        """Adds a batch of attention probabilities [n_layer, B, N, L, K]."""
+        shape = tf.shape(probs)
+        self.add_sums(distance_sums(probs, self.max_distance), int(shape[1]) * int(shape[3]))
+
+    def result(self) -> np.ndarray:
+        """[n_layer, N, D] mean attention probability at each distance, averaged over all query tokens."""
+        if not self.num_queries:
+            raise ValueError("no attention probabilities were accumulated")
+        return self.sums / self.num_queries
+
+
+def plot_attention_map(attention: np.ndarray, path: str | None = None, *, title: str | None = None,
+                       scale: str = "linear") -> bytes:
+    """Renders a [n_layer, N, D] map (rows = heads, layer-major; columns = distance) as PNG bytes.
+
+    Darker means more attention, as in the paper's figure 5. `scale="log"` helps when nearby tokens dominate.
+    Writes the PNG to `path` when given.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import colors
+    from matplotlib import pyplot as plt
+
+    n_layer, n_head, max_distance = attention.shape
+    rows = attention.reshape(n_layer * n_head, max_distance)
+    if scale == "log":
+        norm = colors.LogNorm(vmin=max(float(rows[rows > 0].min(initial=1.0)), 1e-6), vmax=float(rows.max()))
+    elif scale == "linear":
+        norm = colors.Normalize(vmin=0.0, vmax=float(rows.max()))
+    else:
+        raise ValueError(f"scale must be 'linear' or 'log'; got {scale!r}")
+    height = min(12.0, 1.5 + 0.12 * rows.shape[0])
+    fig, ax = plt.subplots(figsize=(10, height), dpi=100)
+    image = ax.imshow(np.maximum(rows, 1e-12) if scale == "log" else rows, aspect="auto", cmap="Greys",
+                      norm=norm, interpolation="nearest")
+    ax.set_xlabel("relative distance (tokens back)")
+    ax.set_ylabel("head (layer-major)")
+    if n_layer > 1:
+        ticks = np.arange(n_layer) * n_head + (n_head - 1) / 2
+        ax.set_yticks(ticks, [f"L{i + 1}" for i in range(n_layer)])
+        for boundary in np.arange(1, n_layer) * n_head - 0.5:
+            ax.axhline(boundary, color="tab:red", linewidth=0.4)
+    ax.set_title(title or f"average attention by relative distance ({n_layer} layers x {n_head} heads)")
+    fig.colorbar(image, ax=ax, fraction=0.03, pad=0.02, label="mean attention probability")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    png = buffer.getvalue()
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(png)
+    return png
+
+
+def write_summary(png: bytes, logdir: str, step: int = 0, name: str = "attention_map") -> None:
+    """Writes the rendered map to TensorBoard (`tf.summary.image`) under `logdir`."""
+    image = tf.image.decode_png(png, channels=4)[None]  # [1, H, W, 4]
+    writer = tf.summary.create_file_writer(logdir)
+    with writer.as_default():
+        tf.summary.image(name, image, step=step)
+    writer.flush()
+    writer.close()

@@ -1,0 +1,229 @@
+"""Relative multi-head attention of Transformer-XL (section 3.3, Appendix B) and the ablation variants.
+
+Shape glossary:
+  B batch, L query (segment) length, M memory length, K = M + L key length,
+  N heads, D head width, d = d_model.
+Query i (0 <= i < L) sits at key position M + i; key j (0 <= j < K) is at distance M + i - j from it.
+The relative position matrix R has one row per key in DESCENDING distance: row k encodes distance K-1-k.
+
+Attention scores, with q_i the query, k_j the key, W_R R the projected positions:
+  xl       (a) q_i.k_j + (b) q_i.W_R R_{i-j} + (c) u.k_j + (d) v.W_R R_{i-j}     (the paper)
+  shaw     (a) + (b) with a learned relative table R_hat[distance] in place of W_R R (Shaw et al., 2018)
+  vaswani  (a) only; absolute sinusoid positions are added to the inputs by the model
+  al_rfou  (a) only; learned absolute positions are added to each layer's input by the block
+Terms (b) and (d) are computed for all queries against all K rows of R with one matmul and aligned with
+`rel_shift` (Appendix B), never by materialising W_R R_{i-j} per (i, j) pair.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+ATTN_TYPES = ("xl", "shaw", "vaswani", "al_rfou")
+MASK_VALUE = -1e30  # the TF original's value for blocked scores
+
+
+def rel_shift(x):
+    """Aligns scores against R rows (descending distance) with the keys (Appendix B).
+
+    Args:
+      x: [..., L, K] where x[..., i, k] scores query i against R row k (distance K-1-k).
+
+    Returns:
+      [..., L, K] where out[..., i, j] = x[..., i, j + L - 1 - i]: the score of query i against the row whose
+      distance is M + i - j, i.e. the distance to key j. Entries with j > M + i (right of the causal diagonal)
+      are garbage and must be masked.
+    """
+    shape = tf.shape(x)
+    qlen, klen = shape[-2], shape[-1]
+    batch = shape[:-2]
+    rank = len(x.shape)
+    x = tf.pad(x, [[0, 0]] * (rank - 1) + [[1, 0]])  # [..., L, K+1]: a zero column in front
+    x = tf.reshape(x, tf.concat([batch, [klen + 1, qlen]], 0))  # [..., K+1, L]
+    x = x[..., 1:, :]  # [..., K, L]: drop the first row
+    return tf.reshape(x, shape)  # [..., L, K]
+
+
+def attention_bias(qlen, mlen, same_length=False, same_length_keys="tf", mem_len=None, dtype=tf.float32):
+    """Additive mask [L, K]: 0 where query i may attend key j, MASK_VALUE where it may not.
+
+    Blocked: keys in the future (j > M + i). With `same_length`, also keys too far in the past so every query
+    sees the same number of keys: "tf" (the TF original) keeps keys M+i-M .. M+i (M + 1 keys); "pytorch" (the
+    PyTorch original) keeps the last `mem_len` keys up to M + i.
+    """
+    klen = mlen + qlen
+    query_pos = tf.range(qlen)[:, None] + mlen  # [L, 1]: absolute key position of query i
+    key_pos = tf.range(klen)[None, :]  # [1, K]
+    blocked = key_pos > query_pos  # [L, K]
+    if same_length:
+        if same_length_keys == "tf":
+            window = mlen + 1
+        elif same_length_keys == "pytorch":
+            if mem_len is None:
+                raise ValueError("same_length_keys='pytorch' needs mem_len")
+            window = mem_len
+        else:
+            raise ValueError(f"same_length_keys must be 'tf' or 'pytorch', got {same_length_keys!r}")
+        blocked |= key_pos <= query_pos - window
+    return tf.where(blocked, tf.constant(MASK_VALUE, dtype), tf.constant(0.0, dtype))  # [L, K]
+
+
+def _split_heads(x, n_head, d_head):
+    """[B, T, N*D] -> [B, N, T, D]."""
+    shape = tf.shape(x)
+    x = tf.reshape(x, [shape[0], shape[1], n_head, d_head])  # [B, T, N, D]
+    return tf.transpose(x, [0, 2, 1, 3])  # [B, N, T, D]
+
+
+@keras.saving.register_keras_serializable(package="txl_tf")
+class RelativeMultiHeadAttention(keras.layers.Layer):
+    """Multi-head attention over [memory, segment] with relative positions, residual and LayerNorm.
+
+    Weights (no biases, TF original layout): `qkv_kernel` [d, 3*N*D] split q | k | v, head-major inside each
+    part; `r_kernel` [d, N*D] (xl); `o_kernel` [N*D, d]; `relative_table` [max_position, N, D] (shaw).
+    The u / v vectors (`content_bias`, `position_bias`) belong to the stack, which shares them across layers
+    or not (`untie_r`), and are passed in.
+
+    Args:
+      d_model, n_head, d_head: sizes d, N, D.
+      dropout: on the attention output (before the residual).
+      dropatt: on the attention probabilities.
+      attn_type: one of "xl", "shaw", "vaswani", "al_rfou" (see the module docstring).
+      pre_lnorm: LayerNorm before the projections (of memory and segment) and no LayerNorm after the residual.
+      layer_norm_epsilon: LayerNorm epsilon (the TF original uses 1e-12).
+      max_position: rows of the learned relative table (shaw); longer distances use the last row.
+      init_std: standard deviation of the kernels' normal initialiser.
+
+    Call args:
+      inputs: segment h [B, L, d].
+      memory: [B, M, d] or None (M = 0); keys and values are computed from concat([memory, inputs]).
+      position_encoding: R [K, d] rows in descending distance (xl only).
+      attention_bias: additive mask [L, K] (0 or MASK_VALUE), float32.
+      content_bias, position_bias: u, v [N, D] (xl only).
+      return_probs: also return the attention probabilities [B, N, L, K] float32.
+      training: dropout on/off.
+
+    Returns:
+      [B, L, d] (and the probabilities when `return_probs`).
+    """
+
+    def __init__(
+        self,
+        d_model,
+        n_head,
+        d_head,
+        dropout=0.0,
+        dropatt=0.0,
+        attn_type="xl",
+        pre_lnorm=False,
+        layer_norm_epsilon=1e-12,
+        max_position=1024,
+        init_std=0.02,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if attn_type not in ATTN_TYPES:
+            raise ValueError(f"attn_type must be one of {ATTN_TYPES}, got {attn_type!r}")
+        self.d_model = d_model
+        self.n_head = n_head
+        self.d_head = d_head
+        self.dropout = dropout
+        self.dropatt = dropatt
+        self.attn_type = attn_type
+        self.pre_lnorm = pre_lnorm
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.max_position = max_position
+        self.init_std = init_std
+        self.scale = d_head**-0.5
+        self.output_dropout = keras.layers.Dropout(dropout)
+        self.attention_dropout = keras.layers.Dropout(dropatt)
+        self.layer_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="layer_norm")
+
+    def build(self, input_shape=None):
+        init = keras.initializers.RandomNormal(stddev=self.init_std)
+        width = self.n_head * self.d_head
+        self.qkv_kernel = self.add_weight(name="qkv_kernel", shape=(self.d_model, 3 * width), initializer=init)
+        if self.attn_type == "xl":
+            self.r_kernel = self.add_weight(name="r_kernel", shape=(self.d_model, width), initializer=init)
+        if self.attn_type == "shaw":
+            self.relative_table = self.add_weight(
+                name="relative_table", shape=(self.max_position, self.n_head, self.d_head), initializer=init
+            )
+        self.o_kernel = self.add_weight(name="o_kernel", shape=(width, self.d_model), initializer=init)
+        self.layer_norm.build((None, None, self.d_model))
+        super().build(input_shape)
+
+    def _relative_keys(self, klen, position_encoding):
+        """Position keys [N, K, D] in descending distance: W_R R (xl) or the learned table (shaw)."""
+        if self.attn_type == "xl":
+            r = tf.matmul(position_encoding, tf.cast(self.r_kernel, self.compute_dtype))  # [K, N*D]
+            r = tf.reshape(r, [klen, self.n_head, self.d_head])  # [K, N, D]
+        else:
+            distances = tf.minimum(tf.range(klen - 1, -1, -1), self.max_position - 1)  # [K]
+            r = tf.gather(tf.cast(self.relative_table, self.compute_dtype), distances)  # [K, N, D]
+        return tf.transpose(r, [1, 0, 2])  # [N, K, D]
+
+    def call(
+        self,
+        inputs,
+        memory=None,
+        position_encoding=None,
+        attention_bias=None,
+        content_bias=None,
+        position_bias=None,
+        return_probs=False,
+        training=None,
+    ):
+        dtype = self.compute_dtype
+        h = tf.cast(inputs, dtype)  # [B, L, d]
+        cat = h if memory is None else tf.concat([tf.cast(memory, dtype), h], axis=1)  # [B, K, d]
+        qlen, klen = tf.shape(h)[1], tf.shape(cat)[1]
+        if self.pre_lnorm:
+            cat = self.layer_norm(cat)
+        width = self.n_head * self.d_head
+        kernel = tf.cast(self.qkv_kernel, dtype)  # [d, 3*N*D]
+        q = tf.matmul(cat[:, klen - qlen :], kernel[:, :width])  # [B, L, N*D]
+        kv = tf.matmul(cat, kernel[:, width:])  # [B, K, 2*N*D]
+        q = _split_heads(q, self.n_head, self.d_head) * tf.cast(self.scale, dtype)  # [B, N, L, D]
+        k = _split_heads(kv[..., :width], self.n_head, self.d_head)  # [B, N, K, D]
+        v = _split_heads(kv[..., width:], self.n_head, self.d_head)  # [B, N, K, D]
+
+        if self.attn_type == "xl":
+            u = tf.cast(content_bias, dtype)[:, None, :] * tf.cast(self.scale, dtype)  # [N, 1, D]
+            score = tf.matmul(q + u, k, transpose_b=True)  # [B, N, L, K]: (a) + (c)
+        else:
+            score = tf.matmul(q, k, transpose_b=True)  # [B, N, L, K]: (a)
+        if self.attn_type in ("xl", "shaw"):
+            r = self._relative_keys(klen, position_encoding)  # [N, K, D]
+            q_r = q
+            if self.attn_type == "xl":
+                q_r = q + tf.cast(position_bias, dtype)[:, None, :] * tf.cast(self.scale, dtype)
+            score += rel_shift(tf.matmul(q_r, r[None], transpose_b=True))  # [B, N, L, K]: (b) + (d)
+
+        score = tf.cast(score, tf.float32)
+        if attention_bias is not None:
+            score += tf.cast(attention_bias, tf.float32)  # [L, K] broadcast
+        probs = tf.nn.softmax(score, axis=-1)  # [B, N, L, K] float32
+        dropped = self.attention_dropout(tf.cast(probs, dtype), training=training)
+        attn = tf.matmul(dropped, v)  # [B, N, L, D]
+        attn = tf.reshape(tf.transpose(attn, [0, 2, 1, 3]), [tf.shape(h)[0], qlen, width])  # [B, L, N*D]
+        out = tf.matmul(attn, tf.cast(self.o_kernel, dtype))  # [B, L, d]
+        out = self.output_dropout(out, training=training)
+        out = h + out if self.pre_lnorm else self.layer_norm(h + out)  # [B, L, d]
+        return (out, probs) if return_probs else out
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "d_model": self.d_model,
+            "n_head": self.n_head,
+            "d_head": self.d_head,
+            "dropout": self.dropout,
+            "dropatt": self.dropatt,
+            "attn_type": self.attn_type,
+            "pre_lnorm": self.pre_lnorm,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "max_position": self.max_position,
+            "init_std": self.init_std,
+        }

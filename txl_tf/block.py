@@ -1,0 +1,160 @@
+"""One Transformer-XL layer: relative attention over [memory, segment], then the position-wise feed-forward.
+
+Shape glossary: B batch, L segment length, M memory length, K = M + L, d = d_model, F = d_inner.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from txl_tf.attention import RelativeMultiHeadAttention
+
+
+@keras.saving.register_keras_serializable(package="txl_tf")
+class PositionwiseFeedForward(keras.layers.Layer):
+    """Dense(F, bias) -> ReLU -> dropout -> Dense(d, bias) -> dropout -> LayerNorm(x + out).
+
+    With `pre_lnorm`: x + ffn(LayerNorm(x)) instead.
+
+    Call args:
+      inputs: [B, L, d]; training: dropout on/off.
+
+    Returns:
+      [B, L, d].
+    """
+
+    def __init__(self, d_model, d_inner, dropout=0.0, pre_lnorm=False, layer_norm_epsilon=1e-12,
+                 init_std=0.02, **kwargs):
+        super().__init__(**kwargs)
+        self.d_model = d_model
+        self.d_inner = d_inner
+        self.dropout = dropout
+        self.pre_lnorm = pre_lnorm
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.init_std = init_std
+        init = keras.initializers.RandomNormal(stddev=init_std)
+        self.inner = keras.layers.Dense(d_inner, activation="relu", kernel_initializer=init, name="inner")
+        self.outer = keras.layers.Dense(d_model, kernel_initializer=init, name="outer")
+        self.inner_dropout = keras.layers.Dropout(dropout)
+        self.output_dropout = keras.layers.Dropout(dropout)
+        self.layer_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="layer_norm")
+
+    def build(self, input_shape=None):
+        self.inner.build((None, None, self.d_model))
+        self.outer.build((None, None, self.d_inner))
+        self.layer_norm.build((None, None, self.d_model))
+        super().build(input_shape)
+
+    def call(self, inputs, training=None):
+        x = self.layer_norm(inputs) if self.pre_lnorm else inputs  # [B, L, d]
+        hidden = self.inner_dropout(self.inner(x), training=training)  # [B, L, F]
+        out = self.output_dropout(self.outer(hidden), training=training)  # [B, L, d]
+        return inputs + out if self.pre_lnorm else self.layer_norm(inputs + out)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "d_model": self.d_model,
+            "d_inner": self.d_inner,
+            "dropout": self.dropout,
+            "pre_lnorm": self.pre_lnorm,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "init_std": self.init_std,
+        }
+
+
+@keras.saving.register_keras_serializable(package="txl_tf")
+class TransformerXLBlock(keras.layers.Layer):
+    """Relative multi-head attention + position-wise feed-forward (one layer of the stack).
+
+    For `attn_type="al_rfou"` the block owns learned absolute position embeddings [max_position, d] that are added
+    to its input and memory (key position p gets row p) before attention, as in Al-Rfou et al. (2018).
+
+    Args: as `RelativeMultiHeadAttention` plus `d_inner` (feed-forward width).
+
+    Call args:
+      inputs: [B, L, d]; memory: [B, M, d] or None; position_encoding: [K, d]; attention_bias: [L, K];
+      content_bias / position_bias: [N, D]; return_probs; training.
+
+    Returns:
+      [B, L, d] (and attention probabilities [B, N, L, K] float32 when `return_probs`).
+    """
+
+    def __init__(self, d_model, n_head, d_head, d_inner, dropout=0.0, dropatt=0.0, attn_type="xl",
+                 pre_lnorm=False, layer_norm_epsilon=1e-12, max_position=1024, init_std=0.02, **kwargs):
+        super().__init__(**kwargs)
+        self.d_model = d_model
+        self.n_head = n_head
+        self.d_head = d_head
+        self.d_inner = d_inner
+        self.dropout = dropout
+        self.dropatt = dropatt
+        self.attn_type = attn_type
+        self.pre_lnorm = pre_lnorm
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.max_position = max_position
+        self.init_std = init_std
+        self.attention = RelativeMultiHeadAttention(
+            d_model, n_head, d_head, dropout=dropout, dropatt=dropatt, attn_type=attn_type,
+            pre_lnorm=pre_lnorm, layer_norm_epsilon=layer_norm_epsilon, max_position=max_position,
+            init_std=init_std, name="attention",
+        )
+        self.feed_forward = PositionwiseFeedForward(
+            d_model, d_inner, dropout=dropout, pre_lnorm=pre_lnorm, layer_norm_epsilon=layer_norm_epsilon,
+            init_std=init_std, name="feed_forward",
+        )
+
+    def build(self, input_shape=None):
+        if self.attn_type == "al_rfou":
+            self.absolute_positions = self.add_weight(
+                name="absolute_positions", shape=(self.max_position, self.d_model),
+                initializer=keras.initializers.RandomNormal(stddev=self.init_std),
+            )
+        self.attention.build(input_shape)
+        self.feed_forward.build(input_shape)
+        super().build(input_shape)
+
+    def _add_absolute_positions(self, inputs, memory):
+        qlen = tf.shape(inputs)[1]
+        mlen = 0 if memory is None else tf.shape(memory)[1]
+        tf.debugging.assert_less_equal(
+            mlen + qlen, self.max_position,
+            message="al_rfou: memory + segment length exceeds max_position; raise max_position",
+        )
+        table = tf.cast(self.absolute_positions, self.compute_dtype)  # [P, d]
+        inputs = tf.cast(inputs, self.compute_dtype) + table[mlen : mlen + qlen]  # [B, L, d]
+        if memory is not None:
+            memory = tf.cast(memory, self.compute_dtype) + table[:mlen]  # [B, M, d]
+        return inputs, memory
+
+    def call(self, inputs, memory=None, position_encoding=None, attention_bias=None, content_bias=None,
+             position_bias=None, return_probs=False, training=None):
+        if self.attn_type == "al_rfou":
+            inputs, memory = self._add_absolute_positions(inputs, memory)
+        out = self.attention(
+            inputs, memory=memory, position_encoding=position_encoding, attention_bias=attention_bias,
+            content_bias=content_bias, position_bias=position_bias, return_probs=return_probs,
+            training=training,
+        )
+        probs = None
+        if return_probs:
+            out, probs = out
+        out = self.feed_forward(out, training=training)  # [B, L, d]
+        return (out, probs) if return_probs else out
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "d_model": self.d_model,
+            "n_head": self.n_head,
+            "d_head": self.d_head,
+            "d_inner": self.d_inner,
+            "dropout": self.dropout,
+            "dropatt": self.dropatt,
+            "attn_type": self.attn_type,
+            "pre_lnorm": self.pre_lnorm,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "max_position": self.max_position,
+            "init_std": self.init_std,
+        }

@@ -1,0 +1,221 @@
+"""Converts a checkpoint written by the authors' TF code (`tf/model.py`) into a native txl_tf checkpoint.
+
+    python -m txl_tf.convert --checkpoint=PREFIX --output_dir=DIR [--gin_file=F.gin] [--gin_param=...]
+
+Architecture: without gin, everything the checkpoint's shapes determine is inferred from them (n_layer, d_model,
+n_head, d_head, d_inner, n_token, d_embed, cutoffs, div_val, untie_r, tie_projs, proj_same_dim); the rest
+(dropout, dropatt, mem_len, same_length, clamp_len, ...) takes the `ModelConfig` defaults. With `--gin_file`,
+the bound `ModelConfig` is used as given (n_token from the checkpoint when unset) and must fit the checkpoint.
+Writes `DIR/ckpt-1` (`tf.train.Checkpoint(model=model)`), `DIR/model_config.json` (the `TransformerXL`
+arguments) and `DIR/model.gin` (the same as `ModelConfig` bindings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from txl_tf.model import TransformerXL  # noqa: E402
+
+SCOPE = "transformer/"
+# Variables written by the original training code that are not model weights.
+_IGNORED = re.compile(r"(^global_step$|/Adam(_\d+)?$|^beta\d_power$|^_CHECKPOINTABLE_OBJECT_GRAPH$)")
+
+
+class CheckpointMismatchError(ValueError):
+    """The original checkpoint does not fit the requested architecture."""
+
+
+def _read_checkpoint(prefix):
+    reader = tf.train.load_checkpoint(prefix)
+    shapes = {name: shape for name, shape in reader.get_variable_to_shape_map().items() if not _IGNORED.search(name)}
+    unknown = sorted(n for n in shapes if not n.startswith(SCOPE))
+    if unknown:
+        raise CheckpointMismatchError(f"{prefix}: unknown variables outside '{SCOPE}': {unknown}")
+    return reader, {name[len(SCOPE) :]: shape for name, shape in shapes.items()}
+
+
+def infer_architecture(shapes):
+    """Model arguments that the original checkpoint's variable shapes determine."""
+    n_layer = len({m.group(1) for n in shapes if (m := re.match(r"layer_(\d+)/", n))})
+    if n_layer == 0 or "r_w_bias" not in shapes:
+        raise CheckpointMismatchError("not a Transformer-XL checkpoint: no layer_*/ or r_w_bias variables")
+    qkv = shapes["layer_0/rel_attn/qkv/kernel"]
+    r_w = shapes["r_w_bias"]
+    arch = {
+        "n_layer": n_layer,
+        "d_model": qkv[0],
+        "n_head": r_w[-2],
+        "d_head": r_w[-1],
+        "d_inner": shapes["layer_0/ff/layer_1/kernel"][1],
+        "untie_r": len(r_w) == 3,
+    }
+    if "adaptive_embed/lookup_table" in shapes:
+        n_token, d_embed = shapes["adaptive_embed/lookup_table"]
+        arch.update(n_token=n_token, d_embed=d_embed, div_val=1)
+        n_bins = len([n for n in shapes if re.match(r"adaptive_softmax/cutoff_\d+/b$", n)])
+        cutoffs = []
+        if n_bins:  # div_val == 1 with cutoffs: bin sizes come from the softmax biases
+            sizes = [shapes[f"adaptive_softmax/cutoff_{i}/b"][0] for i in range(n_bins)]
+            cutoffs = list(np.cumsum(sizes[:-1]).tolist())
+    else:
+        n_bins = len([n for n in shapes if re.match(r"adaptive_embed/cutoff_\d+/lookup_table$", n)])
+        tables = [shapes[f"adaptive_embed/cutoff_{i}/lookup_table"] for i in range(n_bins)]
+        sizes = [t[0] for t in tables]
+        div_val = tables[0][1] // tables[1][1] if n_bins > 1 else 1
+        arch.update(n_token=sum(sizes), d_embed=tables[0][1], div_val=div_val,
+                    proj_same_dim="adaptive_embed/cutoff_0/proj_W" in shapes or tables[0][1] != arch["d_model"])
+        cutoffs = list(np.cumsum(sizes[:-1]).tolist())
+    arch["cutoffs"] = tuple(int(c) for c in cutoffs)
+    if arch["cutoffs"]:
+        arch["tie_projs"] = tuple(
+            f"adaptive_softmax/cutoff_{i}/proj" not in shapes for i in range(len(arch["cutoffs"]) + 1)
+        )
+    return arch
+
+
+def _name_map(model):
+    """{original name (without 'transformer/'): model variable} for `model`."""
+    names = {}
+    if model.attn_type != "xl":
+        raise CheckpointMismatchError(f"the original TF code only has attn_type='xl', not {model.attn_type!r}")
+    names["r_w_bias"] = model.r_w_bias
+    names["r_r_bias"] = model.r_r_bias
+    emb, soft = model.embedding, model.softmax
+    if model.div_val == 1:
+        names["adaptive_embed/lookup_table"] = emb.tables[0]
+        if emb.projections[0] is not None:
+            names["adaptive_embed/proj_W"] = emb.projections[0]
+    else:
+        for i, (table, proj) in enumerate(zip(emb.tables, emb.projections, strict=True)):
+            names[f"adaptive_embed/cutoff_{i}/lookup_table"] = table
+            if proj is not None:
+                names[f"adaptive_embed/cutoff_{i}/proj_W"] = proj
+    if not model.cutoffs:
+        names["adaptive_softmax/bias"] = soft.bias
+        if soft.own_projections[0] is not None:
+            names["adaptive_softmax/proj"] = soft.own_projections[0]
+    else:
+        names["adaptive_softmax/cutoff_0/cluster_W"] = soft.cluster_kernel
+        names["adaptive_softmax/cutoff_0/cluster_b"] = soft.cluster_bias
+        for i, proj in enumerate(soft.own_projections):
+            if proj is not None:
+                names[f"adaptive_softmax/cutoff_{i}/proj"] = proj
+    for i, block in enumerate(model.blocks):
+        att, ff = block.attention, block.feed_forward
+        names.update({
+            f"layer_{i}/rel_attn/qkv/kernel": att.qkv_kernel,
+            f"layer_{i}/rel_attn/r/kernel": att.r_kernel,
+            f"layer_{i}/rel_attn/o/kernel": att.o_kernel,
+            f"layer_{i}/rel_attn/LayerNorm/gamma": att.layer_norm.gamma,
+            f"layer_{i}/rel_attn/LayerNorm/beta": att.layer_norm.beta,
+            f"layer_{i}/ff/layer_1/kernel": ff.inner.kernel,
+            f"layer_{i}/ff/layer_1/bias": ff.inner.bias,
+            f"layer_{i}/ff/layer_2/kernel": ff.outer.kernel,
+            f"layer_{i}/ff/layer_2/bias": ff.outer.bias,
+            f"layer_{i}/ff/LayerNorm/gamma": ff.layer_norm.gamma,
+            f"layer_{i}/ff/LayerNorm/beta": ff.layer_norm.beta,
+        })
+    return names
+
+
+def load_original_weights(model, prefix):
+    """Assigns every weight of `model` from the original checkpoint at `prefix`, checking names and shapes."""
+    reader, shapes = _read_checkpoint(prefix)
+    names = _name_map(model)
+    split_bias = bool(model.cutoffs)  # the original keeps one bias per bin: adaptive_softmax/cutoff_i/b
+    bias_names = [f"adaptive_softmax/cutoff_{i}/b" for i in range(len(model.cutoffs) + 1)] if split_bias else []
+    expected = set(names) | set(bias_names)
+    missing = sorted(expected - set(shapes))
+    unexpected = sorted(set(shapes) - expected)
+    if missing or unexpected:
+        raise CheckpointMismatchError(
+            f"{prefix} does not fit the model: missing variables {[SCOPE + n for n in missing]}, "
+            f"unexpected variables {[SCOPE + n for n in unexpected]} (check cutoffs/div_val/tie_projs/untie_r)"
+        )
+    for name, var in names.items():
+        value = reader.get_tensor(SCOPE + name)
+        if tuple(value.shape) != tuple(var.shape):
+            raise CheckpointMismatchError(
+                f"{prefix}: variable {SCOPE + name} has shape {list(value.shape)}, the model expects "
+                f"{list(var.shape)} (for {var.path})"
+            )
+        var.assign(value)
+    if split_bias:
+        for i, name in enumerate(bias_names):
+            size = model.softmax.edges[i + 1] - model.softmax.edges[i]
+            if shapes[name] != [size]:
+                raise CheckpointMismatchError(
+                    f"{prefix}: variable {SCOPE + name} has shape {shapes[name]}, the model expects [{size}]"
+                )
+        model.softmax.bias.assign(np.concatenate([reader.get_tensor(SCOPE + n) for n in bias_names]))
+    return model
+
+
+def from_original_tf(checkpoint_prefix, **model_kwargs):
+    """A `TransformerXL` holding the weights of an original TF checkpoint.
+
+    Architecture arguments not given in `model_kwargs` are inferred from the checkpoint's shapes; arguments the
+    shapes cannot tell (dropout, dropatt, mem_len, same_length, clamp_len, ...) must be given or take defaults
+    (dropout=dropatt=0, mem_len=0).
+    """
+    _, shapes = _read_checkpoint(checkpoint_prefix)
+    kwargs = {"dropout": 0.0, "dropatt": 0.0, "mem_len": 0, **infer_architecture(shapes), **model_kwargs}
+    model = TransformerXL(**kwargs)
+    return load_original_weights(model, checkpoint_prefix)
+
+
+def _model_config_from_flags(shapes, gin_files, gin_params):
+    import gin
+
+    from txl_tf.configs import ModelConfig
+
+    arch = infer_architecture(shapes)
+    if gin_files or gin_params:
+        gin.parse_config_files_and_bindings(gin_files, gin_params, skip_unknown=True)
+        config = ModelConfig()
+        return config, config.model_kwargs(n_token=arch["n_token"])
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    config = ModelConfig(**{k: v for k, v in arch.items() if k in fields})
+    return config, config.model_kwargs()
+
+
+def _gin_text(config):
+    lines = [f"ModelConfig.{k} = {v!r}" for k, v in dataclasses.asdict(config).items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv):
+    del argv
+    from absl import flags
+
+    flag_values = flags.FLAGS
+    reader_shapes = _read_checkpoint(flag_values.checkpoint)[1]
+    config, kwargs = _model_config_from_flags(reader_shapes, flag_values.gin_file, flag_values.gin_param)
+    model = load_original_weights(TransformerXL(**kwargs), flag_values.checkpoint)
+    os.makedirs(flag_values.output_dir, exist_ok=True)
+    path = tf.train.Checkpoint(model=model).save(os.path.join(flag_values.output_dir, "ckpt"))
+    with open(os.path.join(flag_values.output_dir, "model_config.json"), "w") as f:
+        json.dump({k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}, f, indent=1)
+    with open(os.path.join(flag_values.output_dir, "model.gin"), "w") as f:
+        f.write(_gin_text(config))
+    n_params = sum(int(np.prod(v.shape)) for v in model.weights)
+    print(f"converted {flag_values.checkpoint} ({n_params:,} parameters) -> {path}")
+
+
+if __name__ == "__main__":
+    from absl import app, flags
+
+    flags.DEFINE_string("checkpoint", None, "prefix of the original TF checkpoint (e.g. .../model.ckpt-400000)")
+    flags.DEFINE_string("output_dir", None, "where to write the native checkpoint and the model config")
+    flags.DEFINE_multi_string("gin_file", [], "gin files binding ModelConfig (default: inferred from shapes)")
+    flags.DEFINE_multi_string("gin_param", [], "extra gin bindings")
+    flags.mark_flags_as_required(["checkpoint", "output_dir"])
+    app.run(main)

@@ -1,0 +1,77 @@
+"""Evaluate a trained (or converted) TransformerXL on a split with the published evaluation protocol.
+
+    python -m txl_tf.evaluate --model_dir=runs/enwik8_base --split=test
+    python -m txl_tf.evaluate --model_dir=runs/enwik8_base --gin_param='EvalConfig.mem_len=3800' \
+        --token_losses=runs/enwik8_base/test_nll_3800.npy
+    python -m txl_tf.evaluate --gin_file=gin/enwik8_base.gin --checkpoint=converted/ckpt --split=test
+
+The protocol comes from EvalConfig (tgt_len, mem_len, clamp_len, same_length, batch_size, max_steps,
+protocol, compute_dtype, layout) as bound in model_dir/config.gin, then --gin_file, then --gin_param. With
+`EvalConfig.protocol='vanilla'` the model (attn_type='al_rfou') is evaluated with a window of `tgt_len`
+tokens shifted by one token per prediction.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+from absl import app, flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model_dir", None, "Training directory (config.gin + checkpoints).")
+flags.DEFINE_string("checkpoint", None, "Checkpoint prefix or directory (default: --model_dir), e.g. a "
+                    "checkpoint converted with `python -m txl_tf.convert`.")
+flags.DEFINE_enum("which", "latest", ["latest", "best"], "Checkpoint of a model_dir to evaluate.")
+flags.DEFINE_multi_string("gin_file", [], "Gin files read after model_dir/config.gin.")
+flags.DEFINE_multi_string("gin_param", [], "Gin bindings applied last, e.g. EvalConfig.mem_len=3800.")
+flags.DEFINE_string("split", "test", "Split of the prepared data to evaluate (train, valid, test).")
+flags.DEFINE_string("token_losses", None, "Write per-token NLL in corpus order (.npy, or text otherwise).")
+flags.DEFINE_bool("progress", True, "Show a progress bar.")
+
+
+def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_params=(), split="test",
+        token_losses=None, progress=True):
+    """Restores the model, evaluates `split` and returns the EvalResult (also printed)."""
+    from txl_tf import evaluation, restore
+    from txl_tf.data.pipeline import load_vocab, read_split
+
+    configs = restore.parse_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
+    protocol = configs.eval
+    if protocol.protocol not in evaluation.PROTOCOLS:
+        raise ValueError(f"EvalConfig.protocol must be one of {evaluation.PROTOCOLS}; got {protocol.protocol!r}")
+    dtype = None if protocol.compute_dtype == "float32" else protocol.compute_dtype
+    model, configs, prefix = restore.load_model(model_dir, checkpoint, which=which, gin_files=gin_files,
+                                                gin_params=gin_params, dtype=dtype)
+    data_dir = configs.data.data_dir
+    tokens = read_split(data_dir, split)
+    level = load_vocab(data_dir).level
+    print(f"evaluating {prefix} on {data_dir} [{split}]: {len(tokens)} tokens")
+    common = dict(batch_size=protocol.batch_size, max_steps=protocol.max_steps, clamp_len=protocol.clamp_len,
+                  return_token_losses=bool(token_losses), progress=progress)
+    if protocol.protocol == "vanilla":
+        result = evaluation.evaluate_vanilla(model, tokens, window=protocol.tgt_len, **common)
+    else:
+        result = evaluation.evaluate_tokens(model, tokens, tgt_len=protocol.tgt_len, mem_len=protocol.mem_len,
+                                            same_length=protocol.same_length, layout=protocol.layout, **common)
+    result.protocol["compute_dtype"] = protocol.compute_dtype
+    result.protocol["split"] = split
+    evaluation.print_result(result, level)
+    if token_losses:
+        evaluation.save_token_losses(token_losses, result.token_losses)
+        print(f"wrote {len(result.token_losses)} per-token losses to {token_losses}")
+    return result
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not FLAGS.model_dir and not FLAGS.checkpoint:
+        raise app.UsageError("give --model_dir (or --checkpoint with --gin_file)")
+    run(FLAGS.model_dir, FLAGS.checkpoint, which=FLAGS.which, gin_files=FLAGS.gin_file,
+        gin_params=FLAGS.gin_param, split=FLAGS.split, token_losses=FLAGS.token_losses, progress=FLAGS.progress)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,325 @@
+"""Evaluation loops: Transformer-XL's segment-recurrent protocol and the vanilla sliding window.
+
+Transformer-XL protocol (section 3.2, ORIGINAL.md "Evaluation protocol"): the split is cut into `batch_size`
+contiguous streams; each step scores the next `tgt_len` tokens of every stream while the memory (`mem_len`
+long, zeros at the start: the TF original's convention) carries the context across segments. The memory stays
+a TF tensor between the compiled steps (never a host array), and the step is traced at most once per segment
+shape (full segment, the final shorter one, and the 1-stream tail).
+
+Every token of the split after the first is scored exactly once: stream b covers predictions
+`b*S + 1 .. b*S + S` (S = (N - 1) // batch_size, so stream b's last target is stream b + 1's first input) and
+the `(N - 1) % batch_size` leftover predictions continue the last stream with its memory. Per-token losses
+therefore come back in corpus order whatever the batch size, which RECL needs.
+
+Vanilla protocol (Al-Rfou et al., 2018; the paper's Table 7 baseline): a window of `tgt_len` tokens shifted by
+one token per prediction; the first window scores all its positions, every later forward pass one token.
+
+Shapes: B streams (batch), L segment length, M = mem_len, n_layer layers, D = d_model, N tokens in the split.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import tensorflow as tf
+
+PROTOCOLS = ("xl", "vanilla")
+LAYOUTS = ("corpus", "original")
+
+
+@dataclasses.dataclass
+class EvalResult:
+    """Token-weighted evaluation metrics.
+
+    Attributes:
+      loss: mean negative log-likelihood per scored token (nats).
+      num_tokens: number of tokens scored.
+      seconds: wall time of the loop.
+      protocol: the settings used (tgt_len, mem_len, clamp_len, same_length, batch_size, protocol, ...).
+      token_losses: [num_tokens] float32 per-token NLL in corpus order, when requested.
+    """
+
+    loss: float
+    num_tokens: int
+    seconds: float
+    protocol: dict
+    token_losses: np.ndarray | None = None
+
+    @property
+    def bpc(self) -> float:
+        return self.loss / math.log(2.0)
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(min(self.loss, 700.0))
+
+    def summary(self, level: str | None = None) -> str:
+        """One line: loss, bpc (character level) or perplexity (word level), tokens, speed."""
+        if level == "char":
+            metric = f"bpc {self.bpc:.4f}"
+        elif level == "word":
+            metric = f"ppl {self.perplexity:.3f}"
+        else:
+            metric = f"bpc {self.bpc:.4f}  ppl {self.perplexity:.3f}"
+        speed = self.num_tokens / self.seconds if self.seconds > 0 else float("nan")
+        return f"loss {self.loss:.5f}  {metric}  tokens {self.num_tokens}  ({speed:.0f} tokens/s)"
+
+    def protocol_line(self) -> str:
+        return "protocol: " + ", ".join(f"{k}={v}" for k, v in self.protocol.items())
+
+
+@contextlib.contextmanager
+def eval_protocol(model, *, mem_len: int, clamp_len: int, same_length: bool) -> Iterator[None]:
+    """Temporarily sets the model's evaluation-time attention lengths (no rebuild: no new weights)."""
+    saved = (model.mem_len, model.clamp_len, model.same_length)
+    model.mem_len, model.clamp_len, model.same_length = int(mem_len), int(clamp_len), bool(same_length)
+    try:
+        yield
+    finally:
+        model.mem_len, model.clamp_len, model.same_length = saved
+
+
+def make_score_step(model, jit_compile: bool = False):
+    """A compiled step: (inputs [B, L] int32, targets [B, L] int32, mems) -> (nll [B, L] f32, new_mems).
+
+    The model's mem_len / clamp_len / same_length are read when the step is traced, so set them first
+    (`eval_protocol`) and make a new step when they change.
+    """
+
+    @tf.function(jit_compile=jit_compile)
+    def step(inputs, targets, mems):
+        hidden, new_mems = model(inputs, mems=mems, training=False)  # [B, L, D], [n_layer, B, M, D]
+        return model.nll(hidden, targets), new_mems  # [B, L]
+
+    return step
+
+
+def corpus_streams(tokens: np.ndarray, batch_size: int, layout: str = "corpus") -> tuple[np.ndarray, np.ndarray]:
+    """Splits a 1-D token array into `batch_size` contiguous streams.
+
+    Layouts:
+      "corpus" (default): together the streams predict every token after the first exactly once. Row b holds
+        tokens[b*S : b*S + S + 1] with S = (N - 1) // B (its last target is the next row's first input), and
+        the tail holds the R = (N - 1) % B leftover predictions continuing the last row.
+      "original": the authors' batching: S + 1 = N // B tokens per row, rows do not overlap, and the B - 1
+        tokens that start rows 1.. and the N % B leftover tokens are not predicted (empty tail).
+
+    Returns:
+      streams: [B, S + 1] int32 (inputs row[:-1], targets row[1:]); tail: [R + 1] int32 (R may be 0).
+    """
+    tokens = np.asarray(tokens, np.int32).reshape(-1)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive; got {batch_size}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"stream layout must be one of {LAYOUTS}; got {layout!r}")
+    stream_len = (tokens.shape[0] - 1) // batch_size if layout == "corpus" else tokens.shape[0] // batch_size - 1
+    if stream_len < 1:
+        raise ValueError(f"{tokens.shape[0]} tokens are too few for {batch_size} streams; lower the batch size")
+    if layout == "original":
+        return tokens[:batch_size * (stream_len + 1)].reshape(batch_size, stream_len + 1), tokens[:0]
+    index = np.arange(batch_size)[:, None] * stream_len + np.arange(stream_len + 1)[None, :]
+    return tokens[index], tokens[batch_size * stream_len:]
+
+
+class _Progress:
+    """A progress bar on stderr (keras Progbar) that can be turned off."""
+
+    def __init__(self, total: int, enabled: bool, unit: str = "segment"):
+        self.bar = None
+        if enabled:
+            import keras
+
+            self.bar = keras.utils.Progbar(total, unit_name=unit, stateful_metrics=["loss"])
+        self.done = 0
+
+    def update(self, count: int, loss: float) -> None:
+        self.done += count
+        if self.bar is not None:
+            self.bar.update(self.done, values=[("loss", loss)])
+
+
+def _score_streams(step, streams, mems, tgt_len: int, max_steps: int, progress, totals, pieces) -> tf.Tensor:
+    """Scores [B, S + 1] streams segment by segment, carrying `mems`; appends [B, L] NLL to `pieces`."""
+    length = streams.shape[1] - 1
+    starts = list(range(0, length, tgt_len))
+    if max_steps:
+        starts = starts[:max_steps]
+    for start in starts:
+        end = min(start + tgt_len, length)
+        nll, mems = step(tf.constant(streams[:, start:end]), tf.constant(streams[:, start + 1:end + 1]), mems)
+        totals[0] += float(tf.reduce_sum(tf.cast(nll, tf.float64)))
+        totals[1] += int(nll.shape[0] * nll.shape[1])
+        pieces.append(nll)
+        progress.update(1, totals[0] / totals[1])
+    return mems
+
+
+def evaluate_streams(model, streams: np.ndarray, *, tgt_len: int, mem_len: int, clamp_len: int = -1,
+                     same_length: bool = False, max_steps: int = 0, tail: np.ndarray | None = None,
+                     return_token_losses: bool = False, progress: bool = False,
+                     jit_compile: bool = False) -> EvalResult:
+    """Transformer-XL evaluation of explicit streams with memory carried across segments.
+
+    Args:
+      model: a `TransformerXL`.
+      streams: [B, S + 1] int32 token streams; stream b predicts streams[b, 1:] from streams[b, :-1].
+      tgt_len: segment length L; the last segment of a stream may be shorter.
+      mem_len, clamp_len, same_length: the evaluation protocol (set on the model for the duration).
+      max_steps: score only the first `max_steps` segments (0 = all).
+      tail: optional [R + 1] tokens continuing the LAST stream (R predictions), scored with that stream's memory.
+      return_token_losses: keep per-token NLL, in order stream 0, stream 1, ..., then the tail.
+      progress: show a progress bar.
+      jit_compile: XLA (faster on GPU/TPU, slower for bf16 on CPUs with AMX).
+    """
+    streams = np.asarray(streams, np.int32)
+    if streams.ndim != 2 or streams.shape[1] < 2:
+        raise ValueError(f"streams must be [batch, length >= 2]; got shape {streams.shape}")
+    batch_size, length = streams.shape[0], streams.shape[1] - 1
+    steps = math.ceil(length / tgt_len)
+    truncated = bool(max_steps) and max_steps < steps
+    steps = max_steps if truncated else steps
+    with_tail = tail is not None and len(tail) > 1 and not truncated  # the tail follows the whole last stream
+    settings = dict(protocol="xl", tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
+                    same_length=same_length, batch_size=batch_size)
+    start_time = time.perf_counter()
+    totals, pieces, tail_pieces = [0.0, 0], [], []
+    with eval_protocol(model, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length):
+        step = make_score_step(model, jit_compile=jit_compile)
+        bar = _Progress(steps + (math.ceil((len(tail) - 1) / tgt_len) if with_tail else 0), progress)
+        mems = _score_streams(step, streams, model.initial_mems(batch_size), tgt_len, max_steps, bar, totals,
+                              pieces)
+        if with_tail:
+            tail_mems = mems[:, batch_size - 1:batch_size]  # [n_layer, 1, M, D]: the last stream's memory
+            _score_streams(step, np.asarray(tail, np.int32)[None], tail_mems, tgt_len, 0, bar, totals,
+                           tail_pieces)
+    seconds = time.perf_counter() - start_time
+    token_losses = None
+    if return_token_losses:
+        per_stream = tf.concat(pieces, axis=1).numpy().reshape(-1)  # stream-major = corpus order
+        tail_losses = [p.numpy().reshape(-1) for p in tail_pieces]
+        token_losses = np.concatenate([per_stream, *tail_losses]).astype(np.float32)
+    return EvalResult(loss=totals[0] / totals[1], num_tokens=totals[1], seconds=seconds, protocol=settings,
+                      token_losses=token_losses)
+
+
+def evaluate_tokens(model, tokens: np.ndarray, *, tgt_len: int, mem_len: int, clamp_len: int = -1,
+                    same_length: bool = False, batch_size: int = 10, max_steps: int = 0,
+                    layout: str = "corpus", return_token_losses: bool = False, progress: bool = False,
+                    jit_compile: bool = False) -> EvalResult:
+    """Transformer-XL evaluation of a whole split (1-D tokens); with the default layout every token after
+    the first is scored exactly once, in corpus order.
+
+    See `corpus_streams` for the layouts and `evaluate_streams` for the other arguments.
+    """
+    streams, tail = corpus_streams(tokens, batch_size, layout)
+    result = evaluate_streams(model, streams, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
+                              same_length=same_length, max_steps=max_steps, tail=tail,
+                              return_token_losses=return_token_losses, progress=progress,
+                              jit_compile=jit_compile)
+    result.protocol["layout"] = layout
+    return result
+
+
+def evaluate_dataset(model, dataset: Iterable, *, mem_len: int | None = None, clamp_len: int | None = None,
+                     same_length: bool | None = None, max_steps: int = 0,
+                     progress_total: int | None = None) -> EvalResult:
+    """Evaluates any iterable of (inputs [B, L], targets [B, L]) batches whose rows continue each other.
+
+    Memory starts at zeros and is carried from batch to batch; a batch whose size differs from the previous
+    one restarts it. Protocol settings left as None keep the model's current values (e.g. the trainer's
+    periodic validation with training lengths). Segments are weighted by their token count.
+    """
+    mem_len = model.mem_len if mem_len is None else mem_len
+    clamp_len = model.clamp_len if clamp_len is None else clamp_len
+    same_length = model.same_length if same_length is None else same_length
+    settings = dict(protocol="xl", mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
+    start_time = time.perf_counter()
+    total, count, batch_size, mems = 0.0, 0, None, None
+    with eval_protocol(model, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length):
+        step = make_score_step(model)
+        bar = _Progress(progress_total or max_steps or 0, progress_total is not None)
+        for index, (inputs, targets) in enumerate(dataset):
+            if max_steps and index >= max_steps:
+                break
+            if inputs.shape[0] != batch_size:
+                batch_size = int(inputs.shape[0])
+                mems = model.initial_mems(batch_size)
+            nll, mems = step(tf.cast(inputs, tf.int32), tf.cast(targets, tf.int32), mems)
+            total += float(tf.reduce_sum(tf.cast(nll, tf.float64)))
+            count += int(nll.shape[0] * nll.shape[1])
+            bar.update(1, total / count)
+    if not count:
+        raise ValueError("the evaluation dataset yielded no batches")
+    settings["batch_size"] = batch_size
+    return EvalResult(loss=total / count, num_tokens=count, seconds=time.perf_counter() - start_time,
+                      protocol=settings)
+
+
+def make_window_step(model, jit_compile: bool = False):
+    """A compiled vanilla step: windows [B, W] int32, targets [B] -> NLL [B] of each window's next token."""
+
+    @tf.function(jit_compile=jit_compile)
+    def step(windows, targets):
+        hidden, _ = model(windows, mems=None, training=False)  # [B, W, D]
+        return model.nll(hidden[:, -1:], targets[:, None])[:, 0]  # [B]
+
+    return step
+
+
+def evaluate_vanilla(model, tokens: np.ndarray, *, window: int, batch_size: int = 10, max_steps: int = 0,
+                     clamp_len: int = -1, return_token_losses: bool = False, progress: bool = False,
+                     jit_compile: bool = False) -> EvalResult:
+    """The vanilla model's evaluation: a `window`-token context shifted by one token per prediction.
+
+    The first window scores its `window` positions in one pass (contexts 1 .. window); then each forward pass
+    of a window predicts one token. `batch_size` windows at consecutive positions share a forward pass.
+    Per-token losses come back in corpus order (tokens 1 .. N - 1).
+    """
+    tokens = np.asarray(tokens, np.int32).reshape(-1)
+    if tokens.shape[0] <= window:
+        raise ValueError(f"the split has {tokens.shape[0]} tokens; the vanilla window ({window}) needs more")
+    settings = dict(protocol="vanilla", window=window, clamp_len=clamp_len, batch_size=batch_size)
+    start_time = time.perf_counter()
+    with eval_protocol(model, mem_len=0, clamp_len=clamp_len, same_length=False):
+        first = make_score_step(model, jit_compile=jit_compile)
+        nll0, _ = first(tf.constant(tokens[None, :window]), tf.constant(tokens[None, 1:window + 1]), None)
+        pieces = [nll0[0]]
+        total, count = float(tf.reduce_sum(tf.cast(nll0, tf.float64))), window
+        windows = np.lib.stride_tricks.sliding_window_view(tokens, window + 1)[1:]  # [N - W - 1, W + 1]
+        num_batches = math.ceil(windows.shape[0] / batch_size)
+        if max_steps:
+            num_batches = min(num_batches, max_steps)
+        step = make_window_step(model, jit_compile=jit_compile)
+        bar = _Progress(num_batches, progress, unit="batch")
+        for index in range(num_batches):
+            batch = windows[index * batch_size:(index + 1) * batch_size]
+            nll = step(tf.constant(batch[:, :-1]), tf.constant(batch[:, -1]))
+            total += float(tf.reduce_sum(tf.cast(nll, tf.float64)))
+            count += int(nll.shape[0])
+            pieces.append(nll)
+            bar.update(1, total / count)
+    token_losses = tf.concat(pieces, 0).numpy().astype(np.float32) if return_token_losses else None
+    return EvalResult(loss=total / count, num_tokens=count, seconds=time.perf_counter() - start_time,
+                      protocol=settings, token_losses=token_losses)
+
+
+def save_token_losses(path: str, losses: np.ndarray) -> None:
+    """Writes per-token NLL in corpus order: `.npy` (float32), otherwise text with one value per line."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    if path.endswith(".npy"):
+        np.save(path, np.asarray(losses, np.float32))
+    else:
+        np.savetxt(path, np.asarray(losses, np.float64), fmt="%.7g")
+
+
+def print_result(result: EvalResult, level: str | None = None, file=sys.stdout) -> None:
+    print(result.summary(level), file=file)
+    print(result.protocol_line(), file=file)
