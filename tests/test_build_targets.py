@@ -19,7 +19,10 @@ import pytest
 
 REPO_ROOT = pathlib.Path(__file__).absolute().parents[1]
 PACKAGE = "txl_tf"
-PACKAGE_LABEL = "//txl_tf"  # the library of the package's __init__.py files; every test gets it
+# Every pytest_test gets these (tests/pytest_test.bzl): the package's __init__.py files and the conftest.
+COMMON_TEST_DEPS = {"//txl_tf:txl_tf", "//tests:conftest"}
+# Files of tests/ that are neither test files nor libraries: the runner is in the srcs of every test.
+NOT_LIBRARIES = {"tests/pytest_runner.py"}
 
 _CALL = re.compile(r"^(py_library|py_test|pytest_test)\(", re.MULTILINE)
 _STRING = re.compile(r'"([^"]*)"')
@@ -63,26 +66,28 @@ def _label(dep: str, package: str) -> str:
 
 
 def library_targets(repo: pathlib.Path) -> dict[str, tuple[str, list[str]]]:
-    """{module path relative to txl_tf/: (label, canonical deps)} from txl_tf/BUILD."""
+    """{repo-relative source: (label, canonical deps)} of the py_library targets of txl_tf/ and tests/."""
     modules: dict[str, tuple[str, list[str]]] = {}
-    for rule, body in build_calls((repo / PACKAGE / "BUILD").read_text()):
-        if rule != "py_library":
-            continue
-        label = _label(":" + _strings(body, "name")[0], PACKAGE)
-        deps = [_label(dep, PACKAGE) for dep in _strings(body, "deps")]
-        for src in _strings(body, "srcs"):
-            modules.setdefault(src, (label, deps))
-            if modules[src][0] != label:
-                raise AssertionError(
-                    f"txl_tf/{src} is in two py_library targets: {modules[src][0]} and {label}"
-                )
+    for package in (PACKAGE, "tests"):
+        for rule, body in build_calls((repo / package / "BUILD").read_text()):
+            if rule != "py_library":
+                continue
+            label = _label(":" + _strings(body, "name")[0], package)
+            deps = [_label(dep, package) for dep in _strings(body, "deps")]
+            for src in _strings(body, "srcs"):
+                path = f"{package}/{src}"
+                modules.setdefault(path, (label, deps))
+                if modules[path][0] != label:
+                    raise AssertionError(
+                        f"{path} is in two py_library targets: {modules[path][0]} and {label}"
+                    )
     return modules
 
 
-def txl_tf_imports(path: pathlib.Path, repo: pathlib.Path) -> set[str]:
-    """Module paths (relative to txl_tf/) of the txl_tf modules that `path` imports, at any depth.
+def imported_files(path: pathlib.Path, repo: pathlib.Path) -> set[str]:
+    """Repo-relative candidates for the files `path` imports (txl_tf modules; tests/ helpers from tests/).
 
-    Each dotted name yields both candidates `a/b.py` and `a/b/__init__.py`; callers keep the existing ones.
+    Each dotted name yields both `a/b.py` and `a/b/__init__.py`; callers keep the ones that exist.
     """
     names = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
@@ -96,12 +101,14 @@ def txl_tf_imports(path: pathlib.Path, repo: pathlib.Path) -> set[str]:
             else:
                 module = node.module
             names += [module] + [f"{module}.{alias.name}" for alias in node.names]
+    in_tests = path.parent == repo / "tests"
     found = set()
     for name in names:
         parts = name.split(".")
         if parts[0] == PACKAGE:
-            stem = "/".join(parts[1:])
-            found |= {f"{stem}.py", f"{stem}/__init__.py"} if stem else {"__init__.py"}
+            found |= {"/".join(parts) + ".py", "/".join(parts + ["__init__.py"])}
+        elif in_tests and len(parts) == 1:
+            found.add(f"tests/{parts[0]}.py")
     return found
 
 
@@ -114,35 +121,42 @@ def marks_slow(path: pathlib.Path) -> bool:
     return False
 
 
+def _missing_deps(who: str, path: pathlib.Path, deps, allowed, modules, repo) -> list[str]:
+    problems = []
+    for imported in sorted(imported_files(path, repo) & set(modules)):
+        needed = modules[imported][0]
+        if needed not in deps and needed not in allowed:
+            problems.append(f"{who} imports {imported} but its deps lack {needed}")
+    return problems
+
+
 def problems_of_library_targets(repo: pathlib.Path) -> list[str]:
-    """What is wrong in txl_tf/BUILD, one line per problem (empty: nothing)."""
+    """What is wrong in the py_library targets, one line per problem (empty: nothing)."""
     modules = library_targets(repo)
-    package_dir = repo / PACKAGE
-    sources = sorted(str(p.relative_to(package_dir)) for p in package_dir.rglob("*.py"))
+    sources = sorted(str(p.relative_to(repo)) for p in (repo / PACKAGE).rglob("*.py"))
+    sources += sorted(
+        str(p.relative_to(repo))
+        for p in (repo / "tests").glob("*.py")
+        if not p.name.startswith("test_") and str(p.relative_to(repo)) not in NOT_LIBRARIES
+    )
     problems = [
-        f"txl_tf/{src} has no py_library in txl_tf/BUILD" for src in sources if src not in modules
+        f"{src} has no py_library in {src.split('/')[0]}/BUILD"
+        for src in sources
+        if src not in modules
     ]
     problems += [
-        f"txl_tf/BUILD lists txl_tf/{src}, which does not exist"
-        for src in modules
-        if src not in sources
+        f"{src.split('/')[0]}/BUILD lists {src}, which does not exist" for src in modules if src not in sources
     ]
-    package_label = _label(PACKAGE_LABEL, PACKAGE)
     for src in sources:
-        if src not in modules:
-            continue
-        label, deps = modules[src]
-        for imported in sorted(txl_tf_imports(package_dir / src, repo) & set(modules)):
-            needed = modules[imported][0]
-            if needed not in (label, package_label) and needed not in deps:
-                problems.append(
-                    f"{label} (txl_tf/{src}) imports txl_tf/{imported} but its deps lack {needed}"
-                )
+        if src in modules:
+            label, deps = modules[src]
+            allowed = {label, f"//{PACKAGE}:{PACKAGE}"}
+            problems += _missing_deps(f"{label} ({src})", repo / src, deps, allowed, modules, repo)
     return problems
 
 
 def problems_of_test_targets(repo: pathlib.Path) -> list[str]:
-    """What is wrong in tests/BUILD, one line per problem (empty: nothing)."""
+    """What is wrong in tests/BUILD's pytest_test targets, one line per problem (empty: nothing)."""
     modules = library_targets(repo)
     targets = {}
     for rule, body in build_calls((repo / "tests" / "BUILD").read_text()):
@@ -154,19 +168,14 @@ def problems_of_test_targets(repo: pathlib.Path) -> list[str]:
                 slow.strip('"') if slow else "none",
             )
     problems = []
-    package_label = _label(PACKAGE_LABEL, PACKAGE)
-    for path in sorted((repo / "tests").glob("test_*.py")):
+    test_files = sorted((repo / "tests").glob("test_*.py"))
+    for path in test_files:
         name = path.stem
         if name not in targets:
             problems.append(f'tests/{path.name} has no pytest_test(name = "{name}") in tests/BUILD')
             continue
         deps, slow = targets[name]
-        for imported in sorted(txl_tf_imports(path, repo) & set(modules)):
-            needed = modules[imported][0]
-            if needed != package_label and needed not in deps:
-                problems.append(
-                    f"//tests:{name} imports txl_tf/{imported} but its deps lack {needed}"
-                )
+        problems += _missing_deps(f"//tests:{name}", path, deps, COMMON_TEST_DEPS, modules, repo)
         marked = marks_slow(path)
         if marked and slow == "none":
             problems.append(
@@ -176,7 +185,7 @@ def problems_of_test_targets(repo: pathlib.Path) -> list[str]:
             problems.append(
                 f'//tests:{name} has slow = "{slow}" but tests/{path.name} marks no test slow'
             )
-    for name in sorted(set(targets) - {p.stem for p in (repo / "tests").glob("test_*.py")}):
+    for name in sorted(set(targets) - {p.stem for p in test_files}):
         problems.append(f"tests/BUILD declares {name}, but tests/{name}.py does not exist")
     return problems
 
@@ -214,9 +223,22 @@ py_library(
 _TESTS = """
 load("//tests:pytest_test.bzl", "pytest_test")
 
+py_library(
+    name = "conftest",
+    srcs = ["conftest.py"],
+)
+
+py_library(
+    name = "helpers",
+    srcs = ["helpers.py"],
+)
+
 pytest_test(
     name = "test_pipeline",
-    deps = ["//txl_tf:data/pipeline"],
+    deps = [
+        ":helpers",
+        "//txl_tf:data/pipeline",
+    ],
     slow = "some",
 )
 """
@@ -233,8 +255,12 @@ def fake_repo(tmp_path):
         "txl_tf/data/pipeline.py": "from txl_tf import configs\nfrom . import __name__ as _n\n",
         "txl_tf/BUILD": _LIBS,
         "tests/BUILD": _TESTS,
+        "tests/conftest.py": "import pytest\n",
+        "tests/helpers.py": "import txl_tf\n",
+        "tests/pytest_runner.py": "import pytest\n",
         "tests/test_pipeline.py": (
-            "import pytest\nfrom txl_tf.data.pipeline import x\n\n@pytest.mark.slow\ndef test_a():\n    pass\n"
+            "import pytest\nfrom helpers import check\nfrom txl_tf.data.pipeline import x\n\n"
+            "@pytest.mark.slow\ndef test_a():\n    pass\n"
         ),
     }
     for name, text in files.items():
@@ -308,3 +334,14 @@ def test_txl_tf_is_imported_from_this_tree():
     import txl_tf
 
     assert pathlib.Path(txl_tf.__file__).absolute().parents[1] == REPO_ROOT
+
+
+def test_test_helper_module_needs_a_library_and_a_dep(fake_repo):
+    (fake_repo / "tests" / "BUILD").write_text(_TESTS.replace('":helpers",', ""))
+    assert problems_of_test_targets(fake_repo) == [
+        "//tests:test_pipeline imports tests/helpers.py but its deps lack //tests:helpers"
+    ]
+    (fake_repo / "tests" / "more_helpers.py").write_text("import numpy\n")
+    assert problems_of_library_targets(fake_repo) == [
+        "tests/more_helpers.py has no py_library in tests/BUILD"
+    ]
