@@ -17,7 +17,7 @@ def _py_pytest(name, src, deps, data, marker, tags, size, **kwargs):
         name = name,
         srcs = ["pytest_runner.py", src],
         main = "pytest_runner.py",
-        args = ["$(location %s)" % src, "-m", "'%s'" % marker],
+        args = ["$(location %s)" % src, "-ra", "-m", "'%s'" % marker],
         deps = _COMMON_DEPS + deps,
         data = ["//:pyproject.toml"] + data,
         python_version = "PY3",

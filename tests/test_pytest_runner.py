@@ -61,6 +61,22 @@ def test_nothing_collected_is_a_failure_not_a_pass(tmp_path):
     assert 'slow = "all"' in result.stderr
 
 
+def test_file_without_tests_is_a_failure(tmp_path):
+    result = _run(tmp_path, "import pytest\n\n\ndef helper():\n    pass\n", "-m", "not slow")
+    assert result.returncode == 1
+    assert "no tests found" in result.stderr
+
+
+def test_file_that_skips_itself_passes_and_says_so(tmp_path):
+    body = (
+        'import pytest\n\npytest.skip("needs the data package", allow_module_level=True)\n' + TESTS
+    )
+    result = _run(tmp_path, body, "-rs", "-m", "not slow")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "needs the data package" in result.stdout
+    assert "the whole file skipped itself" in result.stdout
+
+
 def test_slow_marker_runs_only_the_slow_tests(tmp_path):
     result = _run(tmp_path, TESTS, "-m", "slow")
     assert result.returncode == 0
