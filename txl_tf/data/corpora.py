@@ -245,27 +245,32 @@ def prepare_enwik8_sample(settings: Settings) -> Prepared:
 
 
 # ---- word level -----------------------------------------------------------------------------------------
-def line_blocks(data: bytes, block_bytes: int = 1 << 24) -> Iterator[list[str]]:
-    """The lines of UTF-8 `data` in blocks of about `block_bytes` (a final unterminated line included)."""
+def text_blocks(data: bytes, block_bytes: int = 1 << 24) -> Iterator[str]:
+    """UTF-8 `data` decoded in pieces of about `block_bytes` that end at line ends."""
     start, n = 0, len(data)
     while start < n:
         end = min(start + block_bytes, n)
         if end < n:
             newline = data.find(b"\n", end - 1)
             end = n if newline < 0 else newline + 1
-        piece = data[start:end].decode("utf-8")
+        yield data[start:end].decode("utf-8")
+        start = end
+
+
+def line_blocks(data: bytes, block_bytes: int = 1 << 24) -> Iterator[list[str]]:
+    """The lines of UTF-8 `data` in blocks (a final unterminated line included)."""
+    for piece in text_blocks(data, block_bytes):
         lines = piece.split("\n")
         if piece.endswith("\n"):
             lines.pop()
         yield lines
-        start = end
 
 
 def count_words(texts: list[bytes]) -> collections.Counter:
     counts: collections.Counter = collections.Counter()
     for data in texts:
-        for lines in line_blocks(data):
-            counts.update("\n".join(lines).split())
+        for piece in text_blocks(data):
+            counts.update(piece.split())
     return counts
 
 

@@ -16,6 +16,7 @@ lm1b `<UNK>`), otherwise encoding raises.
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -117,15 +118,15 @@ class Vocab:
 
     def encode_bytes(self, data: np.ndarray) -> np.ndarray:
         """Char level: uint8 array of bytes -> int32 ids, dropping `drop` bytes; raises on unknown bytes."""
-        ids = self._byte_to_id[data]
-        if self.drop:
-            ids = ids[ids != -2]
+        data = np.asarray(data, np.uint8)
+        for byte in self.drop:
+            data = data[data != byte]
+        ids = self._byte_to_id.astype(np.int32)[data]  # dropped bytes are gone; -1 marks unknown ones
         if ids.size and ids.min() < 0:
             pos = int(np.argmax(ids < 0))
-            kept = data if not self.drop else data[self._byte_to_id[data] != -2]
-            raise ValueError(f"byte {int(kept[pos])} (at position {pos}) is not in the char-level "
-                             f"vocabulary of {len(self)} symbols")
-        return ids.astype(np.int32)
+            raise ValueError(f"byte {int(data[pos])} (at position {pos} after dropping {list(self.drop)}) is "
+                             f"not in the char-level vocabulary of {len(self)} symbols")
+        return ids
 
     def line_tokens(self, lines: Iterable[str]) -> list[str]:
         """Word level: complete lines -> tokens with the line's bos/eos symbols (the corpus convention)."""
@@ -140,12 +141,11 @@ class Vocab:
 
     def words_to_ids(self, tokens: Sequence[str]) -> np.ndarray:
         """Word level: tokens -> int32 ids (unknown words -> unk, or KeyError naming the word)."""
-        get = self._index.get
         if self.unk is not None:
-            unk = self._index[self.unk]
-            return np.fromiter((get(t, unk) for t in tokens), np.int32, count=len(tokens))
+            ids = map(self._index.get, tokens, itertools.repeat(self._index[self.unk]))
+            return np.fromiter(ids, np.int32, count=len(tokens))
         try:
-            return np.fromiter((self._index[t] for t in tokens), np.int32, count=len(tokens))
+            return np.fromiter(map(self._index.__getitem__, tokens), np.int32, count=len(tokens))
         except KeyError as err:
             raise KeyError(f"word {err.args[0]!r} is not in the word-level vocabulary of {len(self)} symbols "
                            "and the vocabulary has no unknown-word symbol") from None
@@ -241,13 +241,17 @@ def frequency_order(counts: collections.Counter, exclude: Iterable = ()) -> list
 
 def char_vocab_from_bytes(splits: Sequence[np.ndarray], drop: Sequence[int] = ()) -> Vocab:
     """Byte vocabulary from uint8 arrays: most frequent first, ties by first occurrence (vectorised)."""
+    unseen = np.iinfo(np.int64).max
     counts = np.zeros(256, np.int64)
-    first = np.full(256, np.iinfo(np.int64).max)
+    first = np.full(256, unseen)
     offset = 0
     for data in splits:
-        counts += np.bincount(data, minlength=256)
-        values, index = np.unique(data, return_index=True)
-        first[values] = np.minimum(first[values], index + offset)
+        for start in range(0, data.size, 1 << 22):
+            chunk = data[start:start + (1 << 22)]
+            chunk_counts = np.bincount(chunk, minlength=256)
+            for value in np.flatnonzero((chunk_counts > 0) & (first == unseen)):  # first sightings only
+                first[value] = offset + start + int(np.argmax(chunk == value))
+            counts += chunk_counts
         offset += data.size
     counts[list(drop)] = 0
     present = np.flatnonzero(counts)
