@@ -153,7 +153,6 @@ def main(argv):
     load = os.getloadavg()
     print(f"\nload average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (the machine is shared)")
     print(format_table(rows))
-    return rows
 
 
 if __name__ == "__main__":
