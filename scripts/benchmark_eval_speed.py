@@ -124,8 +124,8 @@ def format_table(rows) -> str:
         authors = AUTHORS_ON_THIS_CPU.get(attn_len)
         authors_ratio = f"{authors[0] / (authors[1] / 1000):.0f}x" if authors else "-"
         paper = f"{PAPER_RATIO[attn_len]}x" if attn_len in PAPER_RATIO else "-"
-        lines.append(f"| {attn_len} | {vanilla_s:.3f} | {xl_s * 1000:.3f} | {vanilla_s / xl_s:.0f}x | "
-                     f"{cached_s * 1000:.3f} | {vanilla_s / cached_s:.0f}x | {paper} | {authors_ratio} |")
+        lines.append(f"| {attn_len} | {vanilla_s:.4g} | {xl_s * 1000:.4g} | {vanilla_s / xl_s:.0f}x | "
+                     f"{cached_s * 1000:.4g} | {vanilla_s / cached_s:.0f}x | {paper} | {authors_ratio} |")
     return "\n".join(lines)
 
 
