@@ -133,7 +133,7 @@ def test_split_too_short_for_one_segment_per_stream():
 
 
 WORKER = r"""
-import json, os, sys
+import json
 import numpy as np
 import tensorflow as tf
 from txl_tf.data import pipeline
