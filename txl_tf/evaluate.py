@@ -6,7 +6,7 @@
     python -m txl_tf.evaluate --gin_file=gin/enwik8_base.gin --checkpoint=converted/ckpt --split=test
 
 The protocol comes from EvalConfig (tgt_len, mem_len, clamp_len, same_length, batch_size, max_steps,
-protocol, compute_dtype, layout) as bound in model_dir/config.gin, then --gin_file, then --gin_param. With
+protocol, compute_dtype, layout, kv_cache) as bound in model_dir/config.gin, then --gin_file, then --gin_param. With
 `EvalConfig.protocol='vanilla'` the model (attn_type='al_rfou') is evaluated with a window of `tgt_len`
 tokens shifted by one token per prediction.
 """
@@ -19,13 +19,10 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from absl import app, flags  # noqa: E402
 
+from txl_tf import restore  # noqa: E402
+
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model_dir", None, "Training directory (config.gin + checkpoints).")
-flags.DEFINE_string("checkpoint", None, "Checkpoint prefix or directory (default: --model_dir), e.g. a "
-                    "checkpoint converted with `python -m txl_tf.convert`.")
-flags.DEFINE_enum("which", "latest", ["latest", "best"], "Checkpoint of a model_dir to evaluate.")
-flags.DEFINE_multi_string("gin_file", [], "Gin files read after model_dir/config.gin.")
-flags.DEFINE_multi_string("gin_param", [], "Gin bindings applied last, e.g. EvalConfig.mem_len=3800.")
+restore.define_model_flags()
 flags.DEFINE_string("split", "test", "Split of the prepared data to evaluate (train, valid, test).")
 flags.DEFINE_string("token_losses", None, "Write per-token NLL in corpus order (.npy, or text otherwise).")
 flags.DEFINE_bool("progress", True, "Show a progress bar.")
@@ -34,7 +31,7 @@ flags.DEFINE_bool("progress", True, "Show a progress bar.")
 def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_params=(), split="test",
         token_losses=None, progress=True):
     """Restores the model, evaluates `split` and returns the EvalResult (also printed)."""
-    from txl_tf import evaluation, restore
+    from txl_tf import evaluation
     from txl_tf.data.pipeline import load_vocab, read_split
 
     configs = restore.parse_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
@@ -54,7 +51,8 @@ def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_pa
         result = evaluation.evaluate_vanilla(model, tokens, window=protocol.tgt_len, **common)
     else:
         result = evaluation.evaluate_tokens(model, tokens, tgt_len=protocol.tgt_len, mem_len=protocol.mem_len,
-                                            same_length=protocol.same_length, layout=protocol.layout, **common)
+                                            same_length=protocol.same_length, layout=protocol.layout,
+                                            kv_cache=protocol.kv_cache and model.attn_type == "xl", **common)
     result.protocol["compute_dtype"] = protocol.compute_dtype
     result.protocol["split"] = split
     evaluation.print_result(result, level)
