@@ -107,6 +107,7 @@ class TrainConfig:
     seed: int = 1234
     deterministic: bool = False  # tf.config.experimental.enable_op_determinism()
     sample_tokens: int = 200  # length of the text sample generated at each evaluation (0 = none)
+    measure_mfu: bool = True  # time a square matmul at start-up and report model FLOPs utilisation
 
 
 @gin.configurable
