@@ -30,6 +30,16 @@ test: venv
 test-all: venv
 	$(PY) -m pytest -q -m ''
 
+# Bazel (Debian's bazel-bootstrap, offline; see README "Development"): the fast tests, one py_test per file,
+# run by the virtual environment's Python. BAZEL_FLAGS='--test_tag_filters=' runs the slow ones too.
+BAZEL ?= bazel
+BAZEL_TARGETS ?= //...
+BAZEL_FLAGS ?= --test_tag_filters=-slow
+SHARED_DIR ?= $(abspath ..)/shared
+bazel-test: venv
+	PATH="$(abspath $(VENV))/bin:$$PATH" TXL_SHARED_DIR="$(SHARED_DIR)" \
+	  $(BAZEL) test $(BAZEL_FLAGS) $(BAZEL_TARGETS)
+
 lint: venv
 	$(VENV)/bin/ruff check txl_tf tests scripts
 

@@ -1,5 +1,6 @@
 """Rebuild + restore from a model_dir (config.gin, ckpt-N, best/) or a converted checkpoint directory."""
 
+import gin
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -21,6 +22,13 @@ EvalConfig.tgt_len = 3
 EvalConfig.mem_len = 11
 Trainer.unknown_to_this_module = 1
 """
+
+
+@pytest.fixture(autouse=True)
+def _clean_gin():
+    """parse_configs binds the global gin config: leave none behind for other tests."""
+    yield
+    gin.clear_config()
 
 
 def _model_dir(tmp_path):

@@ -124,3 +124,4 @@ class EvalConfig:
     protocol: str = "xl"  # "xl": segments + memory; "vanilla": al_rfou window of tgt_len shifted by one token
     compute_dtype: str = "float32"  # or "mixed_bfloat16" (faster on CPUs with AMX, GPUs, TPUs)
     layout: str = "corpus"  # "corpus": every token scored once; "original": the authors' batching
+    kv_cache: bool = True  # carry the memory's keys/values (txl_tf.kv_cache; same numbers, faster; xl only)

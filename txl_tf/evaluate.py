@@ -6,7 +6,7 @@
     python -m txl_tf.evaluate --gin_file=gin/enwik8_base.gin --checkpoint=converted/ckpt --split=test
 
 The protocol comes from EvalConfig (tgt_len, mem_len, clamp_len, same_length, batch_size, max_steps,
-protocol, compute_dtype, layout) as bound in model_dir/config.gin, then --gin_file, then --gin_param. With
+protocol, compute_dtype, layout, kv_cache) as bound in model_dir/config.gin, then --gin_file, then --gin_param. With
 `EvalConfig.protocol='vanilla'` the model (attn_type='al_rfou') is evaluated with a window of `tgt_len`
 tokens shifted by one token per prediction.
 """
@@ -54,7 +54,8 @@ def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_pa
         result = evaluation.evaluate_vanilla(model, tokens, window=protocol.tgt_len, **common)
     else:
         result = evaluation.evaluate_tokens(model, tokens, tgt_len=protocol.tgt_len, mem_len=protocol.mem_len,
-                                            same_length=protocol.same_length, layout=protocol.layout, **common)
+                                            same_length=protocol.same_length, layout=protocol.layout,
+                                            kv_cache=protocol.kv_cache and model.attn_type == "xl", **common)
     result.protocol["compute_dtype"] = protocol.compute_dtype
     result.protocol["split"] = split
     evaluation.print_result(result, level)

