@@ -340,7 +340,8 @@ class Trainer:
         steps = self.config.eval_steps or e.max_steps if max_steps is None else max_steps
         return evaluation.evaluate_tokens(
             self.model, tokens, tgt_len=e.tgt_len, mem_len=e.mem_len, clamp_len=e.clamp_len,
-            same_length=e.same_length, batch_size=e.batch_size, max_steps=steps)
+            same_length=e.same_length, batch_size=e.batch_size, max_steps=steps, layout=e.layout,
+            kv_cache=e.kv_cache)
 
     def _split_tokens(self, split: str) -> np.ndarray:
         cache = self.__dict__.setdefault("_splits", {})
