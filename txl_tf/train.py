@@ -107,6 +107,7 @@ def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=Non
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)  # TF's per-collective INFO lines drown the log
     run(FLAGS.gin_file, FLAGS.gin_param, FLAGS.model_dir, FLAGS.strategy, FLAGS.tpu)
 
 
