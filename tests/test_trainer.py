@@ -63,7 +63,7 @@ def test_first_step_matches_numpy_adam_with_global_norm_clipping(char_data, tmp_
     np.testing.assert_allclose(metrics["loss"], float(loss), rtol=1e-5)
     np.testing.assert_allclose(metrics["grad_norm"], norm, rtol=1e-4)
     lr, b2, eps = 1e-3, 0.999, 1e-8
-    for w0, g, w1 in zip(start, grads, weights(trainer)):
+    for w0, g, w1 in zip(start, grads, weights(trainer), strict=True):
         g = g * 0.05 / norm
         expected = w0 - lr * np.sqrt(1 - b2) * g / (np.sqrt(1 - b2) * np.abs(g) + eps)  # Adam's first step
         np.testing.assert_allclose(w1, expected, atol=2e-6)
@@ -78,7 +78,7 @@ def test_mirrored_on_two_cpus_matches_default(char_data, tmp_path):
         runs[name] = (metrics["loss"], weights(trainer), trainer.saved_mems.numpy())
     (loss_d, weights_d, mems_d), (loss_m, weights_m, mems_m) = runs["default"], runs["mirrored"]
     np.testing.assert_allclose(loss_m, loss_d, rtol=1e-5)
-    for a, b in zip(weights_m, weights_d):
+    for a, b in zip(weights_m, weights_d, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)
     np.testing.assert_allclose(mems_m, mems_d, atol=1e-5)  # memory gathered in stream order
     assert np.abs(mems_d).max() > 0
@@ -91,7 +91,7 @@ def test_gradient_accumulation_matches_one_chunk(char_data, tmp_path):
         metrics = trainer.train()
         results.append((metrics["loss"], weights(trainer), trainer.saved_mems.numpy()))
     np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-5)
-    for a, b in zip(results[1][1], results[0][1]):
+    for a, b in zip(results[1][1], results[0][1], strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)
     np.testing.assert_allclose(results[1][2], results[0][2], atol=1e-5)
 
@@ -108,7 +108,7 @@ def test_nonfinite_skip_leaves_weights_and_keeps_counting(char_data, tmp_path):
     metrics = trainer.train()
     assert metrics["nonfinite_steps"] == 2
     assert int(trainer.optimizer.iterations.numpy()) == 2  # the schedule still advances
-    for a, b in zip(start, weights(trainer)):
+    for a, b in zip(start, weights(trainer), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -142,7 +142,7 @@ def test_run_leaves_config_checkpoints_best_and_summaries(char_data, tmp_path):
     # The pinned key `model`: EVAL's restore rebuilds the model and gets the trained weights.
     model = restore.build_model(trainer.model_config, trainer.n_token)
     restore.restore_weights(model, tf.train.latest_checkpoint(str(tmp_path)))
-    for a, b in zip(model.trainable_variables, trainer.model.trainable_variables):
+    for a, b in zip(model.trainable_variables, trainer.model.trainable_variables, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     assert {"loss", "bpc", "learning_rate", "grad_norm", "tokens_per_second", "step_time", "config"} <= \
         _event_tags(str(tmp_path / "train"))
@@ -156,6 +156,6 @@ def test_resume_restores_step_memory_and_optimizer(char_data, tmp_path):
     second = make_trainer(char_data, tmp_path, train_steps=2)
     assert second.restore() == 2
     np.testing.assert_array_equal(second.saved_mems.numpy(), saved[0])
-    for a, b in zip(weights(second), saved[1]):
+    for a, b in zip(weights(second), saved[1], strict=True):
         np.testing.assert_array_equal(a, b)
     assert int(second.optimizer.iterations.numpy()) == saved[2] == 2

@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import tensorflow as tf
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import tensorflow as tf
 

@@ -33,7 +33,8 @@ import os
 import signal
 import sys
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import keras
 import numpy as np
@@ -220,7 +221,7 @@ class Trainer:
             chunk_grads = tape.gradient(loss, variables)
             if chunks > 1:
                 chunk_grads = [tf.convert_to_tensor(g) for g in chunk_grads]
-            grads = chunk_grads if grads is None else [a + b for a, b in zip(grads, chunk_grads)]
+            grads = chunk_grads if grads is None else [a + b for a, b in zip(grads, chunk_grads, strict=True)]
             nll_sum += chunk_sum
             new_mems.append(chunk_mems)
         new_mems = new_mems[0] if chunks == 1 else tf.concat(new_mems, axis=1)  # [n, b_replica, M, d]
@@ -253,7 +254,7 @@ class Trainer:
             to_apply, _ = tf.clip_by_global_norm(summed, clip, use_norm=grad_norm)
 
         def apply_update(grads_to_apply):
-            self.optimizer.apply_gradients(zip(grads_to_apply, variables))
+            self.optimizer.apply_gradients(zip(grads_to_apply, variables, strict=True))
 
         def cross_replica(strategy, grads_to_apply, finite_flags):
             finite_flag = strategy.experimental_local_results(finite_flags)[0]  # equal on every replica
