@@ -113,6 +113,7 @@ def test_two_local_workers_match_single_process_training(char_data, tmp_path):
                                .get_tensor("mems/.ATTRIBUTES/VARIABLE_VALUE"), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_launcher_propagates_a_worker_failure(tmp_path):
     command = ["bash", os.path.join(REPO_ROOT, "scripts", "launch_local_multiworker.sh"), "2",
                "--gin_file=does_not_exist.gin", f"--model_dir={tmp_path}"]

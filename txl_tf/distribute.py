@@ -84,8 +84,18 @@ def cleanup_worker_dir(model_dir: str, strategy: tf.distribute.Strategy) -> None
 
 
 def replica_values(strategy: tf.distribute.Strategy, fn: Callable[[int], tf.Tensor]):
-    """A per-replica value: `fn(global replica id)` evaluated on each local replica's device."""
-    return strategy.experimental_distribute_values_from_function(lambda ctx: fn(ctx.replica_id_in_sync_group))
+    """A per-replica value: `fn(global replica id)`, placed on each local replica's device."""
+    try:
+        devices = strategy.extended.worker_devices  # this worker's replicas, in replica order
+    except RuntimeError:  # the default strategy: one replica on the default device
+        devices = (None,)
+
+    def value(ctx):
+        replica = ctx.replica_id_in_sync_group
+        with tf.device(devices[replica % len(devices)]):
+            return tf.identity(fn(replica))
+
+    return strategy.experimental_distribute_values_from_function(value)
 
 
 def gather_replicas(strategy: tf.distribute.Strategy, value, axis: int) -> tf.Tensor:

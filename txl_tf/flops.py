@@ -13,7 +13,7 @@ Forward pass of one segment:
               probabilities x values   2 * B * L * K * H
               output projection        2 * B * L * H * d
               feed-forward             2 * 2 * B * L * d * F
-  embedding:  projections              2 * B * L * E_i * d   for every projected bin
+  embedding:  projections              2 * B * L * E_i * d   for every projected bin (one table if div_val = 1)
   softmax:    head                     2 * B * L * (d * E_0 if projected) + 2 * B * L * E_0 * (V_0 + C)
               tails                    2 * B * L * (d * E_i + E_i * V_i)
 Training = 3 x forward (the backward pass costs twice the forward).
@@ -66,7 +66,8 @@ def forward_flops_per_segment(*, n_layer: int, d_model: int, n_head: int, d_head
         + 2 * 2 * b * q * d_model * d_inner  # feed-forward
     )
     bins = _adaptive_bins(n_token, d_model, d_embed, cutoffs, div_val, proj_same_dim)
-    embedding = sum(2 * b * q * width_i * d_model for _, width_i, projected in bins if projected)
+    embedded = bins[:1] if div_val == 1 else bins  # div_val == 1: one table, at most one projection
+    embedding = sum(2 * b * q * width_i * d_model for _, width_i, projected in embedded if projected)
     softmax = 0
     if div_val == 1:  # one table sliced by bin: the head and the tails share d_embed (and one projection)
         rows0, width0, projected = bins[0][0], bins[0][1], bins[0][2]

@@ -20,6 +20,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
+from absl import logging as absl_logging  # noqa: E402
 
 from txl_tf.distribute import STRATEGIES  # noqa: E402
 
@@ -105,7 +106,7 @@ def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=Non
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    logging.getLogger("tensorflow").setLevel(logging.WARNING)  # TF's per-collective INFO lines drown the log
+    absl_logging.set_verbosity(absl_logging.WARNING)  # gin's and TF's INFO lines (one per collective) drown the log
     run(FLAGS.gin_file, FLAGS.gin_param, FLAGS.model_dir, FLAGS.strategy, FLAGS.tpu)
 
 

@@ -299,7 +299,7 @@ class Trainer:
     def _distribute_mems(self, global_mems: tf.Tensor):
         """[n, B, M, d] in stream order -> per-replica [n, B/R, M, d] (replica r owns streams r*B/R ...)."""
         b = self.replica_batch
-        mems = distribute.replica_values(self.strategy, lambda r: tf.identity(global_mems[:, r * b:(r + 1) * b]))
+        mems = distribute.replica_values(self.strategy, lambda r: global_mems[:, r * b:(r + 1) * b])
         local = self.strategy.experimental_local_results(mems)
         # With one local replica strategy.run returns plain tensors: carry the same type through the loop.
         return local[0] if len(local) == 1 else mems
