@@ -49,6 +49,7 @@ def resolve_gin_file(path: str) -> str:
 def parse_gin(gin_files, gin_params) -> list:
     """Parses the files (includes resolved against each file's folder and gin/) and bindings; returns paths."""
     import gin
+
     import txl_tf.configs  # noqa: F401  (registers the configurables)
 
     paths = [resolve_gin_file(p) for p in gin_files]
@@ -80,6 +81,7 @@ def default_model_dir(gin_files) -> str:
 def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=None) -> dict:
     """Parses the configuration, builds the strategy and trains; returns the last metrics."""
     import gin
+
     from txl_tf import distribute
     from txl_tf.configs import DataConfig, EvalConfig, ModelConfig, TrainConfig
     from txl_tf.trainer import Trainer
