@@ -12,7 +12,8 @@ with random weights (the time does not depend on them), batch 1, and the evaluat
     time per token = time per segment / 80, measured twice: with the model's call (`make_score_step`: keys,
     values and position keys recomputed every segment, as in the authors' code) and with `txl_tf.kv_cache`
     (the memory's keys/values carried and the position keys computed once; same numbers).
-A subset of tokens is timed (--vanilla_passes windows, --xl_segments segments) after one warm-up call each.
+A subset of tokens is timed (--vanilla_passes windows, --xl_segments segments) after one warm-up call each;
+the fastest call counts (the machine may be shared: the load average is printed before and after).
 The paper's ratios (one GPU) and the authors' PyTorch code on this 2-core CPU (MACHINE.md) are printed beside.
 """
 
@@ -55,13 +56,18 @@ def build_models(attn_lens, arch, n_token, dtype):
 
 
 def _timed(fn, repeats):
-    """Seconds per call of `fn` (returns a tensor) after one warm-up call (tracing included there)."""
+    """Seconds of the fastest of `repeats` calls of `fn` (returns a tensor), after one warm-up call.
+
+    The fastest call is the best estimate of the uncontended cost on a shared machine; every call waits for
+    its result, so nothing overlaps between calls.
+    """
     fn().numpy()
-    start = time.perf_counter()
+    times = []
     for _ in range(repeats):
-        out = fn()
-    out.numpy()
-    return (time.perf_counter() - start) / repeats
+        start = time.perf_counter()
+        fn().numpy()
+        times.append(time.perf_counter() - start)
+    return min(times)
 
 
 def time_vanilla(model, window, passes, jit_compile=False):
@@ -118,8 +124,8 @@ def format_table(rows) -> str:
         authors = AUTHORS_ON_THIS_CPU.get(attn_len)
         authors_ratio = f"{authors[0] / (authors[1] / 1000):.0f}x" if authors else "-"
         paper = f"{PAPER_RATIO[attn_len]}x" if attn_len in PAPER_RATIO else "-"
-        lines.append(f"| {attn_len} | {vanilla_s:.3f} | {xl_s * 1000:.3f} | {vanilla_s / xl_s:.0f}x | "
-                     f"{cached_s * 1000:.3f} | {vanilla_s / cached_s:.0f}x | {paper} | {authors_ratio} |")
+        lines.append(f"| {attn_len} | {vanilla_s:.4g} | {xl_s * 1000:.4g} | {vanilla_s / xl_s:.0f}x | "
+                     f"{cached_s * 1000:.4g} | {vanilla_s / cached_s:.0f}x | {paper} | {authors_ratio} |")
     return "\n".join(lines)
 
 
@@ -147,7 +153,6 @@ def main(argv):
     load = os.getloadavg()
     print(f"\nload average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (the machine is shared)")
     print(format_table(rows))
-    return rows
 
 
 if __name__ == "__main__":

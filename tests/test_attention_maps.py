@@ -83,3 +83,20 @@ def test_png_and_tensorboard_image(tmp_path):
     assert ("attention_map", 3) in tags
     with pytest.raises(ValueError, match="scale"):
         attention_maps.plot_attention_map(avg, scale="cubic")
+
+
+@pytest.mark.parametrize("same_length", [False, True])
+def test_average_over_a_split_with_a_real_model(same_length):
+    from txl_tf.configs import ModelConfig
+
+    tf.keras.utils.set_random_seed(6)
+    model = ModelConfig(n_layer=2, d_model=8, n_head=3, d_head=4, d_inner=12, mem_len=4).build(10)
+    tokens = np.random.default_rng(0).integers(0, 10, size=70).astype(np.int32)
+    avg = attention_maps.average_attention(model, tokens, tgt_len=3, mem_len=5, same_length=same_length,
+                                           batch_size=2, max_segments=4)
+    assert avg.shape == (2, 3, 8)  # layers, heads, distances 0 .. mem_len + tgt_len - 1
+    np.testing.assert_allclose(avg.sum(-1), 1.0, rtol=1e-5)
+    if same_length:  # every query sees exactly mem_len + 1 keys: distances 0 .. 5
+        np.testing.assert_allclose(avg[..., 6:], 0.0, atol=1e-7)
+    with pytest.raises(ValueError, match="lower max_segments"):
+        attention_maps.average_attention(model, tokens, tgt_len=3, mem_len=5, batch_size=2, max_segments=40)

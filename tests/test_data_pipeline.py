@@ -130,3 +130,60 @@ def test_split_too_short_for_one_segment_per_stream():
         make_dataset(None, "valid", 10, 100, tokens=positions())
     with pytest.raises(ValueError, match="past the end"):
         make_dataset(None, "valid", B, L, tokens=positions(), repeat=False, start_step=36)
+
+
+WORKER = r"""
+import json
+import numpy as np
+import tensorflow as tf
+from txl_tf.data import pipeline
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+tokens = np.arange(3001, dtype=np.int32)
+iterator = iter(pipeline.distribute_dataset(strategy, None, "train", 6, 4, tokens=tokens, start_step=2))
+
+@tf.function
+def step(iterator):
+    def fn(inputs, targets):
+        return tf.distribute.get_replica_context().replica_id_in_sync_group, inputs
+    return strategy.run(fn, args=next(iterator))
+
+seen = []
+for _ in range(3):
+    rid, x = (strategy.experimental_local_results(v)[0] for v in step(iterator))
+    seen.append([int(rid), x.numpy().tolist()])
+print("RESULT" + json.dumps(seen))
+"""
+
+
+@pytest.mark.slow
+def test_two_workers_each_keep_their_streams(tmp_path):
+    """MultiWorkerMirroredStrategy with 2 local processes: worker w (replica w) gets streams [3w, 3w+3)."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    procs = []
+    for index in range(2):
+        env = {**os.environ, "PYTHONPATH": repo, "CUDA_VISIBLE_DEVICES": "",
+               "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
+        procs.append(subprocess.Popen([sys.executable, "-c", WORKER], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    oracle_tokens = np.arange(3001, dtype=np.int32)
+    for worker, proc in enumerate(procs):
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err[-3000:]
+        seen = json.loads(out.split("RESULT")[-1])
+        for t, (rid, x) in enumerate(seen, start=2):
+            assert rid == worker
+            expect, _ = batch_for_step(oracle_tokens, 6, 4, t, rows=range(3 * worker, 3 * worker + 3))
+            np.testing.assert_array_equal(np.array(x), expect)

@@ -287,6 +287,12 @@ def test_failed_preparation_leaves_nothing_that_looks_complete(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_text_too_short_to_split(tmp_path):
+    (tmp_path / "tiny.txt").write_text("one line\n" * 19)
+    with pytest.raises(SourceError, match="only 19 lines, too few to split 90/5/5"):
+        prep.prepare("text", str(tmp_path / "d"), local(tmp_path, source=str(tmp_path / "tiny.txt"), level="word"))
+
+
 def test_unknown_dataset_and_cli(tmp_path):
     with pytest.raises(ValueError, match="unknown dataset 'wt104'"):
         prep.prepare("wt104", str(tmp_path / "x"), corpora.Settings())

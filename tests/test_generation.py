@@ -34,7 +34,7 @@ def test_same_seed_same_tokens(model):
 
 
 def test_greedy_matches_step_by_step_oracle(model):
-    result = _generate(model, temperature=0.0)
+    result = _generate(model, temperature=0.0, kv_cache=False)
     # Oracle: plain model calls; the prompt in segments of 3 (zero memory at first, so segmentation matters),
     # then one token per call with memory.
     hidden, mems = model(PROMPT[:, :3], mems=model.initial_mems(2))
@@ -47,6 +47,10 @@ def test_greedy_matches_step_by_step_oracle(model):
     np.testing.assert_array_equal(result.tokens, np.stack(expected, axis=1))
     np.testing.assert_allclose(result.mems.numpy(), mems.numpy(), atol=1e-5)  # memory after every token
     np.testing.assert_array_equal(_generate(model, top_k=1, seed=5).tokens, result.tokens)
+    # The cached keys/values path (the default) samples the same tokens.
+    np.testing.assert_array_equal(_generate(model, temperature=0.0).tokens, result.tokens)
+    sampled = [_generate(model, seed=8, kv_cache=flag).tokens for flag in (True, False)]
+    np.testing.assert_array_equal(*sampled)
 
 
 def test_top_k_restricts_choices():

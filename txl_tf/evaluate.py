@@ -19,13 +19,10 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from absl import app, flags  # noqa: E402
 
+from txl_tf import restore  # noqa: E402
+
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model_dir", None, "Training directory (config.gin + checkpoints).")
-flags.DEFINE_string("checkpoint", None, "Checkpoint prefix or directory (default: --model_dir), e.g. a "
-                    "checkpoint converted with `python -m txl_tf.convert`.")
-flags.DEFINE_enum("which", "latest", ["latest", "best"], "Checkpoint of a model_dir to evaluate.")
-flags.DEFINE_multi_string("gin_file", [], "Gin files read after model_dir/config.gin.")
-flags.DEFINE_multi_string("gin_param", [], "Gin bindings applied last, e.g. EvalConfig.mem_len=3800.")
+restore.define_model_flags()
 flags.DEFINE_string("split", "test", "Split of the prepared data to evaluate (train, valid, test).")
 flags.DEFINE_string("token_losses", None, "Write per-token NLL in corpus order (.npy, or text otherwise).")
 flags.DEFINE_bool("progress", True, "Show a progress bar.")
@@ -34,7 +31,7 @@ flags.DEFINE_bool("progress", True, "Show a progress bar.")
 def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_params=(), split="test",
         token_losses=None, progress=True):
     """Restores the model, evaluates `split` and returns the EvalResult (also printed)."""
-    from txl_tf import evaluation, restore
+    from txl_tf import evaluation
     from txl_tf.data.pipeline import load_vocab, read_split
 
     configs = restore.parse_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)

@@ -120,8 +120,7 @@ def _main(argv):
     from txl_tf.data.vocab import VOCAB_FILE
 
     cfg = flags.FLAGS
-    model, configs, prefix = restore.load_model(cfg.model_dir, cfg.checkpoint, which=cfg.which,
-                                                gin_files=cfg.gin_file, gin_params=cfg.gin_param)
+    model, configs, prefix = restore.load_model_from_flags(cfg)
     protocol = configs.eval
     vocab, vocab_file = None, None
     data_dir = configs.data.data_dir
@@ -138,11 +137,9 @@ def _main(argv):
 def main():
     from absl import app, flags
 
-    flags.DEFINE_string("model_dir", None, "Training directory (config.gin + checkpoints).")
-    flags.DEFINE_string("checkpoint", None, "Checkpoint prefix or directory (default: --model_dir).")
-    flags.DEFINE_enum("which", "latest", ["latest", "best"], "Checkpoint of a model_dir to export.")
-    flags.DEFINE_multi_string("gin_file", [], "Gin files read after model_dir/config.gin.")
-    flags.DEFINE_multi_string("gin_param", [], "Gin bindings applied last (e.g. EvalConfig.mem_len=800).")
+    from txl_tf import restore
+
+    restore.define_model_flags()
     flags.DEFINE_string("export_dir", None, "Where to write the SavedModel.")
     flags.mark_flag_as_required("export_dir")
     app.run(_main)

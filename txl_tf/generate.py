@@ -17,12 +17,10 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from absl import app, flags  # noqa: E402
 
+from txl_tf import restore  # noqa: E402
+
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model_dir", None, "Training directory (config.gin + checkpoints).")
-flags.DEFINE_string("checkpoint", None, "Checkpoint prefix or directory (default: --model_dir).")
-flags.DEFINE_enum("which", "latest", ["latest", "best"], "Checkpoint of a model_dir to use.")
-flags.DEFINE_multi_string("gin_file", [], "Gin files read after model_dir/config.gin.")
-flags.DEFINE_multi_string("gin_param", [], "Gin bindings applied last, e.g. EvalConfig.mem_len=800.")
+restore.define_model_flags()
 flags.DEFINE_string("saved_model", None, "A SavedModel written by `python -m txl_tf.export` (instead).")
 flags.DEFINE_string("prompt", "The ", "Text to continue.")
 flags.DEFINE_integer("max_tokens", 200, "Number of tokens to generate.")
@@ -34,11 +32,10 @@ flags.DEFINE_integer("seed", 0, "Stateless sampling seed.")
 def _from_model_dir():
     import numpy as np
 
-    from txl_tf import generation, restore
+    from txl_tf import generation
     from txl_tf.data.pipeline import load_vocab
 
-    model, configs, prefix = restore.load_model(FLAGS.model_dir, FLAGS.checkpoint, which=FLAGS.which,
-                                                gin_files=FLAGS.gin_file, gin_params=FLAGS.gin_param)
+    model, configs, prefix = restore.load_model_from_flags()
     vocab = load_vocab(configs.data.data_dir)
     ids = vocab.encode(FLAGS.prompt)
     if not ids:

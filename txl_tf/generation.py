@@ -28,7 +28,7 @@ class GenerationResult:
 
     Attributes:
       tokens: [B, max_tokens] int32 sampled tokens (the prompt excluded).
-      mems: the memory after the prompt and all generated tokens (to continue generating).
+      mems: the memory state after the prompt and all generated tokens (to continue generating).
       prompt_seconds: time to consume the prompt; decode_seconds: time of the sampling loop (traced beforehand).
     """
 
@@ -137,16 +137,25 @@ def generate(logits_fn: LogitsFn, prompt: np.ndarray, initial_mems: tf.Tensor, *
 
 def generate_from_model(model, prompt: np.ndarray, *, max_tokens: int, mem_len: int | None = None,
                         clamp_len: int | None = None, temperature: float = 1.0, top_k: int = 0, seed: int = 0,
-                        segment_len: int = 64) -> GenerationResult:
-    """`generate` with a Python TransformerXL; mem_len / clamp_len (default: the model's) apply during it."""
+                        segment_len: int = 64, kv_cache: bool = True) -> GenerationResult:
+    """`generate` with a Python TransformerXL; mem_len / clamp_len (default: the model's) apply during it.
+
+    With `kv_cache` (attn_type "xl" with memory) the memory is carried as keys/values (`txl_tf.kv_cache`):
+    the same tokens, without re-projecting the memory for every new token; `result.mems` is then the
+    (keys, values) state instead of the hidden-state memory.
+    """
+    from txl_tf import kv_cache as cached
     from txl_tf.evaluation import eval_protocol
 
     prompt = np.asarray(prompt, np.int32)
     with eval_protocol(model, mem_len=model.mem_len if mem_len is None else mem_len,
                        clamp_len=model.clamp_len if clamp_len is None else clamp_len, same_length=False):
-        return generate(model_logits_fn(model), prompt, model.initial_mems(prompt.shape[0]),
-                        max_tokens=max_tokens, temperature=temperature, top_k=top_k, seed=seed,
-                        segment_len=segment_len)
+        if kv_cache and model.attn_type == "xl" and model.mem_len > 0:
+            logits_fn, state = cached.logits_fn(model), cached.initial_state(model, prompt.shape[0])
+        else:
+            logits_fn, state = model_logits_fn(model), model.initial_mems(prompt.shape[0])
+        return generate(logits_fn, prompt, state, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
+                        seed=seed, segment_len=segment_len)
 
 
 def generate_text(model, vocab, prompt: str, *, max_tokens: int = 200, **kwargs) -> str:

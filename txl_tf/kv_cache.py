@@ -137,3 +137,23 @@ class CachedScorer:
         if qlen not in self._r_keys:
             self._r_keys[qlen] = position_keys(self.model, qlen)
         return self._step(inputs, targets, state, self._r_keys[qlen])
+
+
+def logits_fn(model):
+    """A `generation` logits_fn on the cached state: (tokens [B, L], (keys, values)) -> (log_probs [B, V], state).
+
+    Position keys are computed once per segment length, eagerly (`tf.init_scope`) even when traced inside the
+    decode loop, so each generated token costs one position's projections plus attention over the memory.
+    """
+    _check(model)
+    cache = {}
+
+    def fn(tokens, state):
+        qlen = int(tokens.shape[1])
+        if qlen not in cache:
+            with tf.init_scope():
+                cache[qlen] = position_keys(model, qlen)
+        hidden, keys, values = forward(model, tokens, state[0], state[1], cache[qlen])
+        return model.log_probs(hidden[:, -1:])[:, 0], (keys, values)
+
+    return fn

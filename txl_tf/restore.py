@@ -150,3 +150,31 @@ def load_model(model_dir: str | None = None, checkpoint: str | None = None, *, w
     model = build_model(configs.model, n_token, dtype=dtype)
     restore_weights(model, prefix)
     return model, configs, prefix
+
+
+def define_model_flags(flag_values=None) -> None:
+    """Defines the entry points' shared flags: --model_dir, --checkpoint, --which, --gin_file, --gin_param."""
+    from absl import flags
+
+    fv = flag_values or flags.FLAGS
+    if "model_dir" in fv:  # already defined by another entry point imported in this process
+        return
+    flags.DEFINE_string("model_dir", None, "Training directory (config.gin + checkpoints).", flag_values=fv)
+    flags.DEFINE_string("checkpoint", None, "Checkpoint prefix or directory (default: --model_dir), e.g. the "
+                        "output_dir of `python -m txl_tf.convert`.", flag_values=fv)
+    flags.DEFINE_enum("which", "latest", ["latest", "best"], "Checkpoint of a model_dir: the latest or best/.",
+                      flag_values=fv)
+    flags.DEFINE_multi_string("gin_file", [], "Gin files read after model_dir/config.gin.", flag_values=fv)
+    flags.DEFINE_multi_string("gin_param", [], "Gin bindings applied last, e.g. EvalConfig.mem_len=800.",
+                              flag_values=fv)
+
+
+def load_model_from_flags(flag_values=None, **kwargs):
+    """`load_model` with the flags of `define_model_flags`; returns (model, configs, checkpoint prefix)."""
+    from absl import flags
+
+    fv = flag_values or flags.FLAGS
+    if not fv.model_dir and not fv.checkpoint:
+        raise ValueError("give --model_dir (or --checkpoint with --gin_file)")
+    return load_model(fv.model_dir, fv.checkpoint, which=fv.which, gin_files=fv.gin_file,
+                      gin_params=fv.gin_param, **kwargs)

@@ -17,8 +17,10 @@ from __future__ import annotations
 import io
 import os
 
-import numpy as np
-import tensorflow as tf
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 
 def distance_sums(probs: tf.Tensor, max_distance: int) -> tf.Tensor:
@@ -129,3 +131,97 @@ def write_summary(png: bytes, logdir: str, step: int = 0, name: str = "attention
         tf.summary.image(name, image, step=step)
     writer.flush()
     writer.close()
+
+
+def make_attention_step(model, max_distance: int):
+    """tf.function (tokens [B, L], mems) -> (sums [n_layer, N, D], new_mems): probabilities stay in the graph."""
+
+    @tf.function
+    def step(tokens, mems):
+        _, new_mems, probs = model.call_with_attention(tokens, mems=mems)  # probs [n_layer, B, N, L, K]
+        return distance_sums(probs, max_distance), new_mems
+
+    return step
+
+
+def average_attention(model, tokens, *, tgt_len: int, mem_len: int, clamp_len: int = -1,
+                      same_length: bool = False, batch_size: int = 10, max_segments: int = 20,
+                      warmup_segments: int | None = None, max_distance: int | None = None,
+                      progress: bool = False) -> np.ndarray:
+    """Average attention [n_layer, N, D] by relative distance over `max_segments` segments of a split.
+
+    The split (1-D tokens) is cut into `batch_size` streams as for evaluation. The first `warmup_segments`
+    (default: enough to fill the memory) only fill the memory, so zero-memory keys do not enter the average.
+    `max_distance` defaults to mem_len + tgt_len (every key).
+    """
+    from txl_tf import evaluation
+
+    max_distance = max_distance or mem_len + tgt_len
+    if warmup_segments is None:
+        warmup_segments = -(-mem_len // tgt_len)
+    streams, _ = evaluation.corpus_streams(tokens, batch_size)
+    needed = (warmup_segments + max_segments) * tgt_len
+    if streams.shape[1] - 1 < needed:
+        raise ValueError(f"the split gives {streams.shape[1] - 1} tokens per stream; {warmup_segments} warm-up + "
+                         f"{max_segments} segments of {tgt_len} need {needed}: lower max_segments or batch_size")
+    acc = AttentionMapAccumulator(max_distance)
+    with evaluation.eval_protocol(model, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length):
+        step = make_attention_step(model, max_distance)
+        mems = model.initial_mems(batch_size)
+        bar = evaluation._Progress(warmup_segments + max_segments, progress)
+        for index in range(warmup_segments + max_segments):
+            segment = tf.constant(streams[:, index * tgt_len:(index + 1) * tgt_len])
+            sums, mems = step(segment, mems)
+            if index >= warmup_segments:
+                acc.add_sums(sums, batch_size * tgt_len)
+            bar.update(1, 0.0)
+    return acc.result()
+
+
+def _main(argv):
+    del argv
+    from absl import flags
+
+    from txl_tf import restore
+    from txl_tf.data.pipeline import read_split
+
+    cfg = flags.FLAGS
+    model, configs, prefix = restore.load_model_from_flags(cfg)
+    protocol = configs.eval
+    tokens = read_split(configs.data.data_dir, cfg.split)
+    attention = average_attention(
+        model, tokens, tgt_len=protocol.tgt_len, mem_len=protocol.mem_len, clamp_len=protocol.clamp_len,
+        same_length=protocol.same_length, batch_size=protocol.batch_size, max_segments=cfg.max_segments,
+        max_distance=cfg.max_distance or None, progress=True)
+    title = (f"{os.path.basename(os.path.normpath(cfg.model_dir or cfg.checkpoint))} [{cfg.split}]: average "
+             f"attention by distance (mem_len {protocol.mem_len}, {cfg.max_segments} x {protocol.batch_size} x "
+             f"{protocol.tgt_len} tokens)")
+    png = plot_attention_map(attention, cfg.output, title=title, scale=cfg.scale)
+    np.save(os.path.splitext(cfg.output)[0] + ".npy", attention.astype(np.float32))
+    logdir = cfg.logdir or os.path.join(cfg.model_dir or os.path.dirname(prefix), "analysis")
+    write_summary(png, logdir)
+    near = attention[..., :10].sum(-1)  # [n_layer, N] mass on the 10 nearest tokens
+    print(f"{prefix}: attention map [{attention.shape[0]} layers x {attention.shape[1]} heads x "
+          f"{attention.shape[2]} distances] -> {cfg.output} (+ .npy), TensorBoard image in {logdir}")
+    for layer in range(attention.shape[0]):
+        print(f"  layer {layer + 1}: mass on the 10 nearest tokens per head: "
+              + " ".join(f"{m:.2f}" for m in near[layer]))
+
+
+def main():
+    from absl import app, flags
+
+    from txl_tf import restore
+
+    restore.define_model_flags()
+    flags.DEFINE_string("split", "valid", "Split to average over.")
+    flags.DEFINE_integer("max_segments", 20, "Segments averaged (after the memory is filled).")
+    flags.DEFINE_integer("max_distance", 0, "Distances plotted (0 = mem_len + tgt_len, every key).")
+    flags.DEFINE_enum("scale", "linear", ["linear", "log"], "Colour scale.")
+    flags.DEFINE_string("output", "attention_map.png", "PNG path (the array is saved beside it as .npy).")
+    flags.DEFINE_string("logdir", None, "TensorBoard directory (default: model_dir/analysis).")
+    app.run(_main)
+
+
+if __name__ == "__main__":
+    main()

@@ -465,15 +465,15 @@ def prepare_text(settings: Settings) -> Prepared:
 
 
 def _split_text(data: bytes, level: str) -> dict:
-    if level == "char":
-        n = len(data)
-        cut1, cut2 = n - 2 * (n // 20), n - n // 20
-        return {"train": data[:cut1], "valid": data[cut1:cut2], "test": data[cut2:]}
-    lines = data.split(b"\n")
-    if data.endswith(b"\n"):
-        lines.pop()
-    n = len(lines)
+    units = data if level == "char" else data.split(b"\n")[:-1 if data.endswith(b"\n") else None]
+    n = len(units)
+    if n < 20:
+        raise SourceError(f"the --source text has only {n} {'bytes' if level == 'char' else 'lines'}, too few "
+                          "to split 90/5/5; give a folder with train.txt, valid.txt and test.txt instead")
     cut1, cut2 = n - 2 * (n // 20), n - n // 20
+    if level == "char":
+        return {"train": data[:cut1], "valid": data[cut1:cut2], "test": data[cut2:]}
+    lines = units
     join = lambda part: b"".join(line + b"\n" for line in part)  # noqa: E731
     return {"train": join(lines[:cut1]), "valid": join(lines[cut1:cut2]), "test": join(lines[cut2:])}
 
