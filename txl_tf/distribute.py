@@ -24,6 +24,7 @@ from typing import Optional
 import tensorflow as tf
 
 STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored", "tpu")
+_MIRRORED: dict = {}
 
 
 def make_strategy(name: str = "default", tpu: Optional[str] = None) -> tf.distribute.Strategy:
@@ -34,8 +35,12 @@ def make_strategy(name: str = "default", tpu: Optional[str] = None) -> tf.distri
         gpus = tf.config.list_logical_devices("GPU")
         return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")
     if name == "mirrored":
-        devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
-        return tf.distribute.MirroredStrategy([d.name for d in devices])
+        devices = tuple(d.name for d in tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU"))
+        # One instance per device set and process: separate MirroredStrategy objects number their collective
+        # ops from the same keys, and a second one would collide with the first's (an INTERNAL abort).
+        if devices not in _MIRRORED:
+            _MIRRORED[devices] = tf.distribute.MirroredStrategy(list(devices))
+        return _MIRRORED[devices]
     if name == "multi_worker_mirrored":
         if "TF_CONFIG" not in os.environ:
             raise ValueError("--strategy=multi_worker_mirrored needs the TF_CONFIG environment variable "
