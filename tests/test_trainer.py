@@ -72,9 +72,12 @@ def test_first_step_matches_numpy_adam_with_global_norm_clipping(char_data, tmp_
 def test_mirrored_on_two_cpus_matches_default(char_data, tmp_path):
     runs = {}
     for name in ("default", "mirrored"):
-        trainer = make_trainer(char_data, tmp_path / name, strategy=name, train_steps=4)
+        # Evaluation and a text sample run too (the model's variables are mirrored outside strategy.run).
+        trainer = make_trainer(char_data, tmp_path / name, strategy=name, train_steps=4, eval_every=4,
+                               sample_tokens=3)
         assert trainer.replicas == (2 if name == "mirrored" else 1)
         metrics = trainer.train()
+        assert np.isfinite(metrics["valid_loss"])
         runs[name] = (metrics["loss"], weights(trainer), trainer.saved_mems.numpy())
     (loss_d, weights_d, mems_d), (loss_m, weights_m, mems_m) = runs["default"], runs["mirrored"]
     np.testing.assert_allclose(loss_m, loss_d, rtol=1e-5)

@@ -147,6 +147,7 @@ class Trainer:
         self.global_batch = train_config.batch_size
         self.replicas = strategy.num_replicas_in_sync
         self.replica_batch = self.global_batch // self.replicas
+        self._splits = {}  # evaluation splits, read once
         self._build()
 
     # ---- set-up -----------------------------------------------------------------------------------------
@@ -186,10 +187,12 @@ class Trainer:
         self.saved_mems = tf.Variable(
             tf.zeros([model.n_layer, self.global_batch, model.mem_len, model.d_model], self.compute_dtype),
             trainable=False, name="mems")
-        rng = [v for v in model.variables if "seed_generator_state" in v.path]
-        self.checkpoint = tf.train.Checkpoint(
-            model=model, optimizer=self.optimizer, step=self.step_var, mems=self.saved_mems,
-            best_valid_loss=self.best_loss, rng={f"state_{i}": v for i, v in enumerate(rng)})
+        rng = [v for v in model.variables if "seed_generator_state" in v.path]  # dropout streams
+        state = dict(model=model, optimizer=self.optimizer, step=self.step_var, best_valid_loss=self.best_loss,
+                     rng={f"state_{i}": v for i, v in enumerate(rng)})
+        if self.config.checkpoint_memory:
+            state["mems"] = self.saved_mems
+        self.checkpoint = tf.train.Checkpoint(**state)
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, self.write_dir, max_to_keep=self.config.keep_checkpoints, step_counter=self.step_var)
         self.best_manager = tf.train.CheckpointManager(
@@ -321,7 +324,8 @@ class Trainer:
     def save(self, step: int, mems, manager: Optional[tf.train.CheckpointManager] = None) -> str:
         """Saves model, optimizer, step, gathered memory and RNG states (every worker must call it)."""
         self.step_var.assign(step)
-        self.saved_mems.assign(tf.cast(self._gather_mems(mems), self.saved_mems.dtype))
+        if self.config.checkpoint_memory:
+            self.saved_mems.assign(tf.cast(self._gather_mems(mems), self.saved_mems.dtype))
         path = (manager or self.manager).save(checkpoint_number=step)
         return path
 
@@ -348,10 +352,9 @@ class Trainer:
             kv_cache=e.kv_cache)
 
     def _split_tokens(self, split: str) -> np.ndarray:
-        cache = self.__dict__.setdefault("_splits", {})
-        if split not in cache:
-            cache[split] = self.pipeline.read_split(self.data_config.data_dir, split)
-        return cache[split]
+        if split not in self._splits:
+            self._splits[split] = self.pipeline.read_split(self.data_config.data_dir, split)
+        return self._splits[split]
 
     def sample_text(self, step: int) -> str:
         """A continuation of the start of the validation split (the prompt is shown in brackets)."""
@@ -395,8 +398,8 @@ class Trainer:
         if start_step == 0 and self.config_str is not None:
             with train_writer.as_default():
                 tf.summary.text("config", "```\n" + self.config_str + "\n```", step=0)
-        mems = self._distribute_mems(self.saved_mems if start_step else
-                                     tf.zeros_like(self.saved_mems))
+        resume_memory = start_step and self.config.checkpoint_memory
+        mems = self._distribute_mems(self.saved_mems if resume_memory else tf.zeros_like(self.saved_mems))
         dataset = self.pipeline.distribute_dataset(
             self.strategy, self.data_config.data_dir, "train", self.global_batch, c.tgt_len, start_step=start_step,
             rotate_seed=c.seed if c.rotate_streams else None)
