@@ -1,10 +1,12 @@
-"""The Bazel BUILD files stay honest: every txl_tf module has a py_library, every test file a py_test.
+"""The Bazel BUILD files stay honest: every module has a target, every test file a py_test.
 
 The BUILD files are read as text (no Bazel needed):
   - txl_tf/BUILD: each txl_tf/**/*.py is in the srcs of exactly one py_library, and each library's deps
-    name the libraries of the txl_tf modules it imports;
-  - tests/BUILD: each tests/test_*.py has a `pytest_test(name = "test_x", ...)`, whose deps name the
-    libraries of the txl_tf modules it imports, and whose `slow` matches the file's @pytest.mark.slow marks.
+    name the libraries of the txl_tf modules it imports (at any depth, lazy imports included);
+  - tests/BUILD: each helper module of tests/ has a py_library; each tests/test_*.py has a
+    `pytest_test(name = "test_x", ...)`, whose deps name the libraries it imports, and whose `slow`
+    matches the file's @pytest.mark.slow marks;
+  - scripts/BUILD: each scripts/*.py has a py_binary whose deps name the libraries it imports.
 
 Under Bazel the files come from the runfiles (see the `data` of this target), elsewhere from the checkout.
 """
@@ -24,7 +26,9 @@ COMMON_TEST_DEPS = {"//txl_tf:txl_tf", "//tests:conftest"}
 # Files of tests/ that are neither test files nor libraries: the runner is in the srcs of every test.
 NOT_LIBRARIES = {"tests/pytest_runner.py"}
 
-_CALL = re.compile(r"^(py_library|py_test|pytest_test)\(", re.MULTILINE)
+_CALL = re.compile(r"^(py_library|py_binary|py_test|pytest_test)\(", re.MULTILINE)
+# Packages whose Python files each need a target, and the rule of those targets.
+TARGET_RULES = {PACKAGE: "py_library", "tests": "py_library", "scripts": "py_binary"}
 _STRING = re.compile(r'"([^"]*)"')
 
 
@@ -33,7 +37,7 @@ def _strip_comments(text: str) -> str:
 
 
 def build_calls(text: str) -> list[tuple[str, str]]:
-    """(rule, body) of each top-level `py_library(...)`, `py_test(...)` or `pytest_test(...)` call."""
+    """(rule, body) of each top-level `py_library`, `py_binary`, `py_test` or `pytest_test` call."""
     text = _strip_comments(text)
     calls = []
     for match in _CALL.finditer(text):
@@ -66,11 +70,13 @@ def _label(dep: str, package: str) -> str:
 
 
 def library_targets(repo: pathlib.Path) -> dict[str, tuple[str, list[str]]]:
-    """{repo-relative source: (label, canonical deps)} of the py_library targets of txl_tf/ and tests/."""
+    """{repo-relative source: (label, canonical deps)} of the targets of txl_tf/, tests/ and scripts/."""
     modules: dict[str, tuple[str, list[str]]] = {}
-    for package in (PACKAGE, "tests"):
+    for package, wanted in TARGET_RULES.items():
+        if not (repo / package / "BUILD").exists():
+            continue
         for rule, body in build_calls((repo / package / "BUILD").read_text()):
-            if rule != "py_library":
+            if rule != wanted:
                 continue
             label = _label(":" + _strings(body, "name")[0], package)
             deps = [_label(dep, package) for dep in _strings(body, "deps")]
@@ -131,21 +137,24 @@ def _missing_deps(who: str, path: pathlib.Path, deps, allowed, modules, repo) ->
 
 
 def problems_of_library_targets(repo: pathlib.Path) -> list[str]:
-    """What is wrong in the py_library targets, one line per problem (empty: nothing)."""
+    """What is wrong in the py_library / py_binary targets, one line per problem (empty: nothing)."""
     modules = library_targets(repo)
     sources = sorted(str(p.relative_to(repo)) for p in (repo / PACKAGE).rglob("*.py"))
+    sources += sorted(str(p.relative_to(repo)) for p in (repo / "scripts").glob("*.py"))
     sources += sorted(
         str(p.relative_to(repo))
         for p in (repo / "tests").glob("*.py")
         if not p.name.startswith("test_") and str(p.relative_to(repo)) not in NOT_LIBRARIES
     )
     problems = [
-        f"{src} has no py_library in {src.split('/')[0]}/BUILD"
+        f"{src} has no {TARGET_RULES[src.split('/')[0]]} in {src.split('/')[0]}/BUILD"
         for src in sources
         if src not in modules
     ]
     problems += [
-        f"{src.split('/')[0]}/BUILD lists {src}, which does not exist" for src in modules if src not in sources
+        f"{src.split('/')[0]}/BUILD lists {src}, which does not exist"
+        for src in modules
+        if src not in sources
     ]
     for src in sources:
         if src in modules:
@@ -248,6 +257,7 @@ pytest_test(
 def fake_repo(tmp_path):
     (tmp_path / "txl_tf" / "data").mkdir(parents=True)
     (tmp_path / "tests").mkdir()
+    (tmp_path / "scripts").mkdir()
     files = {
         "txl_tf/__init__.py": '"""Package."""\n',
         "txl_tf/data/__init__.py": "",
@@ -255,6 +265,8 @@ def fake_repo(tmp_path):
         "txl_tf/data/pipeline.py": "from txl_tf import configs\nfrom . import __name__ as _n\n",
         "txl_tf/BUILD": _LIBS,
         "tests/BUILD": _TESTS,
+        "scripts/BUILD": 'py_binary(\n    name = "bench",\n    srcs = ["bench.py"],\n    deps = ["//txl_tf:configs"],\n)\n',
+        "scripts/bench.py": "def main():\n    from txl_tf.configs import X\n",
         "tests/conftest.py": "import pytest\n",
         "tests/helpers.py": "import txl_tf\n",
         "tests/pytest_runner.py": "import pytest\n",
@@ -344,4 +356,14 @@ def test_test_helper_module_needs_a_library_and_a_dep(fake_repo):
     (fake_repo / "tests" / "more_helpers.py").write_text("import numpy\n")
     assert problems_of_library_targets(fake_repo) == [
         "tests/more_helpers.py has no py_library in tests/BUILD"
+    ]
+
+
+def test_script_needs_a_py_binary_with_its_deps(fake_repo):
+    (fake_repo / "scripts" / "bench.py").write_text("from txl_tf.data import pipeline\n")
+    (fake_repo / "scripts" / "other.py").write_text("import sys\n")
+    assert problems_of_library_targets(fake_repo) == [
+        "scripts/other.py has no py_binary in scripts/BUILD",
+        "//scripts:bench (scripts/bench.py) imports txl_tf/data/pipeline.py but its deps lack "
+        "//txl_tf:data/pipeline",
     ]

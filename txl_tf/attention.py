@@ -20,6 +20,8 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from txl_tf.dropout import Dropout
+
 ATTN_TYPES = ("xl", "shaw", "vaswani", "al_rfou")
 MASK_VALUE = -1e30  # the TF original's value for blocked scores
 
@@ -41,7 +43,9 @@ def rel_shift(x):
     rank = len(x.shape)
     x = tf.pad(x, [[0, 0]] * (rank - 1) + [[1, 0]])  # [..., L, K+1]: a zero column in front
     x = tf.reshape(x, tf.concat([batch, [klen + 1, qlen]], 0))  # [..., K+1, L]
-    x = x[..., 1:, :]  # [..., K, L]: drop the first row
+    # Drop the first row. tf.slice, not x[..., 1:, :]: the gradient of Slice is a fast Pad, while the strided
+    # slice's gradient (StridedSliceGrad) is ~50x slower on CPU at these sizes.
+    x = tf.slice(x, [0] * (rank - 2) + [1, 0], [-1] * rank)  # [..., K, L]
     return tf.reshape(x, shape)  # [..., L, K]
 
 
@@ -70,10 +74,18 @@ def attention_bias(qlen, mlen, same_length=False, same_length_keys="tf", mem_len
 
 
 def _split_heads(x, n_head, d_head):
-    """[B, T, N*D] -> [B, N, T, D]."""
+    """[B, T, N*D] -> [N, B, T, D]."""
     shape = tf.shape(x)
     x = tf.reshape(x, [shape[0], shape[1], n_head, d_head])  # [B, T, N, D]
-    return tf.transpose(x, [0, 2, 1, 3])  # [B, N, T, D]
+    return tf.transpose(x, [2, 0, 1, 3])  # [N, B, T, D]
+
+
+def _dense(x, kernel):
+    """[B, T, I] @ [I, O] -> [B, T, O] as one 2-D matmul (a rank-3 tf.matmul broadcasts the kernel over the
+    batch, and its kernel gradient becomes a batched product plus a sum: much slower on CPU)."""
+    shape = tf.shape(x)
+    out = tf.matmul(tf.reshape(x, [-1, x.shape[-1]]), kernel)  # [B*T, O]
+    return tf.reshape(out, tf.concat([shape[:-1], [kernel.shape[-1]]], 0))
 
 
 @keras.saving.register_keras_serializable(package="txl_tf")
@@ -136,8 +148,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         self.max_position = max_position
         self.init_std = init_std
         self.scale = d_head**-0.5
-        self.output_dropout = keras.layers.Dropout(dropout)
-        self.attention_dropout = keras.layers.Dropout(dropatt)
+        self.output_dropout = Dropout(dropout)
+        self.attention_dropout = Dropout(dropatt)
         self.layer_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="layer_norm")
 
     def build(self, input_shape=None):
@@ -177,41 +189,53 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
     ):
         dtype = self.compute_dtype
         h = tf.cast(inputs, dtype)  # [B, L, d]
-        cat = h if memory is None else tf.concat([tf.cast(memory, dtype), h], axis=1)  # [B, K, d]
-        qlen, klen = tf.shape(h)[1], tf.shape(cat)[1]
-        if self.pre_lnorm:
-            cat = self.layer_norm(cat)
+        if memory is not None:
+            memory = tf.cast(memory, dtype)  # [B, M, d]
+        if self.pre_lnorm:  # LayerNorm is per position: normalising memory and segment apart is the same
+            h_in = self.layer_norm(h)
+            memory = None if memory is None else self.layer_norm(memory)
+        else:
+            h_in = h
+        cat = h_in if memory is None else tf.concat([memory, h_in], axis=1)  # [B, K, d]
+        batch, qlen, klen = tf.shape(h)[0], tf.shape(h)[1], tf.shape(cat)[1]
         width = self.n_head * self.d_head
-        kernel = tf.cast(self.qkv_kernel, dtype)  # [d, 3*N*D]
-        q = tf.matmul(cat[:, klen - qlen :], kernel[:, :width])  # [B, L, N*D]
-        kv = tf.matmul(cat, kernel[:, width:])  # [B, K, 2*N*D]
-        q = _split_heads(q, self.n_head, self.d_head) * tf.cast(self.scale, dtype)  # [B, N, L, D]
-        k = _split_heads(kv[..., :width], self.n_head, self.d_head)  # [B, N, K, D]
-        v = _split_heads(kv[..., width:], self.n_head, self.d_head)  # [B, N, K, D]
+        # Split with tf.split rather than strided slices: StridedSliceGrad is slow on CPU.
+        q_kernel, kv_kernel = tf.split(tf.cast(self.qkv_kernel, dtype), [width, 2 * width], axis=1)
+        q = _dense(h_in, q_kernel)  # [B, L, N*D]: queries only for the segment
+        k, v = tf.split(_dense(cat, kv_kernel), 2, axis=-1)  # [B, K, N*D] each
+        # Head-major layout [N, B, T, D]: the position term then needs no broadcast over the batch.
+        q = _split_heads(q, self.n_head, self.d_head) * tf.cast(self.scale, dtype)  # [N, B, L, D]
+        k = _split_heads(k, self.n_head, self.d_head)  # [N, B, K, D]
+        v = _split_heads(v, self.n_head, self.d_head)  # [N, B, K, D]
 
         if self.attn_type == "xl":
-            u = tf.cast(content_bias, dtype)[:, None, :] * tf.cast(self.scale, dtype)  # [N, 1, D]
-            score = tf.matmul(q + u, k, transpose_b=True)  # [B, N, L, K]: (a) + (c)
+            u = tf.cast(content_bias, dtype)[:, None, None, :] * tf.cast(self.scale, dtype)  # [N, 1, 1, D]
+            score = tf.matmul(q + u, k, transpose_b=True)  # [N, B, L, K]: (a) + (c)
         else:
-            score = tf.matmul(q, k, transpose_b=True)  # [B, N, L, K]: (a)
+            score = tf.matmul(q, k, transpose_b=True)  # [N, B, L, K]: (a)
         if self.attn_type in ("xl", "shaw"):
             r = self._relative_keys(klen, position_encoding)  # [N, K, D]
             q_r = q
             if self.attn_type == "xl":
-                q_r = q + tf.cast(position_bias, dtype)[:, None, :] * tf.cast(self.scale, dtype)
-            score += rel_shift(tf.matmul(q_r, r[None], transpose_b=True))  # [B, N, L, K]: (b) + (d)
+                q_r = q + tf.cast(position_bias, dtype)[:, None, None, :] * tf.cast(self.scale, dtype)
+            q_r = tf.reshape(q_r, [self.n_head, batch * qlen, self.d_head])  # [N, B*L, D]
+            position_score = tf.matmul(q_r, r, transpose_b=True)  # [N, B*L, K]: one matmul per head
+            position_score = tf.reshape(position_score, [self.n_head, batch, qlen, klen])  # [N, B, L, K]
+            score += rel_shift(position_score)  # (b) + (d)
 
         score = tf.cast(score, tf.float32)
         if attention_bias is not None:
             score += tf.cast(attention_bias, tf.float32)  # [L, K] broadcast
-        probs = tf.nn.softmax(score, axis=-1)  # [B, N, L, K] float32
+        probs = tf.nn.softmax(score, axis=-1)  # [N, B, L, K] float32
         dropped = self.attention_dropout(tf.cast(probs, dtype), training=training)
-        attn = tf.matmul(dropped, v)  # [B, N, L, D]
-        attn = tf.reshape(tf.transpose(attn, [0, 2, 1, 3]), [tf.shape(h)[0], qlen, width])  # [B, L, N*D]
-        out = tf.matmul(attn, tf.cast(self.o_kernel, dtype))  # [B, L, d]
+        attn = tf.matmul(dropped, v)  # [N, B, L, D]
+        attn = tf.reshape(tf.transpose(attn, [1, 2, 0, 3]), [batch, qlen, width])  # [B, L, N*D]
+        out = _dense(attn, tf.cast(self.o_kernel, dtype))  # [B, L, d]
         out = self.output_dropout(out, training=training)
         out = h + out if self.pre_lnorm else self.layer_norm(h + out)  # [B, L, d]
-        return (out, probs) if return_probs else out
+        if return_probs:
+            return out, tf.transpose(probs, [1, 0, 2, 3])  # [B, N, L, K]
+        return out
 
     def get_config(self):
         return {

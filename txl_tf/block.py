@@ -9,6 +9,7 @@ import keras
 import tensorflow as tf
 
 from txl_tf.attention import RelativeMultiHeadAttention
+from txl_tf.dropout import Dropout
 
 
 @keras.saving.register_keras_serializable(package="txl_tf")
@@ -36,8 +37,8 @@ class PositionwiseFeedForward(keras.layers.Layer):
         init = keras.initializers.RandomNormal(stddev=init_std)
         self.inner = keras.layers.Dense(d_inner, activation="relu", kernel_initializer=init, name="inner")
         self.outer = keras.layers.Dense(d_model, kernel_initializer=init, name="outer")
-        self.inner_dropout = keras.layers.Dropout(dropout)
-        self.output_dropout = keras.layers.Dropout(dropout)
+        self.inner_dropout = Dropout(dropout)
+        self.output_dropout = Dropout(dropout)
         self.layer_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="layer_norm")
 
     def build(self, input_shape=None):

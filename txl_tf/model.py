@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from txl_tf.attention import ATTN_TYPES, attention_bias
 from txl_tf.block import TransformerXLBlock
+from txl_tf.dropout import Dropout
 from txl_tf.embedding import AdaptiveEmbedding, RelativePositionalEncoding
 from txl_tf.softmax import AdaptiveSoftmax
 
@@ -114,9 +115,9 @@ class TransformerXL(keras.Model):
                 init_std=init_std, name=f"layer_{i}",
             )
             setattr(self, f"layer_{i}", block)
-        self.embedding_dropout = keras.layers.Dropout(dropout)
-        self.position_dropout = keras.layers.Dropout(dropout)
-        self.output_dropout = keras.layers.Dropout(dropout)
+        self.embedding_dropout = Dropout(dropout)
+        self.position_dropout = Dropout(dropout)
+        self.output_dropout = Dropout(dropout)
         self.build()
 
     @property
@@ -184,8 +185,9 @@ class TransformerXL(keras.Model):
         bias = attention_bias(qlen, mlen, self.same_length, self.same_length_keys, self.mem_len)  # [L, K]
 
         new_mems, all_probs = [], []
+        layer_mems = [None] * self.n_layer if mems is None else tf.unstack(mems, num=self.n_layer)
         for i, block in enumerate(self.blocks):
-            mem_i = None if mems is None else mems[i]  # [B, M, d]
+            mem_i = layer_mems[i]  # [B, M, d]
             new_mems.append(update_memory(mem_i, h, self.mem_len))
             if self.attn_type == "vaswani" and i == 0 and mem_i is not None:
                 mem_i = mem_i + pos[:mlen]  # the authors add the positions to the first layer's memory too

@@ -89,8 +89,8 @@ class AdaptiveSoftmax(keras.layers.Layer):
     def _bin_weights(self, i, tables, projections):
         """(table [V_i, E_i], bias [V_i], projection [E_i, d] or None) of bin i, float32."""
         low, high = self.edges[i], self.edges[i + 1]
-        if self.div_val == 1:
-            table = tables[0][low:high]
+        if self.div_val == 1:  # tf.slice: the strided slice's gradient is slow on CPU for large tables
+            table = tf.slice(tables[0], [low, 0], [high - low, -1])
             tied_proj = projections[0]
         else:
             table, tied_proj = tables[i], projections[i]
@@ -133,7 +133,7 @@ class AdaptiveSoftmax(keras.layers.Layer):
         head = tf.nn.log_softmax(self._head_logits(hidden, tables, projections))  # [B, L, c_0 + C]
         if not self.cutoffs:
             return head  # [B, L, V]
-        parts = [head[..., : self.cutoffs[0]]]
+        parts = [tf.split(head, [self.cutoffs[0], len(self.cutoffs)], axis=-1)[0]]
         for i in range(1, len(self.edges) - 1):
             tail = tf.nn.log_softmax(self._logits(hidden, *self._bin_weights(i, tables, projections)))
             column = self.cutoffs[0] + i - 1

@@ -1,0 +1,55 @@
+"""Dropout that draws 16 random bits per element instead of one float32 uniform.
+
+`keras.layers.Dropout` draws a float uniform per element, then compares, selects and scales in separate
+passes; on CPU that costs about 3x more than the matmuls it follows in the feed-forward layer under bf16.
+Here one 32-bit Philox draw serves two elements (bitcast to two uint16), an element is dropped when its 16
+bits fall below round(rate * 65536) (drop probability within 1e-5 of `rate`), and kept elements are scaled by
+1 / (1 - rate), so the expectation is unchanged.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+_LEVELS = 1 << 16
+
+
+@keras.saving.register_keras_serializable(package="txl_tf")
+class Dropout(keras.layers.Layer):
+    """Inverted dropout with a Keras `SeedGenerator` (reproducible with `keras.utils.set_random_seed`).
+
+    Args:
+      rate: fraction of elements to drop, in [0, 1).
+      seed: optional int seed of this layer's generator.
+
+    Call args:
+      inputs: any shape; training: drop only when true.
+
+    Returns:
+      `inputs` with dropped elements zeroed and the rest scaled by 1 / (1 - rate).
+    """
+
+    def __init__(self, rate, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        if not 0.0 <= rate < 1.0:
+            raise ValueError(f"dropout rate must be in [0, 1), got {rate}")
+        self.rate = rate
+        self.seed = seed
+        self.threshold = round(rate * _LEVELS)
+        self.seed_generator = keras.random.SeedGenerator(seed) if self.threshold > 0 else None
+
+    def call(self, inputs, training=False):
+        if not training or self.seed_generator is None:
+            return inputs
+        shape = tf.shape(inputs)
+        size = tf.size(inputs)
+        seed = tf.cast(self.seed_generator.next(), tf.int32)  # [2]
+        bits = tf.random.stateless_uniform([(size + 1) // 2], seed, dtype=tf.int32, minval=None, maxval=None)
+        bits = tf.slice(tf.reshape(tf.bitcast(bits, tf.uint16), [-1]), [0], [size])  # [size] uint16
+        keep = tf.reshape(bits >= self.threshold, shape)
+        scale = tf.cast(1.0 / (1.0 - self.rate), inputs.dtype)
+        return tf.where(keep, inputs * scale, tf.zeros((), inputs.dtype))
+
+    def get_config(self):
+        return {**super().get_config(), "rate": self.rate, "seed": self.seed}
