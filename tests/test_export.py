@@ -29,7 +29,15 @@ LOADER = textwrap.dedent("""
             return None
 
     # First on the meta path: also hides an installed txl_tf (`make test` installs it, editable, as CI does).
+    installed = importlib.util.find_spec("txl_tf") is not None
     sys.meta_path.insert(0, Block())
+    try:
+        import txl_tf  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        raise AssertionError("txl_tf is still importable")
+    print("txl_tf installed in this interpreter:", installed, "- blocked for this check")
     import numpy as np
     import tensorflow as tf
     import tensorflow_text  # noqa: F401  (registers the tokenizer's ops)
