@@ -46,12 +46,14 @@ AUTHORS_ON_THIS_CPU = {800: (1.235, 3.31), 1800: (4.61, 7.53)}
 def build_models(attn_lens, arch, n_token, dtype):
     """(vanilla al_rfou model with positions for the longest window, Transformer-XL model)."""
     from txl_tf.model import TransformerXL
+    from txl_tf.restore import dtype_policy
 
     n_layer, d_model, n_head, d_head, d_inner = arch
     common = dict(n_token=n_token, n_layer=n_layer, d_model=d_model, n_head=n_head, d_head=d_head,
-                  d_inner=d_inner, dropout=0.0, dropatt=0.0, dtype=dtype)
-    vanilla = TransformerXL(**common, mem_len=0, attn_type="al_rfou", max_position=max(attn_lens))
-    xl = TransformerXL(**common, mem_len=max(attn_lens), attn_type="xl")
+                  d_inner=d_inner, dropout=0.0, dropatt=0.0)
+    with dtype_policy(dtype):  # every sublayer in the compute dtype
+        vanilla = TransformerXL(**common, mem_len=0, attn_type="al_rfou", max_position=max(attn_lens))
+        xl = TransformerXL(**common, mem_len=max(attn_lens), attn_type="xl")
     return vanilla, xl
 
 
