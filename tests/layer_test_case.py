@@ -5,9 +5,30 @@ copying weights, one training step that moves every trainable weight, and a mixe
 tensor that the checks compare and differentiate.
 """
 
+import os
+import tempfile
+
 import keras
 import numpy as np
 import tensorflow as tf
+
+
+@keras.saving.register_keras_serializable(package="txl_tf_tests")
+class LayerHolder(keras.Model):
+    """A model around one layer, so the layer goes through a real `.keras` file (config + weights)."""
+
+    def __init__(self, layer, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(layer, dict):
+            layer = keras.saving.deserialize_keras_object(layer)
+        self.layer = layer
+        self.built = layer.built
+
+    def call(self, *args, **kwargs):
+        return self.layer(*args, **kwargs)
+
+    def get_config(self):
+        return {**super().get_config(), "layer": keras.saving.serialize_keras_object(self.layer)}
 
 
 def check_config_round_trip(layer):
@@ -26,6 +47,17 @@ def check_same_outputs_after_weight_copy(layer, clone, call):
     call(clone, False)  # builds the clone
     clone.set_weights(layer.get_weights())
     np.testing.assert_allclose(call(clone, False), expected, rtol=1e-6, atol=1e-6)
+
+
+def check_keras_file_round_trip(layer, call):
+    """`model.save` / `keras.models.load_model` of a model holding the layer keeps config and outputs."""
+    expected = call(layer, False)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "layer.keras")
+        LayerHolder(layer).save(path)
+        restored = keras.models.load_model(path).layer
+    assert type(restored) is type(layer) and restored.get_config() == layer.get_config()
+    np.testing.assert_allclose(call(restored, False), expected, rtol=1e-6, atol=1e-6)
 
 
 def check_training_step(layer, call, lr=1e-2):
@@ -66,6 +98,7 @@ def run_layer_checks(make_layer, call, mixed_dtype=tf.bfloat16):
     call(layer, False)
     clone = check_config_round_trip(layer)
     check_same_outputs_after_weight_copy(layer, clone, call)
+    check_keras_file_round_trip(layer, call)
     check_training_step(layer, call)
     out = check_mixed_precision(make_layer, call)
     if mixed_dtype is not None:

@@ -37,16 +37,25 @@ def rel_shift(x):
       distance is M + i - j, i.e. the distance to key j. Entries with j > M + i (right of the causal diagonal)
       are garbage and must be masked.
     """
+    rank = len(x.shape)
+    return shift_padded(tf.pad(x, [[0, 0]] * (rank - 1) + [[1, 0]]))  # a zero column in front
+
+
+def shift_padded(x):
+    """`rel_shift` of scores that already carry the zero column in front: [..., L, K+1] -> [..., L, K].
+
+    The attention gets that column for free from its matmul by padding R with a zero row, saving a copy of
+    the [..., L, K] scores (and its gradient).
+    """
     shape = tf.shape(x)
-    qlen, klen = shape[-2], shape[-1]
+    qlen, klen = shape[-2], shape[-1] - 1
     batch = shape[:-2]
     rank = len(x.shape)
-    x = tf.pad(x, [[0, 0]] * (rank - 1) + [[1, 0]])  # [..., L, K+1]: a zero column in front
     x = tf.reshape(x, tf.concat([batch, [klen + 1, qlen]], 0))  # [..., K+1, L]
     # Drop the first row. tf.slice, not x[..., 1:, :]: the gradient of Slice is a fast Pad, while the strided
     # slice's gradient (StridedSliceGrad) is ~50x slower on CPU at these sizes.
     x = tf.slice(x, [0] * (rank - 2) + [1, 0], [-1] * rank)  # [..., K, L]
-    return tf.reshape(x, shape)  # [..., L, K]
+    return tf.reshape(x, tf.concat([batch, [qlen, klen]], 0))  # [..., L, K]
 
 
 def attention_bias(qlen, mlen, same_length=False, same_length_keys="tf", mem_len=None, dtype=tf.float32):
@@ -215,13 +224,14 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             score = tf.matmul(q, k, transpose_b=True)  # [N, B, L, K]: (a)
         if self.attn_type in ("xl", "shaw"):
             r = self._relative_keys(klen, position_encoding)  # [N, K, D]
+            r = tf.pad(r, [[0, 0], [1, 0], [0, 0]])  # [N, K+1, D]: a zero row gives shift_padded its column
             q_r = q
             if self.attn_type == "xl":
                 q_r = q + tf.cast(position_bias, dtype)[:, None, None, :] * tf.cast(self.scale, dtype)
             q_r = tf.reshape(q_r, [self.n_head, batch * qlen, self.d_head])  # [N, B*L, D]
-            position_score = tf.matmul(q_r, r, transpose_b=True)  # [N, B*L, K]: one matmul per head
-            position_score = tf.reshape(position_score, [self.n_head, batch, qlen, klen])  # [N, B, L, K]
-            score += rel_shift(position_score)  # (b) + (d)
+            position_score = tf.matmul(q_r, r, transpose_b=True)  # [N, B*L, K+1]: one matmul per head
+            position_score = tf.reshape(position_score, [self.n_head, batch, qlen, klen + 1])  # [N, B, L, K+1]
+            score += shift_padded(position_score)  # [N, B, L, K]: (b) + (d)
 
         score = tf.cast(score, tf.float32)
         if attention_bias is not None:
