@@ -88,7 +88,6 @@ def test_kill_9_then_rerun_ends_with_the_uninterrupted_weights(char_data, tmp_pa
         np.testing.assert_array_equal(again[name], whole[name], err_msg=f"{name} (killed at step {kill_at})")
 
 
-@pytest.mark.slow
 def test_two_local_workers_match_single_process_training(char_data, tmp_path):
     params = tiny_params(char_data, **{"TrainConfig.train_steps": 5, "TrainConfig.checkpoint_every": 0})
     single = tmp_path / "single"
@@ -113,7 +112,6 @@ def test_two_local_workers_match_single_process_training(char_data, tmp_path):
                                .get_tensor("mems/.ATTRIBUTES/VARIABLE_VALUE"), atol=1e-5)
 
 
-@pytest.mark.slow
 def test_launcher_propagates_a_worker_failure(tmp_path):
     command = ["bash", os.path.join(REPO_ROOT, "scripts", "launch_local_multiworker.sh"), "2",
                "--gin_file=does_not_exist.gin", f"--model_dir={tmp_path}"]

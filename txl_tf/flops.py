@@ -9,7 +9,8 @@ Forward pass of one segment:
   per layer:  q projection             2 * B * L * d * H
               k, v projections         2 * B * K * d * 2H   (memory keys/values are re-projected every segment)
               position keys W_R R      2 * K * d * H        (once per segment, shared by the batch)
-              scores (a)+(c), (b)+(d)  2 * 2 * B * L * K * H
+              scores (a)+(c)           2 * B * L * K * H
+              scores (b)+(d)           2 * B * L * (K + 1) * H  (R gets a zero row: rel_shift's pad column)
               probabilities x values   2 * B * L * K * H
               output projection        2 * B * L * H * d
               feed-forward             2 * 2 * B * L * d * F
@@ -60,7 +61,8 @@ def forward_flops_per_segment(*, n_layer: int, d_model: int, n_head: int, d_head
         2 * b * q * d_model * width  # q
         + 2 * b * k * d_model * 2 * width  # k, v of memory + segment
         + 2 * k * d_model * width  # W_R R
-        + 2 * 2 * b * q * k * width  # AC, BD
+        + 2 * b * q * k * width  # AC
+        + 2 * b * q * (k + 1) * width  # BD against R with its zero row (rel_shift's pad, done in the matmul)
         + 2 * b * q * k * width  # probs @ v
         + 2 * b * q * width * d_model  # output projection
         + 2 * 2 * b * q * d_model * d_inner  # feed-forward
