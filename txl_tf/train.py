@@ -25,11 +25,17 @@ from absl import logging as absl_logging  # noqa: E402
 from txl_tf.distribute import STRATEGIES  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_multi_string("gin_file", [], "Gin config files, applied in order (e.g. gin/enwik8.gin).")
-flags.DEFINE_multi_string("gin_param", [], "Gin bindings applied after the files, e.g. TrainConfig.train_steps=10.")
-flags.DEFINE_string("model_dir", None, "Checkpoints, config.gin and TensorBoard logs (default runs/<gin name>).")
-flags.DEFINE_enum("strategy", "default", list(STRATEGIES), "tf.distribute strategy.")
-flags.DEFINE_string("tpu", None, "TPU name or address for --strategy=tpu.")
+
+
+def define_flags() -> None:
+    """The infrastructure flags; defined only when this module is the program (importing `run` defines none,
+    so other entry points with the same flag names can be imported beside it)."""
+    flags.DEFINE_multi_string("gin_file", [], "Gin config files, applied in order (e.g. gin/enwik8.gin).")
+    flags.DEFINE_multi_string("gin_param", [], "Gin bindings applied after the files, e.g. "
+                              "TrainConfig.train_steps=10.")
+    flags.DEFINE_string("model_dir", None, "Checkpoints, config.gin and TensorBoard logs (default runs/<gin name>).")
+    flags.DEFINE_enum("strategy", "default", list(STRATEGIES), "tf.distribute strategy.")
+    flags.DEFINE_string("tpu", None, "TPU name or address for --strategy=tpu.")
 
 GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
 
@@ -113,4 +119,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
