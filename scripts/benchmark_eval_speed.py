@@ -46,28 +46,42 @@ AUTHORS_ON_THIS_CPU = {800: (1.235, 3.31), 1800: (4.61, 7.53)}
 def build_models(attn_lens, arch, n_token, dtype):
     """(vanilla al_rfou model with positions for the longest window, Transformer-XL model)."""
     from txl_tf.model import TransformerXL
+    from txl_tf.restore import dtype_policy
 
     n_layer, d_model, n_head, d_head, d_inner = arch
     common = dict(n_token=n_token, n_layer=n_layer, d_model=d_model, n_head=n_head, d_head=d_head,
-                  d_inner=d_inner, dropout=0.0, dropatt=0.0, dtype=dtype)
-    vanilla = TransformerXL(**common, mem_len=0, attn_type="al_rfou", max_position=max(attn_lens))
-    xl = TransformerXL(**common, mem_len=max(attn_lens), attn_type="xl")
+                  d_inner=d_inner, dropout=0.0, dropatt=0.0)
+    with dtype_policy(dtype):  # every sublayer in the compute dtype
+        vanilla = TransformerXL(**common, mem_len=0, attn_type="al_rfou", max_position=max(attn_lens))
+        xl = TransformerXL(**common, mem_len=max(attn_lens), attn_type="xl")
     return vanilla, xl
 
 
+class Timing(tuple):
+    """(wall seconds, CPU seconds of this process) of the fastest call; divides by a token count."""
+
+    def __new__(cls, wall, cpu):
+        return super().__new__(cls, (wall, cpu))
+
+    def __truediv__(self, count):
+        return Timing(self[0] / count, self[1] / count)
+
+
 def _timed(fn, repeats):
-    """Seconds of the fastest of `repeats` calls of `fn` (returns a tensor), after one warm-up call.
+    """Wall and CPU time of the fastest of `repeats` calls of `fn` (returns a tensor), after a warm-up call.
 
     The fastest call is the best estimate of the uncontended cost on a shared machine; every call waits for
-    its result, so nothing overlaps between calls.
+    its result, so nothing overlaps between calls. CPU time (all of this process's threads) is reported too:
+    other processes inflate wall time much more than it.
     """
     fn().numpy()
-    times = []
+    walls, cpus = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         fn().numpy()
-        times.append(time.perf_counter() - start)
-    return min(times)
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - start_cpu)
+    return Timing(min(walls), min(cpus))
 
 
 def time_vanilla(model, window, passes, jit_compile=False):
@@ -117,15 +131,17 @@ def time_xl(model, attn_len, tgt_len, segments, jit_compile=False, cached=False)
 
 
 def format_table(rows) -> str:
-    """Markdown table: rows of (attention length, vanilla s/token, XL s/token, cached XL s/token)."""
-    lines = ["| attn len | vanilla s/token | XL ms/token | ratio | XL cached K/V ms/token | ratio | paper | "
-             "authors' PyTorch here |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for attn_len, vanilla_s, xl_s, cached_s in rows:
+    """Markdown table: rows of (attention length, vanilla, XL, cached XL) Timings per token."""
+    lines = ["| attn len | vanilla s/token | XL ms/token | ratio | XL cached K/V ms/token | ratio | "
+             "ratios by CPU time (XL, cached) | paper | authors' PyTorch here |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for attn_len, vanilla, xl, cached in rows:
         authors = AUTHORS_ON_THIS_CPU.get(attn_len)
         authors_ratio = f"{authors[0] / (authors[1] / 1000):.0f}x" if authors else "-"
         paper = f"{PAPER_RATIO[attn_len]}x" if attn_len in PAPER_RATIO else "-"
-        lines.append(f"| {attn_len} | {vanilla_s:.4g} | {xl_s * 1000:.4g} | {vanilla_s / xl_s:.0f}x | "
-                     f"{cached_s * 1000:.4g} | {vanilla_s / cached_s:.0f}x | {paper} | {authors_ratio} |")
+        lines.append(f"| {attn_len} | {vanilla[0]:.4g} | {xl[0] * 1000:.4g} | {vanilla[0] / xl[0]:.0f}x | "
+                     f"{cached[0] * 1000:.4g} | {vanilla[0] / cached[0]:.0f}x | {vanilla[1] / xl[1]:.0f}x, "
+                     f"{vanilla[1] / cached[1]:.0f}x | {paper} | {authors_ratio} |")
     return "\n".join(lines)
 
 
@@ -147,9 +163,9 @@ def main(argv):
         cached_s = time_xl(xl, attn_len, FLAGS.tgt_len, FLAGS.xl_segments, FLAGS.jit_compile, cached=True)
         vanilla_s = time_vanilla(vanilla, attn_len, FLAGS.vanilla_passes, FLAGS.jit_compile)
         rows.append((attn_len, vanilla_s, xl_s, cached_s))
-        print(f"attn {attn_len}: vanilla {vanilla_s:.3f} s/token; Transformer-XL {xl_s * 1000:.3f} ms/token "
-              f"({vanilla_s / xl_s:.0f}x), with cached K/V {cached_s * 1000:.3f} ms/token "
-              f"({vanilla_s / cached_s:.0f}x)", flush=True)
+        print(f"attn {attn_len}: vanilla {vanilla_s[0]:.3f} s/token; Transformer-XL {xl_s[0] * 1000:.3f} ms/token "
+              f"({vanilla_s[0] / xl_s[0]:.0f}x), with cached K/V {cached_s[0] * 1000:.3f} ms/token "
+              f"({vanilla_s[0] / cached_s[0]:.0f}x)", flush=True)
     load = os.getloadavg()
     print(f"\nload average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (the machine is shared)")
     print(format_table(rows))

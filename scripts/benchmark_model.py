@@ -7,17 +7,8 @@ Times one training step (forward, per-token NLL, backward, Adam update) of the e
 (float32 / mixed_bfloat16, with / without XLA), and reports tokens/s and model FLOPs utilisation (MFU) against
 the square-matmul peak it measures itself in `tf.function` for the same precision.
 
-FLOP count (matmul FLOPs only, 2 per multiply-add, as executed; B batch, L tgt_len, M mem_len, K = M + L,
-d = d_model, H = n_head * d_head, F = d_inner, V = vocab), per training step:
-  per layer:  q projection             2 * B * L * d * H
-              k and v projections      2 * B * K * d * 2H   (memory keys/values are re-projected every step)
-              position projection W_R  2 * K * d * H        (once per step, shared by the batch)
-              scores (a)+(c), (b)+(d)  2 * (2 * B * L * K * H)  (full L x K, masked half included)
-              probabilities x values   2 * B * L * K * H
-              output projection        2 * B * L * H * d
-              feed-forward             2 * (2 * B * L * d * F)
-  softmax:    2 * B * L * d * V
-  training = 3 x forward (backward = 2 x forward).
+FLOP count: `txl_tf.flops` (matmul FLOPs as executed, attention and the memory's key/value projections included,
+training = 3 x forward), the same count the trainer's start-up MFU line uses.
 """
 
 from __future__ import annotations
@@ -36,6 +27,7 @@ import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from txl_tf import TransformerXL  # noqa: E402
+from txl_tf.flops import measure_matmul_peak, model_flops_per_token  # noqa: E402
 
 flags.DEFINE_integer("batch", 2, "batch size")
 flags.DEFINE_integer("tgt_len", 512, "segment length")
@@ -50,34 +42,17 @@ FLAGS = flags.FLAGS
 ARCH = dict(n_token=204, d_model=512, n_head=8, d_head=64, d_inner=2048, dropout=0.1, dropatt=0.0)
 
 
-def train_flops_per_step(batch, qlen, mlen, n_layer, d_model, n_head, d_head, d_inner, n_token, **_):
-    """Matmul FLOPs of one training step (see the module docstring)."""
-    klen, width = mlen + qlen, n_head * d_head
-    per_layer = (
-        2 * batch * qlen * d_model * width  # q
-        + 2 * batch * klen * d_model * 2 * width  # k, v
-        + 2 * klen * d_model * width  # W_R R
-        + 2 * 2 * batch * qlen * klen * width  # AC, BD
-        + 2 * batch * qlen * klen * width  # probs @ v
-        + 2 * batch * qlen * width * d_model  # o
-        + 2 * 2 * batch * qlen * d_model * d_inner  # feed-forward
-    )
-    forward = n_layer * per_layer + 2 * batch * qlen * d_model * n_token
-    return 3 * forward
+def train_flops_per_step(batch, qlen, mlen, n_layer, n_token, d_model, n_head, d_head, d_inner, **_):
+    """Matmul FLOPs of one training step: txl_tf.flops, the one place the formula lives (see its docstring)."""
+    per_token = model_flops_per_token(batch_size=batch, tgt_len=qlen, mem_len=mlen, n_layer=n_layer,
+                                      n_token=n_token, d_model=d_model, n_head=n_head, d_head=d_head,
+                                      d_inner=d_inner)
+    return per_token * batch * qlen
 
 
 def matmul_peak(dtype, size, jit_compile=False, repeats=10):
-    """Best FLOP/s of a [size, size] @ [size, size] product in a tf.function."""
-    a = tf.random.normal([size, size], dtype=tf.float32)
-    a, b = tf.cast(a, dtype), tf.cast(tf.transpose(a), dtype)
-    fn = tf.function(lambda x, y: tf.reduce_sum(tf.cast(tf.matmul(x, y)[:1, :1], tf.float32)), jit_compile=jit_compile)
-    fn(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(a, b).numpy()
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+    """Best FLOP/s of a square matmul in a tf.function (txl_tf.flops.measure_matmul_peak)."""
+    return measure_matmul_peak(dtype, size=size, repeats=repeats, jit_compile=jit_compile)
 
 
 def time_training(mode, batch, qlen, mlen, n_layer, steps):

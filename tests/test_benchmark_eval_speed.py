@@ -19,5 +19,6 @@ def test_tiny_benchmark_prints_ratios():
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         vanilla_s, xl_ms, ratio = float(cells[1]), float(cells[2]), float(cells[3].rstrip("x"))
+        assert len(cells) == 9 and cells[6].count("x") == 2  # ratios by CPU time
         assert vanilla_s > 0 and xl_ms > 0 and abs(ratio - vanilla_s / (xl_ms / 1000)) <= 0.5 + 0.02 * ratio
     assert "load average" in proc.stdout

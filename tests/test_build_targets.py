@@ -201,7 +201,7 @@ def problems_of_test_targets(repo: pathlib.Path) -> list[str]:
 
 def test_every_module_has_a_py_library_with_the_deps_its_imports_need():
     problems = problems_of_library_targets(REPO_ROOT)
-    assert not problems, "fix txl_tf/BUILD:\n  " + "\n  ".join(problems)
+    assert not problems, "fix the BUILD files:\n  " + "\n  ".join(problems)
 
 
 def test_every_test_file_has_a_py_test():

@@ -56,3 +56,17 @@ def test_unsupported_attention_is_refused():
                         attn_type="vaswani").build(9)
     with pytest.raises(ValueError, match="attn_type='xl' only"):
         kv_cache.CachedScorer(model)
+
+
+def test_steps_trace_once_per_segment_shape():
+    tf.keras.utils.set_random_seed(5)
+    model = ModelConfig(n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=12, mem_len=5).build(9)
+    tokens = tf.constant(np.random.default_rng(0).integers(0, 9, size=[2, 4]), tf.int32)
+    scorer, plain = kv_cache.CachedScorer(model), evaluation.make_score_step(model)
+    state, mems = scorer.initial_state(2), model.initial_mems(2)
+    for _ in range(4):
+        _, state = scorer(tokens, tokens, state)
+        _, mems = plain(tokens, tokens, mems)
+    _, state = scorer(tokens[:, :3], tokens[:, :3], state)  # a final shorter segment: one more trace
+    assert scorer._step.experimental_get_tracing_count() == 2
+    assert plain.experimental_get_tracing_count() == 1

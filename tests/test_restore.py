@@ -96,3 +96,14 @@ def test_converted_checkpoint_directory(tmp_path, fixture_dir):
     tokens = np.arange(12, dtype=np.int32).reshape(2, 6)
     np.testing.assert_allclose(model(tokens)[0].numpy(), converted(tokens)[0].numpy(), atol=1e-6)
     assert isinstance(configs.model, ModelConfig)
+
+
+def test_build_model_in_mixed_precision_reaches_every_layer():
+    import keras
+
+    model = restore.build_model(ModelConfig(n_layer=2, d_model=8, n_head=2, d_head=4, d_inner=12, mem_len=3), 7,
+                                dtype="mixed_bfloat16")
+    assert {block.attention.compute_dtype for block in model.blocks} == {"bfloat16"}
+    assert model.blocks[1].feed_forward.inner.compute_dtype == "bfloat16"
+    assert model.embedding.compute_dtype == "bfloat16" and model.weights[0].dtype == "float32"
+    assert keras.config.dtype_policy().name == "float32"  # the global policy is put back

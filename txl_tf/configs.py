@@ -107,6 +107,8 @@ class TrainConfig:
     seed: int = 1234
     deterministic: bool = False  # tf.config.experimental.enable_op_determinism()
     sample_tokens: int = 200  # length of the text sample generated at each evaluation (0 = none)
+    measure_mfu: bool = True  # time a square matmul at start-up and report model FLOPs utilisation
+    checkpoint_memory: bool = True  # save every stream's memory (exact resume; n_layer*B*M*d values per checkpoint)
 
 
 @gin.configurable

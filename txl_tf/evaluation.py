@@ -139,10 +139,10 @@ class _Progress:
             self.bar = keras.utils.Progbar(total, unit_name=unit, stateful_metrics=["loss"])
         self.done = 0
 
-    def update(self, count: int, loss: float) -> None:
+    def update(self, count: int, loss: float | None = None) -> None:
         self.done += count
         if self.bar is not None:
-            self.bar.update(self.done, values=[("loss", loss)])
+            self.bar.update(self.done, values=[] if loss is None else [("loss", loss)])
 
 
 def _score_streams(step, streams, mems, tgt_len: int, max_steps: int, progress, totals, pieces):

@@ -66,7 +66,8 @@ class TransformerXLServing(tf.Module):
     def _forward(self, tokens, mems):
         mems = tf.cast(mems, self.model.compute_dtype)
         hidden, new_mems = self.model(tokens, mems=mems, training=False)  # [B, L, D]
-        return hidden, tf.cast(new_mems, tf.float32)
+        new_mems = tf.ensure_shape(tf.cast(new_mems, tf.float32), [self.n_layer, None, self.mem_len, self.d_model])
+        return hidden, new_mems
 
     def _score(self, tokens, targets, mems):
         hidden, new_mems = self._forward(tokens, mems)

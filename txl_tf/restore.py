@@ -16,6 +16,7 @@ then `gin_params`, so later values override earlier ones.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -98,14 +99,30 @@ def find_checkpoint(path: str, which: str = "latest") -> str:
     raise FileNotFoundError(f"no {which} checkpoint found in {path} (looked in {', '.join(search)})")
 
 
+@contextlib.contextmanager
+def dtype_policy(dtype: str | None):
+    """Keras' global dtype policy set to `dtype` (e.g. "mixed_bfloat16") while layers are created.
+
+    Sublayers take the global policy when they are constructed (a `dtype` argument to the model alone does not
+    reach them), so models are built inside this context.
+    """
+    import keras
+
+    previous = keras.config.dtype_policy()
+    if dtype:
+        keras.config.set_dtype_policy(dtype)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
 def build_model(model_config: ModelConfig, n_token: int | None = None, dtype: str | None = None):
-    """Builds a TransformerXL and creates all its weights with one tiny forward pass (and softmax)."""
+    """Builds a TransformerXL (every layer in `dtype`'s policy) and checks it with one tiny forward pass."""
     from txl_tf.model import TransformerXL
 
-    kwargs = model_config.model_kwargs(n_token)
-    if dtype:
-        kwargs["dtype"] = dtype
-    model = TransformerXL(**kwargs)
+    with dtype_policy(dtype):
+        model = TransformerXL(**model_config.model_kwargs(n_token))
     tokens = tf.zeros([1, 2], tf.int32)
     hidden, _ = model(tokens, mems=None, training=False)
     model.nll(hidden, tokens)

@@ -152,11 +152,11 @@ def average_attention(model, tokens, *, tgt_len: int, mem_len: int, clamp_len: i
 
     The split (1-D tokens) is cut into `batch_size` streams as for evaluation. The first `warmup_segments`
     (default: enough to fill the memory) only fill the memory, so zero-memory keys do not enter the average.
-    `max_distance` defaults to mem_len + tgt_len (every key).
+    `max_distance` defaults to every reachable distance: mem_len + 1 with same_length, else mem_len + tgt_len.
     """
     from txl_tf import evaluation
 
-    max_distance = max_distance or mem_len + tgt_len
+    max_distance = max_distance or (mem_len + 1 if same_length else mem_len + tgt_len)
     if warmup_segments is None:
         warmup_segments = -(-mem_len // tgt_len)
     streams, _ = evaluation.corpus_streams(tokens, batch_size)
@@ -174,7 +174,7 @@ def average_attention(model, tokens, *, tgt_len: int, mem_len: int, clamp_len: i
             sums, mems = step(segment, mems)
             if index >= warmup_segments:
                 acc.add_sums(sums, batch_size * tgt_len)
-            bar.update(1, 0.0)
+            bar.update(1)
     return acc.result()
 
 
@@ -216,8 +216,9 @@ def main():
     restore.define_model_flags()
     flags.DEFINE_string("split", "valid", "Split to average over.")
     flags.DEFINE_integer("max_segments", 20, "Segments averaged (after the memory is filled).")
-    flags.DEFINE_integer("max_distance", 0, "Distances plotted (0 = mem_len + tgt_len, every key).")
-    flags.DEFINE_enum("scale", "linear", ["linear", "log"], "Colour scale.")
+    flags.DEFINE_integer("max_distance", 0, "Distances plotted (0: every reachable one, mem_len + 1 with "
+                         "same_length, else mem_len + tgt_len).")
+    flags.DEFINE_enum("scale", "log", ["linear", "log"], "Colour scale (log shows far-reaching heads).")
     flags.DEFINE_string("output", "attention_map.png", "PNG path (the array is saved beside it as .npy).")
     flags.DEFINE_string("logdir", None, "TensorBoard directory (default: model_dir/analysis).")
     app.run(_main)

@@ -1,0 +1,74 @@
+"""Every shipped gin file (gin/*.gin, found by glob so new files are covered) parses, trains one step and runs its
+own evaluation protocol for one segment, with a tiny model on tiny data prepared by the real data pipeline; the
+config.gin it writes rebuilds the same configuration through txl_tf.restore."""
+
+import glob
+import math
+import os
+
+import gin
+import pytest
+from train_utils import REPO_ROOT, prepare_tiny_corpus
+
+from txl_tf import restore, train
+from txl_tf.configs import DataConfig, EvalConfig, ModelConfig
+
+GIN_FILES = sorted(glob.glob(os.path.join(REPO_ROOT, "gin", "*.gin")))
+WORD_DATASETS = ("wt103", "wt2", "ptb", "lm1b")
+PUBLISHED = ("enwik8", "enwik8_large", "text8", "text8_large", "wt103", "wt103_large", "lm1b", "lm1b_large",
+             "ptb", "sample")
+
+
+@pytest.fixture(scope="module")
+def tiny_corpora(tmp_path_factory):
+    directory = str(tmp_path_factory.mktemp("data"))
+    return {level: prepare_tiny_corpus(directory, level, n_lines=300) for level in ("char", "word")}
+
+
+@pytest.fixture
+def clean_gin():
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+def test_every_published_setup_has_a_file():
+    names = {os.path.splitext(os.path.basename(p))[0] for p in GIN_FILES}
+    assert set(PUBLISHED) | {"common"} <= names
+
+
+def _setup(path):
+    """(dataset, cutoffs) the file binds, read with a placeholder DATA_DIR."""
+    train.parse_gin([path], ["DATA_DIR = 'unused'", "DataConfig.dataset = 'text'"] if path.endswith("common.gin")
+                    else ["DATA_DIR = 'unused'"])
+    dataset, cutoffs = DataConfig().dataset, ModelConfig().cutoffs
+    gin.clear_config()
+    return dataset, cutoffs
+
+
+@pytest.mark.parametrize("path", GIN_FILES, ids=[os.path.basename(p) for p in GIN_FILES])
+def test_gin_file_trains_one_step_and_evaluates(path, tiny_corpora, tmp_path, clean_gin):
+    dataset, cutoffs = _setup(path)
+    data_dir = tiny_corpora["word" if dataset in WORD_DATASETS else "char"]
+    params = [
+        f"DATA_DIR = '{data_dir}'",
+        # Tiny sizes; everything else (cutoffs' count, div_val, tie_projs, untie_r, dropout, precision, the
+        # evaluation protocol's lengths) stays as the file sets it.
+        "ModelConfig.n_layer = 1", "ModelConfig.d_model = 64", "ModelConfig.n_head = 2", "ModelConfig.d_head = 8",
+        "ModelConfig.d_inner = 32", "ModelConfig.mem_len = 5", "ModelConfig.d_embed = None",
+        "TrainConfig.batch_size = 4", "TrainConfig.tgt_len = 6", "TrainConfig.train_steps = 1",
+        "TrainConfig.warmup_steps = 0", "TrainConfig.eval_every = 1", "TrainConfig.eval_steps = 1",
+        "TrainConfig.log_every = 1", "TrainConfig.sample_tokens = 0", "TrainConfig.measure_mfu = False",
+        "EvalConfig.batch_size = 3",
+    ]
+    if cutoffs:  # as many adaptive bins as the file, scaled to the tiny vocabulary
+        params.append(f"ModelConfig.cutoffs = {tuple(10 * (i + 1) for i in range(len(cutoffs)))}")
+    if path.endswith("common.gin"):
+        params.append("DataConfig.dataset = 'text'")
+    metrics = train.run([path], params, model_dir=str(tmp_path))
+    assert metrics["step"] == 1
+    assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["valid_loss"])
+    expected = (ModelConfig(), EvalConfig())
+    configs = restore.parse_configs(str(tmp_path))  # the written config.gin alone
+    assert (configs.model, configs.eval) == expected
+    assert configs.data.data_dir == data_dir

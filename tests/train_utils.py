@@ -1,0 +1,86 @@
+"""Helpers shared by the training tests: tiny corpora prepared by the real data pipeline, tiny gin overrides."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_WORDS = ("the memory of a segment is reused as context for the next one while gradients stop at the boundary "
+          "relative positions keep the attention consistent across segments so the model sees longer text "
+          "characters words and sentences form streams that every replica keeps").split()
+
+
+def tiny_text(n_lines: int = 400, seed: int = 0) -> str:
+    """Deterministic English-like lines (a small vocabulary, some structure to learn)."""
+    rng = random.Random(seed)
+    lines = []
+    for i in range(n_lines):
+        words = [rng.choice(_WORDS) for _ in range(rng.randint(4, 12))]
+        lines.append(f"{i % 7} " + " ".join(words) + ".")
+    return "\n".join(lines) + "\n"
+
+
+def prepare_tiny_corpus(directory: str, level: str = "char", n_lines: int = 400) -> str:
+    """Writes a tiny text and prepares it with `txl_tf.data.prepare` (dataset `text`); returns the data_dir."""
+    from txl_tf.data import corpora, prepare
+
+    source = os.path.join(directory, f"tiny_{level}.txt")
+    with open(source, "w") as f:
+        f.write(tiny_text(n_lines))
+    data_dir = os.path.join(directory, f"tiny_{level}")
+    prepare.prepare("text", data_dir, corpora.Settings(source=source, level=level, cache_dir=directory))
+    return data_dir
+
+
+def tiny_params(data_dir: str, **overrides) -> list:
+    """Gin bindings that shrink any setup to a seconds-long CPU run on `data_dir`."""
+    params = {
+        "DATA_DIR": repr(data_dir),
+        "ModelConfig.n_layer": 2, "ModelConfig.d_model": 16, "ModelConfig.n_head": 2, "ModelConfig.d_head": 8,
+        "ModelConfig.d_inner": 24, "ModelConfig.mem_len": 6, "ModelConfig.dropout": 0.0,
+        "ModelConfig.dropatt": 0.0,
+        "TrainConfig.batch_size": 4, "TrainConfig.tgt_len": 5, "TrainConfig.train_steps": 6,
+        "TrainConfig.warmup_steps": 2, "TrainConfig.learning_rate": 1e-3, "TrainConfig.steps_per_loop": 2,
+        "TrainConfig.log_every": 2, "TrainConfig.eval_every": 0, "TrainConfig.checkpoint_every": 3,
+        "TrainConfig.sample_tokens": 0, "TrainConfig.measure_mfu": False, "TrainConfig.mixed_precision": False,
+        "EvalConfig.tgt_len": 4, "EvalConfig.mem_len": 8, "EvalConfig.clamp_len": -1, "EvalConfig.batch_size": 3,
+        "EvalConfig.max_steps": 2,
+    }
+    params.update(overrides)
+    return [f"{key} = {value}" for key, value in params.items()]
+
+
+def train_command(model_dir: str, params: list, gin_file: str = "gin/sample.gin", strategy: str = "default") -> list:
+    """argv of `python -m txl_tf.train` for a subprocess."""
+    command = [sys.executable, "-m", "txl_tf.train", f"--gin_file={gin_file}", f"--model_dir={model_dir}",
+               f"--strategy={strategy}"]
+    return command + [f"--gin_param={p}" for p in params]
+
+
+def subprocess_env() -> dict:
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               KERAS_BACKEND="tensorflow", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    env.pop("TF_CONFIG", None)
+    return env
+
+
+def run_training(model_dir: str, params: list, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    """Runs `python -m txl_tf.train` to completion; raises with its output when it fails."""
+    result = subprocess.run(train_command(model_dir, params, **kwargs), cwd=REPO_ROOT, env=subprocess_env(),
+                            capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise AssertionError(f"training failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def checkpoint_weights(prefix: str) -> dict:
+    """Model weights of a checkpoint by name (the pinned key `model`)."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(prefix)
+    return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(prefix)
+            if name.startswith("model/") and "OPTIMIZER_SLOT" not in name}

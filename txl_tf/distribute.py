@@ -1,0 +1,111 @@
+"""A small `tf.distribute` strategy factory and the helpers the trainer needs around it.
+
+    default                 the default strategy (one replica on the default device)
+    one_device              OneDeviceStrategy on the first GPU, else the CPU
+    mirrored                MirroredStrategy over all GPUs, else over all logical CPU devices (synchronous
+                            data parallelism on one machine)
+    multi_worker_mirrored   MultiWorkerMirroredStrategy; the cluster comes from TF_CONFIG (see
+                            scripts/launch_local_multiworker.sh)
+    tpu                     TPUStrategy on the TPU named by --tpu (or the local one)
+
+Every replica owns a fixed block of the global batch's streams (txl_tf.data.pipeline.distribute_dataset) and its
+own memory, created with `replica_values`. Non-chief workers of a multi-worker run write their checkpoints and
+summaries into temporary directories (`worker_dir`) that are removed at the end: only the chief's are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from typing import Optional
+
+import tensorflow as tf
+
+STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored", "tpu")
+_MIRRORED: dict = {}
+
+
+def make_strategy(name: str = "default", tpu: Optional[str] = None) -> tf.distribute.Strategy:
+    """The strategy called `name` (one of STRATEGIES); `tpu` is the TPU address or name for "tpu"."""
+    if name == "default":
+        return tf.distribute.get_strategy()
+    if name == "one_device":
+        gpus = tf.config.list_logical_devices("GPU")
+        return tf.distribute.OneDeviceStrategy(gpus[0].name if gpus else "/cpu:0")
+    if name == "mirrored":
+        devices = tuple(d.name for d in tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU"))
+        # One instance per device set and process: separate MirroredStrategy objects number their collective
+        # ops from the same keys, and a second one would collide with the first's (an INTERNAL abort).
+        if devices not in _MIRRORED:
+            _MIRRORED[devices] = tf.distribute.MirroredStrategy(list(devices))
+        return _MIRRORED[devices]
+    if name == "multi_worker_mirrored":
+        if "TF_CONFIG" not in os.environ:
+            raise ValueError("--strategy=multi_worker_mirrored needs the TF_CONFIG environment variable "
+                             "(cluster and task); start workers with scripts/launch_local_multiworker.sh")
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if name == "tpu":
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu or "")
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        return tf.distribute.TPUStrategy(resolver)
+    raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
+
+
+def task_info(strategy: tf.distribute.Strategy) -> tuple[Optional[str], int]:
+    """(task type, task id) of this process: (None, 0) outside a multi-worker cluster."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not resolver.task_type:
+        return None, 0
+    return resolver.task_type, int(resolver.task_id or 0)
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """True on the process that owns model_dir: the chief, else worker 0 of a cluster without a chief."""
+    task_type, task_id = task_info(strategy)
+    if task_type is None or task_type == "chief":
+        return True
+    if task_type == "worker" and task_id == 0:
+        cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+        return "chief" not in cluster
+    return False
+
+
+def worker_dir(model_dir: str, strategy: tf.distribute.Strategy) -> str:
+    """model_dir on the chief; a per-worker temporary directory inside it elsewhere (see `cleanup_worker_dir`)."""
+    if is_chief(strategy):
+        return model_dir
+    task_type, task_id = task_info(strategy)
+    return os.path.join(model_dir, f".tmp_{task_type}_{task_id}")
+
+
+def cleanup_worker_dir(model_dir: str, strategy: tf.distribute.Strategy) -> None:
+    """Removes a non-chief worker's temporary directory."""
+    directory = worker_dir(model_dir, strategy)
+    if directory != model_dir:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def replica_values(strategy: tf.distribute.Strategy, fn: Callable[[int], tf.Tensor]):
+    """A per-replica value: `fn(global replica id)`, placed on each local replica's device."""
+    try:
+        devices = strategy.extended.worker_devices  # this worker's replicas, in replica order
+    except RuntimeError:  # the default strategy: one replica on the default device
+        devices = (None,)
+
+    def value(ctx):
+        replica = ctx.replica_id_in_sync_group
+        with tf.device(devices[replica % len(devices)]):
+            return tf.identity(fn(replica))
+
+    return strategy.experimental_distribute_values_from_function(value)
+
+
+def gather_replicas(strategy: tf.distribute.Strategy, value, axis: int) -> tf.Tensor:
+    """Concatenates a per-replica value of every replica (all workers) along `axis`, in replica order."""
+    if strategy.num_replicas_in_sync == 1:
+        local = strategy.experimental_local_results(value)
+        return tf.convert_to_tensor(local[0])
+    return strategy.gather(value, axis=axis)

@@ -1,0 +1,49 @@
+"""Optimiser and learning-rate schedule of the original Transformer-XL training scripts.
+
+Adam (beta1 0.9, beta2 0.999, epsilon 1e-8) with a learning rate that rises linearly from 0 to `learning_rate`
+over `warmup_steps`, then follows a cosine from `learning_rate` down to `min_lr_ratio * learning_rate` at
+`train_steps`, and stays at that floor afterwards:
+
+    lr(t) = learning_rate * t / warmup_steps                                  t < warmup_steps
+    lr(t) = learning_rate * (a + (1 - a) * (1 + cos(pi * (t - w) / (T - w))) / 2)   w <= t <= T,  a = min_lr_ratio
+
+This is exactly `keras.optimizers.schedules.CosineDecay(0, T - w, alpha=a, warmup_target=lr, warmup_steps=w)`,
+so the schedule is Keras's own (serialisable, evaluated on the optimizer's `iterations`). Gradient clipping by
+global norm is done by the trainer on the gradient summed over all replicas (Keras's `global_clipnorm` would
+clip each replica's partial gradient before the all-reduce).
+"""
+
+from __future__ import annotations
+
+import keras
+
+from txl_tf.configs import TrainConfig
+
+
+def learning_rate_schedule(config: TrainConfig) -> keras.optimizers.schedules.LearningRateSchedule:
+    """Linear warm-up from 0 to `config.learning_rate`, then cosine decay to `min_lr_ratio * learning_rate`."""
+    if config.learning_rate <= 0:
+        raise ValueError(f"TrainConfig.learning_rate must be positive; got {config.learning_rate}")
+    if config.warmup_steps < 0 or config.train_steps < 1:
+        raise ValueError(f"TrainConfig needs warmup_steps >= 0 and train_steps >= 1; got "
+                         f"warmup_steps={config.warmup_steps}, train_steps={config.train_steps}")
+    if not 0.0 <= config.min_lr_ratio <= 1.0:
+        raise ValueError(f"TrainConfig.min_lr_ratio must be in [0, 1]; got {config.min_lr_ratio}")
+    return keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0,
+        decay_steps=max(config.train_steps - config.warmup_steps, 1),
+        alpha=config.min_lr_ratio,
+        warmup_target=float(config.learning_rate),
+        warmup_steps=config.warmup_steps,
+    )
+
+
+def make_optimizer(config: TrainConfig, schedule=None) -> keras.optimizers.Optimizer:
+    """Adam with `schedule` (default: the one above). Build it inside `strategy.scope()`, then call
+    `optimizer.build(model.trainable_variables)` before the first distributed step."""
+    return keras.optimizers.Adam(
+        learning_rate=learning_rate_schedule(config) if schedule is None else schedule,
+        beta_1=config.adam_beta1,
+        beta_2=config.adam_beta2,
+        epsilon=config.adam_epsilon,
+    )
