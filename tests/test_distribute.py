@@ -40,3 +40,19 @@ def test_single_process_is_chief_and_writes_to_model_dir(tmp_path):
     assert distribute.worker_dir(str(tmp_path), strategy) == str(tmp_path)
     distribute.cleanup_worker_dir(str(tmp_path), strategy)
     assert tmp_path.exists()  # the chief's directory is never removed
+
+
+def _cpuinfo(tmp_path, flags):
+    path = tmp_path / "cpuinfo"
+    path.write_text(f"processor\t: 0\nmodel name\t: test CPU\nflags\t\t: fpu sse2 avx2 {flags}\n\n"
+                    f"processor\t: 1\nflags\t\t: fpu\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("flags, fast", [("", False), ("avx512f avx512_bf16", True), ("amx_tile amx_bf16", True)])
+def test_bfloat16_is_fast_only_with_native_instructions(tmp_path, flags, fast):
+    cpuinfo = _cpuinfo(tmp_path, flags)
+    assert distribute.cpu_flags(cpuinfo) >= {"fpu", "sse2", "avx2"}  # the first CPU's line
+    assert distribute.has_fast_bfloat16(distribute.make_strategy("default"), cpuinfo) is fast
+    assert distribute.has_fast_bfloat16(distribute.make_strategy("mirrored"), cpuinfo) is fast
+    assert distribute.cpu_flags(str(tmp_path / "missing")) == set()

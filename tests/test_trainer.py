@@ -99,6 +99,15 @@ def test_gradient_accumulation_matches_one_chunk(char_data, tmp_path):
     np.testing.assert_allclose(results[1][2], results[0][2], atol=1e-5)
 
 
+def test_mixed_precision_auto_follows_the_hardware(char_data, tmp_path):
+    trainer = make_trainer(char_data, tmp_path, mixed_precision="auto", train_steps=1)
+    native = distribute.has_fast_bfloat16(trainer.strategy)
+    assert trainer.model.dtype_policy.name == ("mixed_bfloat16" if native else "float32")
+    assert trainer.train()["loss"] > 0
+    with pytest.raises(ValueError, match="True, False or 'auto'; got 'bf16'"):
+        make_trainer(char_data, tmp_path, mixed_precision="bf16")
+
+
 def test_grad_accum_must_divide_the_replica_batch(char_data, tmp_path):
     with pytest.raises(ValueError, match="grad_accum_steps=3"):
         make_trainer(char_data, tmp_path, grad_accum_steps=3)

@@ -94,7 +94,9 @@ class TrainConfig:
     clip_norm: float = 0.25
     grad_accum_steps: int = 1  # the batch is split into this many chunks, each with its own memory
     loss_recent_half: bool = False  # ablation: loss only over the most recent half of each segment
-    mixed_precision: bool = False  # keras mixed_bfloat16 policy
+    # keras mixed_bfloat16 policy: True, False, or "auto" (on where bfloat16 matmuls are native: GPU, TPU, a CPU
+    # with AMX or AVX-512 BF16; txl_tf.distribute.has_fast_bfloat16)
+    mixed_precision: bool | str = False
     jit_compile: bool = False  # XLA (slower than oneDNN for bf16 on CPUs with AMX; faster on GPU/TPU)
     steps_per_loop: int = 10
     log_every: int = 10

@@ -54,6 +54,38 @@ def make_strategy(name: str = "default", tpu: Optional[str] = None) -> tf.distri
     raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
 
 
+# CPU instructions that give oneDNN native bfloat16 matmuls (AMX tiles, AVX-512 BF16 dot products). Without
+# them bfloat16 is converted to float32 around every op and trains slower than float32 (measured on an AVX2-only
+# AMD EPYC: 3,400 vs 4,600 tokens/s for gin/sample.gin).
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
+    """The instruction-set flags of the first CPU in `cpuinfo` (Linux's format); empty where it is unreadable."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+def has_fast_bfloat16(strategy: tf.distribute.Strategy, cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether the strategy's devices compute bfloat16 matmuls natively: GPUs and TPUs, or CPUs with AMX or
+    AVX-512 BF16. Decides `TrainConfig.mixed_precision='auto'`."""
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:  # the default strategy: ops go to the first GPU if there is one
+        devices = [d.name for d in tf.config.list_logical_devices("GPU")[:1]]
+    kinds = {tf.DeviceSpec.from_string(d).device_type for d in devices}
+    if kinds & {"GPU", "TPU"}:
+        return True
+    return bool(cpu_flags(cpuinfo) & set(BF16_CPU_FLAGS))
+
+
 def task_info(strategy: tf.distribute.Strategy) -> tuple[Optional[str], int]:
     """(task type, task id) of this process: (None, 0) outside a multi-worker cluster."""
     resolver = getattr(strategy, "cluster_resolver", None)

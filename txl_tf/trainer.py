@@ -147,6 +147,8 @@ class Trainer:
         self.global_batch = train_config.batch_size
         self.replicas = strategy.num_replicas_in_sync
         self.replica_batch = self.global_batch // self.replicas
+        self.mixed_precision = (distribute.has_fast_bfloat16(strategy) if train_config.mixed_precision == "auto"
+                                else bool(train_config.mixed_precision))
         self._splits = {}  # evaluation splits, read once
         self._build()
 
@@ -166,9 +168,11 @@ class Trainer:
                 raise ValueError(f"TrainConfig.{name} must be >= 1; got {getattr(c, name)}")
         if c.loss_recent_half and c.tgt_len < 2:
             raise ValueError("TrainConfig.loss_recent_half needs tgt_len >= 2")
+        if c.mixed_precision not in (True, False, "auto"):
+            raise ValueError(f"TrainConfig.mixed_precision must be True, False or 'auto'; got {c.mixed_precision!r}")
 
     def _build(self) -> None:
-        policy = "mixed_bfloat16" if self.config.mixed_precision else "float32"
+        policy = "mixed_bfloat16" if self.mixed_precision else "float32"
         previous = keras.config.dtype_policy()
         keras.config.set_dtype_policy(policy)
         try:
@@ -405,12 +409,16 @@ class Trainer:
             rotate_seed=c.seed if c.rotate_streams else None)
         iterator = iter(dataset)
         level = self.vocab.level
+        auto = ""
+        if c.mixed_precision == "auto":
+            auto = (" (mixed_precision='auto': native bfloat16 on these devices)" if self.mixed_precision else
+                    " (mixed_precision='auto': no native bfloat16 on these devices, so float32 is faster)")
         self.log(f"model: {self.num_parameters():,} parameters; {self.replicas} replica(s), global batch "
                  f"{self.global_batch} x tgt_len {c.tgt_len} (mem_len {self.model.mem_len}), "
-                 f"{'mixed_bfloat16' if c.mixed_precision else 'float32'}{', XLA' if c.jit_compile else ''}")
+                 f"{self.model.dtype_policy.name}{auto}{', XLA' if c.jit_compile else ''}")
         flops_per_token = flops.config_flops_per_token(self.model_config, self.n_token, tgt_len=c.tgt_len,
                                                        batch_size=self.global_batch // c.grad_accum_steps)
-        precision = "bfloat16" if c.mixed_precision else "float32"
+        precision = "bfloat16" if self.mixed_precision else "float32"
         peak = flops.measure_matmul_peak(precision, jit_compile=c.jit_compile) if c.measure_mfu else float("nan")
         stop = _StopRequest()
         stop.install()
