@@ -120,12 +120,12 @@ def main(argv):
     tokens = FLAGS.batch * FLAGS.tgt_len
     print(f"model: {FLAGS.n_layer} layers, batch {FLAGS.batch}, tgt_len {FLAGS.tgt_len}, mem_len {FLAGS.mem_len}; "
           f"{flops / tokens / 1e6:.0f} MFLOP per trained token")
-    print(f"{'mode':9s} {'s/step':>8s} {'tokens/s':>9s} {'GFLOP/s':>8s} {'MFU(prec. peak)':>16s} {'MFU(bf16 peak)':>15s}")
     # MFU against the best measured peak of the precision, with or without XLA (XLA's matmuls are the faster
     # ones on some CPUs, e.g. AVX2-only ones, and the slower ones where oneDNN uses AMX).
     best = {precision: max(peaks[precision], peaks[f"{precision}_xla"]) for precision in ("f32", "bf16")}
     print(f"MFU against the best peak of each precision: f32 {best['f32'] / 1e9:.1f}, "
           f"bf16 {best['bf16'] / 1e9:.1f} GFLOP/s")
+    print(f"{'mode':9s} {'s/step':>8s} {'tokens/s':>9s} {'GFLOP/s':>8s} {'MFU(prec. peak)':>16s} {'MFU(bf16 peak)':>15s}")
     for mode in FLAGS.modes:
         seconds = time_in_subprocess(mode)
         rate = flops / seconds
