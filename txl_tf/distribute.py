@@ -75,7 +75,8 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
 
 def has_fast_bfloat16(strategy: tf.distribute.Strategy, cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether the strategy's devices compute bfloat16 matmuls natively: GPUs and TPUs, or CPUs with AMX or
-    AVX-512 BF16. Decides `TrainConfig.mixed_precision='auto'`."""
+    AVX-512 BF16. Decides `TrainConfig.mixed_precision='auto'`. Each worker of a cluster reads its own CPU, so a
+    cluster that mixes CPUs with and without native bfloat16 must set mixed_precision explicitly."""
     try:
         devices = strategy.extended.worker_devices
     except RuntimeError:  # the default strategy: ops go to the first GPU if there is one
