@@ -34,7 +34,7 @@ import numpy as np
 from txl_tf.data import sources
 from txl_tf.data.progress import Progress
 from txl_tf.data.sources import SourceError
-from txl_tf.data.vocab import Vocab, char_vocab_from_bytes, frequency_order
+from txl_tf.data.vocab import VOCAB_FILE, Vocab, char_vocab_from_bytes, frequency_order
 
 NEWLINE = 10
 EOS = "<eos>"
@@ -87,6 +87,8 @@ class Settings:
     level: str = "char"
     vocab_source: Optional[str] = None
     seed: int = 1234
+    vocab_from: Optional[str] = None  # --dataset=text: encode with this prepared data_dir's vocabulary
+    original_cache: Optional[str] = None  # the authors' cache.pkl (txl_tf.data.original_cache)
 
 
 @dataclasses.dataclass
@@ -439,6 +441,8 @@ def prepare_text(settings: Settings) -> Prepared:
         raise SourceError("--dataset=text needs --source: a text file (split 90/5/5) or a directory with "
                           "train.txt, valid.txt and test.txt")
     path = sources.fetch(settings.source, settings.cache_dir, sha256=settings.source_sha256)
+    given_vocab = Vocab.load(os.path.join(settings.vocab_from, VOCAB_FILE)) if settings.vocab_from else None
+    level = given_vocab.level if given_vocab else settings.level  # --vocab_from decides the level
     if os.path.isdir(path):
         archive = Archive(path)
         texts = {s: archive.read(archive.find(f"{s}.txt")) for s in SPLITS}
@@ -446,11 +450,14 @@ def prepare_text(settings: Settings) -> Prepared:
     else:
         with open(path, "rb") as f:
             data = f.read()
-        texts = _split_text(data, settings.level)
-        split_rule = "first 90% / next 5% / last 5% of " + ("bytes" if settings.level == "char" else "lines")
+        texts = _split_text(data, level)
+        split_rule = "first 90% / next 5% / last 5% of " + ("bytes" if level == "char" else "lines")
     described = {f"{s}.txt": _describe(t) for s, t in texts.items()}
     options = {"split": split_rule}
-    if settings.level == "char":
+    if given_vocab:
+        vocab, splits = given_vocab, encode_in_vocab(given_vocab, texts, settings.vocab_from)
+        options.update({"vocab_from": settings.vocab_from})
+    elif settings.level == "char":
         keep = settings.keep_newlines is not False
         vocab = char_vocab_from_bytes([np.frombuffer(t, np.uint8) for t in texts.values()],
                                       drop=() if keep else (NEWLINE,))
@@ -462,6 +469,46 @@ def prepare_text(settings: Settings) -> Prepared:
     else:
         raise SourceError(f"--level must be char or word, got {settings.level!r}")
     return Prepared(vocab, splits, {"location": settings.source, **described}, options)
+
+
+def encode_in_vocab(vocab: Vocab, texts: dict, where: str) -> dict:
+    """Encodes each split's text with an existing vocabulary (fine-tuning data for a trained model).
+
+    Unknown words become the vocabulary's unknown symbol where it has one (a note on stderr says how many);
+    otherwise, and for bytes missing from a char-level vocabulary, one line names examples and the count.
+    """
+    known = set(vocab.symbols)
+    if vocab.level == "char":
+        counts = np.bincount(np.concatenate([np.frombuffer(t, np.uint8) for t in texts.values()]), minlength=256)
+        counts[list(vocab.drop)] = 0
+        unknown = {repr(chr(b)): int(counts[b]) for b in np.flatnonzero(counts) if int(b) not in known}
+    else:
+        unknown = {w: c for w, c in count_words(list(texts.values())).items() if w not in known}
+    if unknown:
+        total = sum(unknown.values())
+        examples = ", ".join(f"{s} ({c})" if vocab.level == "char" else f"{s!r} ({c})"
+                             for s, c in collections.Counter(unknown).most_common(5))
+        what = "bytes" if vocab.level == "char" else "words"
+        if vocab.level == "char" or vocab.unk is None:
+            raise SourceError(f"{total} occurrences of {len(unknown)} {what} of the text are not in the "
+                              f"{vocab.level}-level vocabulary of {where}, which has no unknown symbol; "
+                              f"e.g. {examples}")
+        print(f"{total} occurrences of {len(unknown)} words not in the vocabulary of {where} become "
+              f"{vocab.unk!r}; e.g. {examples}", file=sys.stderr)
+    if vocab.level == "char":
+        return {s: vocab.encode_bytes(np.frombuffer(t, np.uint8)) for s, t in texts.items()}
+    return {s: encode_lines(vocab, t, s) for s, t in texts.items()}
+
+
+def prepare_original_cache(dataset: str, settings: Settings) -> Prepared:
+    """The authors' cache.pkl (+ corpus-info.json) as a prepared corpus with exactly its ids."""
+    from txl_tf.data import original_cache
+
+    found, vocab, splits, details = original_cache.read_original_cache(settings.original_cache)
+    if found != dataset:
+        raise SourceError(f"{settings.original_cache} holds dataset {found!r}, not {dataset!r}")
+    return Prepared(vocab, splits, {"location": settings.original_cache, "cache.pkl": details.pop("cache_pkl")},
+                    {"from_original_cache": True, **details})
 
 
 def _split_text(data: bytes, level: str) -> dict:
@@ -494,5 +541,7 @@ def prepare_corpus(dataset: str, settings: Settings) -> Prepared:
     if dataset not in RECIPES:
         raise ValueError(f"unknown dataset {dataset!r}; choose one of {sorted(RECIPES)} "
                          "(use `text` with --source for your own plain text)")
+    if settings.original_cache:
+        return prepare_original_cache(dataset, settings)
     return RECIPES[dataset](settings)
 

