@@ -111,6 +111,9 @@ class TrainConfig:
     sample_tokens: int = 200  # length of the text sample generated at each evaluation (0 = none)
     measure_mfu: bool = True  # time a square matmul at start-up and report model FLOPs utilisation
     checkpoint_memory: bool = True  # save every stream's memory (exact resume; n_layer*B*M*d values per checkpoint)
+    # Fine-tuning: start from these weights (a `txl_tf.convert` output dir, a run dir or a checkpoint prefix) with a
+    # fresh optimizer, step 0 and zero memory; ignored when model_dir has a checkpoint of its own (that resumes).
+    init_checkpoint: Optional[str] = None
 
 
 @gin.configurable

@@ -325,6 +325,17 @@ class Trainer:
         self.log(f"resumed from {latest} at step {step}")
         return step
 
+    def init_weights(self, path: str) -> str:
+        """The model's weights (only) from `path`: a converted directory, a run directory or a checkpoint prefix.
+
+        Returns the checkpoint prefix used; the architecture must match (one line naming the mismatch if not).
+        """
+        from txl_tf import restore
+
+        prefix = restore.find_checkpoint(path)
+        restore.restore_weights(self.model, prefix)
+        return prefix
+
     def save(self, step: int, mems, manager: Optional[tf.train.CheckpointManager] = None) -> str:
         """Saves model, optimizer, step, gathered memory and RNG states (every worker must call it)."""
         self.step_var.assign(step)
@@ -397,6 +408,11 @@ class Trainer:
         """Trains until TrainConfig.train_steps (or a stop request); returns the last metrics."""
         c = self.config
         start_step = self.restore()
+        if c.init_checkpoint and start_step == 0:
+            self.log(f"fine-tuning: weights from {self.init_weights(c.init_checkpoint)} "
+                     "(TrainConfig.init_checkpoint); fresh optimizer, step 0, zero memory")
+        elif c.init_checkpoint:
+            self.log(f"TrainConfig.init_checkpoint={c.init_checkpoint!r} ignored: resuming this run's own checkpoint")
         self.write_config()
         train_writer, valid_writer = self._writers()
         if start_step == 0 and self.config_str is not None:

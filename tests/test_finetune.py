@@ -1,0 +1,128 @@
+"""Fine-tuning: a new text prepared in an existing vocabulary (`prepare --vocab_from`) and a run started from a
+converted checkpoint (`TrainConfig.init_checkpoint`: weights only, fresh optimizer, step 0, zero memory)."""
+
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from train_utils import tiny_text
+
+from txl_tf import convert, distribute, evaluation
+from txl_tf.configs import DataConfig, EvalConfig, ModelConfig, TrainConfig
+from txl_tf.data import corpora, pipeline, prepare
+from txl_tf.data.records import write_prepared
+from txl_tf.data.sources import SourceError
+from txl_tf.data.vocab import Vocab
+from txl_tf.trainer import Trainer
+
+# 50 byte values, one per id of the golden fixture's 50-token vocabulary.
+SYMBOLS = list(b"\n .abcdefghijklmnopqrstuvwxyz0123456789,;:!?'-()AT")
+GOLDEN = dict(n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """(converted dir, base data_dir with the 50-symbol vocabulary, fine-tuning data_dir prepared in it)."""
+    from conftest import FIXTURE_DIR
+
+    if not (FIXTURE_DIR / "golden.npz").exists():
+        pytest.skip(f"golden fixtures not found at {FIXTURE_DIR}")
+    tmp = tmp_path_factory.mktemp("finetune")
+    model = convert.from_original_tf(str(FIXTURE_DIR / "model.ckpt"), mem_len=7)  # as `python -m txl_tf.convert`
+    tf.train.Checkpoint(model=model).save(str(tmp / "converted" / "ckpt"))
+    base = str(tmp / "base")
+    golden = np.load(FIXTURE_DIR / "golden.npz")
+    write_prepared(base, dataset="golden", vocab=Vocab(SYMBOLS, "char"),
+                   splits={"test": golden["tokens"].T.reshape(-1).astype(np.int32)}, source={}, options={})
+    text = tmp / "text"
+    text.mkdir()
+    for split, (lines, seed) in {"train": (300, 0), "valid": (30, 1), "test": (30, 2)}.items():
+        (text / f"{split}.txt").write_text(tiny_text(lines, seed))
+    data = str(tmp / "data")
+    prepare.prepare("text", data, corpora.Settings(source=str(text), vocab_from=base, cache_dir=str(tmp)))
+    return tmp / "converted", base, data
+
+
+def make_trainer(data_dir, model_dir, lines=None, **train):
+    settings = dict(batch_size=3, tgt_len=5, train_steps=20, warmup_steps=0, learning_rate=3e-3, steps_per_loop=5,
+                    log_every=5, eval_every=0, checkpoint_every=0, sample_tokens=0, measure_mfu=False)
+    settings.update(train)
+    return Trainer(ModelConfig(**GOLDEN, mem_len=7, dropout=0.0, dropatt=0.0),
+                   DataConfig(dataset="text", data_dir=data_dir), TrainConfig(**settings),
+                   EvalConfig(tgt_len=5, mem_len=7, clamp_len=-1, same_length=False, batch_size=3),
+                   strategy=distribute.make_strategy("default"), model_dir=str(model_dir),
+                   log=(lines.append if lines is not None else lambda line: None))
+
+
+def valid_loss(model, data_dir):
+    tokens = pipeline.read_split(data_dir, "valid")
+    return evaluation.evaluate_tokens(model, tokens, tgt_len=5, mem_len=7, batch_size=3).loss
+
+
+def test_vocab_from_gives_the_base_vocabulary(setup):
+    _, base, data = setup
+    assert Vocab.load(f"{data}/vocab.json") == Vocab.load(f"{base}/vocab.json")
+    ids = pipeline.read_split(data, "valid")
+    assert Vocab.load(f"{data}/vocab.json").decode(ids) == tiny_text(30, 1)
+
+
+def golden_model():
+    from conftest import FIXTURE_DIR
+
+    return convert.from_original_tf(str(FIXTURE_DIR / "model.ckpt"), mem_len=7)
+
+
+def test_init_checkpoint_sets_the_weights_only(setup, tmp_path):
+    converted, _, data = setup
+    trainer = make_trainer(data, tmp_path / "run", init_checkpoint=str(converted))
+    assert trainer.init_weights(str(converted)).endswith("ckpt-1")
+    for mine, theirs in zip(trainer.model.trainable_variables, golden_model().trainable_variables, strict=True):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy(), err_msg=mine.path)
+    assert int(trainer.optimizer.iterations.numpy()) == 0 and int(trainer.step_var.numpy()) == 0
+
+
+def test_finetuning_the_converted_fixture_lowers_the_loss(setup, tmp_path):
+    converted, _, data = setup
+    lines = []
+    trainer = make_trainer(data, tmp_path / "run", lines, init_checkpoint=str(converted))
+    before = valid_loss(golden_model(), data)
+    trainer.train()
+    after = valid_loss(trainer.model, data)
+    assert any(line.startswith("fine-tuning: weights from") and "ckpt-1" in line for line in lines), lines
+    train_losses = [float(m.group(1)) for line in lines if (m := re.search(r"\| loss ([\d.]+)", line))]
+    assert len(train_losses) == 4 and train_losses[-1] < train_losses[0], lines
+    assert after < before - 0.2, (before, after)  # 3.92 -> 3.62 nats in 20 steps
+
+
+def test_a_resumed_run_ignores_init_checkpoint(setup, tmp_path):
+    converted, _, data = setup
+    make_trainer(data, tmp_path / "run", train_steps=2, steps_per_loop=2, log_every=2).train()
+    lines = []
+    make_trainer(data, tmp_path / "run", lines, train_steps=4, steps_per_loop=2, log_every=2,
+                 init_checkpoint=str(converted)).train()
+    assert any("init_checkpoint" in line and "ignored: resuming" in line for line in lines), lines
+    assert not any(line.startswith("fine-tuning") for line in lines)
+
+
+# ---- unknown symbols under --vocab_from ----------------------------------------------------------------------
+TEXTS = {"train": b"a b c\nd c\n", "valid": b"a\n", "test": b"b\n"}
+
+
+def test_unknown_words_become_unk_where_the_vocabulary_has_one(capsys):
+    vocab = Vocab(["<eos>", "<unk>", "a", "b"], "word", eos="<eos>", unk="<unk>")
+    splits = corpora.encode_in_vocab(vocab, TEXTS, "base")
+    assert splits["train"].tolist() == [2, 3, 1, 0, 1, 1, 0]
+    assert "3 occurrences of 2 words not in the vocabulary of base become '<unk>'" in capsys.readouterr().err
+
+
+def test_unknown_words_without_unk_are_named_with_the_count():
+    vocab = Vocab(["<eos>", "a", "b"], "word", eos="<eos>")
+    with pytest.raises(SourceError, match=r"3 occurrences of 2 words .* no unknown symbol; e.g. 'c' \(2\), 'd' \(1\)$"):
+        corpora.encode_in_vocab(vocab, TEXTS, "base")
+
+
+def test_unknown_bytes_are_named_with_the_count():
+    vocab = Vocab(list(b"ab \n"), "char")
+    with pytest.raises(SourceError, match=r"3 occurrences of 2 bytes .* e.g. 'c' \(2\), 'd' \(1\)$"):
+        corpora.encode_in_vocab(vocab, TEXTS, "base")
