@@ -71,7 +71,16 @@ def test_block_is_attention_then_feed_forward():
     np.testing.assert_allclose(out.numpy(), block.feed_forward(attn).numpy(), atol=1e-6)
 
 
-def test_al_rfou_rejects_too_long_context():
-    block = TransformerXLBlock(DM, N, D, DI, attn_type="al_rfou", max_position=6)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="max_position"):
-        _block_call()(block, False)
+def test_al_rfou_positions_past_the_table_share_its_last_row():
+    """A context longer than max_position (K = M + L = 8 > 6) reuses row 5 for positions 5..7, like a table
+    whose rows 6 and 7 were copies of row 5."""
+    short = TransformerXLBlock(DM, N, D, DI, attn_type="al_rfou", max_position=6)
+    out_short = _block_call()(short, False)
+    long = TransformerXLBlock(DM, N, D, DI, attn_type="al_rfou", max_position=M + L)
+    _block_call()(long, False)
+    for target, source in zip(long.weights, short.weights, strict=True):
+        value = source.numpy()
+        if "absolute_positions" in target.path:
+            value = np.concatenate([value, np.repeat(value[-1:], M + L - 6, axis=0)])
+        target.assign(value)
+    np.testing.assert_allclose(_block_call()(long, False).numpy(), out_short.numpy(), atol=1e-6)

@@ -70,7 +70,8 @@ class TransformerXLBlock(keras.layers.Layer):
     """Relative multi-head attention + position-wise feed-forward (one layer of the stack).
 
     For `attn_type="al_rfou"` the block owns learned absolute position embeddings [max_position, d] that are added
-    to its input and memory (key position p gets row p) before attention, as in Al-Rfou et al. (2018).
+    to its input and memory (key position p gets row p, positions past the table its last row) before attention, as
+    in Al-Rfou et al. (2018).
 
     Args: as `RelativeMultiHeadAttention` plus `d_inner` (feed-forward width).
 
@@ -119,12 +120,11 @@ class TransformerXLBlock(keras.layers.Layer):
     def _add_absolute_positions(self, inputs, memory):
         qlen = tf.shape(inputs)[1]
         mlen = 0 if memory is None else tf.shape(memory)[1]
-        tf.debugging.assert_less_equal(
-            mlen + qlen, self.max_position,
-            message="al_rfou: memory + segment length exceeds max_position; raise max_position",
-        )
-        table = tf.cast(self.absolute_positions, self.compute_dtype)  # [P, d]
-        inputs = tf.cast(inputs, self.compute_dtype) + table[mlen : mlen + qlen]  # [B, L, d]
+        # Key position p gets row min(p, max_position - 1): contexts longer than the table (a vanilla model
+        # evaluated with a longer window) share the last learned row, as Shaw's distances do.
+        positions = tf.minimum(tf.range(mlen + qlen), self.max_position - 1)  # [K]
+        table = tf.gather(tf.cast(self.absolute_positions, self.compute_dtype), positions)  # [K, d]
+        inputs = tf.cast(inputs, self.compute_dtype) + table[mlen:]  # [B, L, d]
         if memory is not None:
             memory = tf.cast(memory, self.compute_dtype) + table[:mlen]  # [B, M, d]
         return inputs, memory

@@ -44,6 +44,7 @@ class ModelConfig:
     layer_norm_epsilon: float = 1e-12
     init_std: float = 0.02
     proj_init_std: float = 0.01
+    max_position: int = 1024  # rows of the learned tables of attn_type "shaw" (distances) and "al_rfou" (positions)
 
     def model_kwargs(self, n_token: Optional[int] = None) -> dict:
         """Keyword arguments for `TransformerXL`; `n_token` fills in when the config leaves it unset."""

@@ -178,9 +178,10 @@ def evaluate_streams(model, streams: np.ndarray, *, tgt_len: int, mem_len: int, 
       progress: show a progress bar.
       jit_compile: XLA (faster on GPU/TPU, slower for bf16 on CPUs with AMX).
       kv_cache: carry the memory's keys/values and reuse the position keys (`txl_tf.kv_cache`; same numbers,
-        much faster at long memories; attn_type "xl" only).
+        much faster at long memories). It serves attn_type "xl" only; the other variants recompute the memory.
     """
     streams = np.asarray(streams, np.int32)
+    kv_cache = kv_cache and model.attn_type == "xl"  # the cache serves Transformer-XL's attention only
     if streams.ndim != 2 or streams.shape[1] < 2:
         raise ValueError(f"streams must be [batch, length >= 2]; got shape {streams.shape}")
     batch_size, length = streams.shape[0], streams.shape[1] - 1

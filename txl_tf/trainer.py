@@ -361,6 +361,9 @@ class Trainer:
         e = self.eval_config
         tokens = self._split_tokens(split)
         steps = self.config.eval_steps or e.max_steps if max_steps is None else max_steps
+        if e.protocol == "vanilla":  # a fixed-context model: a window of tgt_len tokens shifted by one
+            return evaluation.evaluate_vanilla(self.model, tokens, window=e.tgt_len, batch_size=e.batch_size,
+                                               max_steps=steps, clamp_len=e.clamp_len)
         return evaluation.evaluate_tokens(
             self.model, tokens, tgt_len=e.tgt_len, mem_len=e.mem_len, clamp_len=e.clamp_len,
             same_length=e.same_length, batch_size=e.batch_size, max_steps=steps, layout=e.layout,

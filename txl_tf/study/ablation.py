@@ -1,0 +1,251 @@
+"""Studies `ablation` and `recl`: the paper's Tables 5 and 6 at character level on enwik8_sample.
+
+Six variants (gin/study/ablation_<name>.gin) with the same parameter count (checked to +-5%), the same training
+attention length and the same number of training tokens:
+
+    xl             Transformer-XL: relative encoding + recurrence
+    no_recurrence  the same without memory in training (the paper's "w/o recurrence")
+    shaw           Shaw et al. (2018) learned relative encoding + recurrence
+    vaswani        Vaswani et al. (2017) absolute sinusoid encoding + recurrence
+    al_rfou        the vanilla model of Al-Rfou et al. (2018): learned absolute positions, no memory
+    half_loss      Transformer-XL trained with the loss over the recent half of each segment
+
+Every model is scored on the same span of the test split: a warm-up prefix as long as the longest attention
+length, then `eval_tokens` scored tokens, so every scored token has its whole attention length of real context.
+The attention length A at evaluation is the memory length of the recurrent protocol (EvalConfig.tgt_len-token
+segments, same_length: every query attends A previous positions and itself) and the window of the vanilla one
+(shifted by one token per prediction). Training attends up to `train_attention` positions (64-token segments +
+64 memory, or 128-token segments without memory), so A = 1x, 2x, 4x and 8x of it are evaluated.
+
+`recl` computes the relative effective context length (appendix C) of the six first-seed models as one group,
+from per-token losses at the contexts of a grid (txl_tf.analysis.recl).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import numpy as np
+
+from txl_tf.study import runs
+
+LN2 = math.log(2.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    name: str
+    label: str
+    recurrent: bool
+    quick_params: tuple = ()
+
+
+VARIANTS = (
+    Variant("xl", "Transformer-XL (ours + recurrence)", True),
+    Variant("no_recurrence", "w/o recurrence", False),
+    Variant("shaw", "Shaw et al. encoding + recurrence", True),
+    Variant("vaswani", "Vaswani et al. encoding + recurrence", True, ("ModelConfig.d_inner = 80",)),
+    Variant("al_rfou", "Al-Rfou et al. vanilla (sliding window)", False),
+    Variant("half_loss", "Transformer-XL, half loss", True),
+)
+BASELINE = "xl"
+PARAMETER_TOLERANCE = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Sizes of the evaluation; `quick` shrinks everything so the pipeline runs in the test suite."""
+
+    train_attention: int = 128
+    lengths: tuple = (128, 256, 512, 1024)  # evaluation attention lengths of the table: 1x, 2x, 4x, 8x
+    recl_contexts: tuple = (128, 256, 384, 512, 640, 768)  # evenly spaced (appendix C's step), up to 6x
+    eval_tokens: int = 5000
+    eval_tgt_len: int = 64
+    vanilla_batch: int = 10
+    bootstrap_block: int = 100
+    train_params: tuple = ()
+    recurrent_params: tuple = ()
+    nonrecurrent_params: tuple = ()
+
+
+FULL = Settings()
+QUICK = Settings(
+    train_attention=32, lengths=(32, 64, 128, 256), recl_contexts=(32, 64, 128, 192, 256), eval_tokens=400,
+    eval_tgt_len=16, bootstrap_block=20,
+    train_params=("ModelConfig.n_layer = 2", "ModelConfig.d_model = 32", "ModelConfig.n_head = 2",
+                  "ModelConfig.d_head = 16", "ModelConfig.d_inner = 64", "ModelConfig.max_position = 32",
+                  "TrainConfig.train_steps = 30", "TrainConfig.warmup_steps = 5", "TrainConfig.steps_per_loop = 10",
+                  "TrainConfig.log_every = 10", "TrainConfig.checkpoint_every = 15",
+                  "TrainConfig.measure_mfu = False"),
+    recurrent_params=("ModelConfig.mem_len = 16", "TrainConfig.batch_size = 4", "TrainConfig.tgt_len = 16"),
+    nonrecurrent_params=("ModelConfig.mem_len = 0", "TrainConfig.batch_size = 2", "TrainConfig.tgt_len = 32"),
+)
+
+
+def settings_for(quick: bool) -> Settings:
+    return QUICK if quick else FULL
+
+
+def run_spec(variant: Variant, settings: Settings, data_dir: str, quick: bool, seed: int = 1) -> runs.RunSpec:
+    params = [f"DATA_DIR = '{data_dir}'", *settings.train_params]
+    if quick:
+        params += settings.recurrent_params if variant.recurrent else settings.nonrecurrent_params
+        params += variant.quick_params
+    name = variant.name
+    if seed > 1:
+        params.append(f"TrainConfig.seed = {1233 + seed}")
+        name = f"{variant.name}_seed{seed}"
+    return runs.RunSpec(name=name, gin_files=(f"study/ablation_{variant.name}.gin",), gin_params=tuple(params),
+                        label=variant.label)
+
+
+def _evaluate(run_dir: str, model, configs, tokens: np.ndarray, length: int, settings: Settings):
+    """Per-token losses [eval_tokens] (nats) of the scored span at attention length `length`."""
+    from txl_tf import evaluation
+
+    prefix, count = max(max(settings.lengths), max(settings.recl_contexts)), settings.eval_tokens
+    vanilla = configs.eval.protocol == "vanilla"
+    key = f"{'window' if vanilla else 'mem'}{length}_p{prefix}_n{count}"
+
+    def compute():
+        if vanilla:
+            result = evaluation.evaluate_vanilla(model, tokens[prefix - length: prefix + count + 1], window=length,
+                                                 batch_size=settings.vanilla_batch, return_token_losses=True)
+        else:
+            result = evaluation.evaluate_tokens(
+                model, tokens[: prefix + count + 1], tgt_len=settings.eval_tgt_len, mem_len=length, clamp_len=-1,
+                same_length=True, batch_size=1, return_token_losses=True, kv_cache=True)
+        losses = result.token_losses[-count:]
+        return losses, {"protocol": result.protocol, "seconds": round(result.seconds, 2), "tokens": count,
+                        "bpc": float(np.mean(losses, dtype=np.float64) / LN2)}
+
+    return runs.cached_eval(run_dir, key, compute)
+
+
+def _train_and_score(spec: runs.RunSpec, output_dir: str, tokens: np.ndarray, settings: Settings,
+                     contexts: tuple, position: str) -> tuple[dict, dict]:
+    """Trains one run (or finds it finished) and scores it at `contexts`; returns (record, {length: losses})."""
+    run_dir = os.path.join(output_dir, "runs", spec.name)
+    runs.log(f"{position} {spec.name}: training ({', '.join(spec.gin_files)}) in {run_dir}")
+    record = dict(runs.train_run(spec, run_dir))
+    runs.log(f"{position} {spec.name}: trained {record['steps']} steps in {record['wall_seconds'] / 60:.1f} min "
+             f"(final training loss {record['final_train_loss']:.4f})")
+    model, configs = runs.load_run_model(run_dir)
+    record["parameters"] = runs.num_parameters(model)
+    record["train_tokens"] = record["steps"] * configs.train.batch_size * configs.train.tgt_len
+    record["protocol"] = configs.eval.protocol
+    losses, record["evals"] = {}, {}
+    for length in contexts:
+        losses[length], info = _evaluate(run_dir, model, configs, tokens, length, settings)
+        record["evals"][str(length)] = info
+        runs.log(f"{position} {spec.name}: attention {length}: {info['bpc']:.4f} bpc "
+                 f"({info['tokens']:,} tokens, {info['seconds']:.1f} s)")
+    import keras
+
+    del model
+    keras.backend.clear_session()
+    return record, losses
+
+
+def _compare(losses: dict, a: tuple, b: tuple, settings: Settings) -> dict:
+    """a - b in bits per token with a 95% block-bootstrap interval; a and b are (run, length)."""
+    stats = runs.paired_bootstrap(losses[a[0]][a[1]], losses[b[0]][b[1]], block=settings.bootstrap_block)
+    return {"a": list(a), "b": list(b), **{k: v / LN2 for k, v in stats.items()}}
+
+
+def _best_length(losses: dict, name: str, lengths) -> int:
+    return min(lengths, key=lambda length: float(np.mean(losses[name][length], dtype=np.float64)))
+
+
+def _check_parameters(records: dict) -> float:
+    base = records[BASELINE]["parameters"]
+    deviation = max(abs(r["parameters"] - base) / base for r in records.values())
+    if deviation > PARAMETER_TOLERANCE:
+        counts = ", ".join(f"{n} {r['parameters']:,}" for n, r in records.items())
+        raise runs.StudyError(f"the variants' parameter counts differ by {deviation:.1%} (> 5%): {counts}; "
+                              "fix the sizes in gin/study/ablation_*.gin")
+    return deviation
+
+
+def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool = True) -> dict:
+    """Trains and scores the six variants (plus second seeds where needed); returns the study's section."""
+    from txl_tf.data import pipeline
+
+    settings = settings_for(quick)
+    tokens = pipeline.read_split(data_dir, "test")
+    prefix = max(max(settings.lengths), max(settings.recl_contexts))
+    if tokens.shape[0] < prefix + settings.eval_tokens + 1:
+        raise runs.StudyError(f"the test split of {data_dir} has {tokens.shape[0]:,} tokens; the study scores "
+                              f"{prefix + settings.eval_tokens + 1:,}")
+    contexts = tuple(sorted(set(settings.lengths) | (set(settings.recl_contexts) if with_recl else set())))
+    records, losses = {}, {}
+    for index, variant in enumerate(VARIANTS):
+        spec = run_spec(variant, settings, data_dir, quick)
+        records[spec.name], losses[spec.name] = _train_and_score(
+            spec, output_dir, tokens, settings, contexts, f"[{index + 1}/{len(VARIANTS)}]")
+        records[spec.name]["variant"] = variant.name
+    deviation = _check_parameters(records)
+
+    # The two best variants (each at its best length): a second seed when their gap is within the noise.
+    best = {v.name: _best_length(losses, v.name, settings.lengths) for v in VARIANTS}
+    ranked = sorted(best, key=lambda n: float(np.mean(losses[n][best[n]], dtype=np.float64)))
+    top = _compare(losses, (ranked[0], best[ranked[0]]), (ranked[1], best[ranked[1]]), settings)
+    second_seed = top["low"] <= 0.0 <= top["high"]
+    seeds = {}
+    if second_seed:
+        runs.log(f"{ranked[0]} and {ranked[1]} differ by {top['mean']:+.4f} bpc, inside the 95% interval "
+                 f"[{top['low']:+.4f}, {top['high']:+.4f}]: training a second seed of both")
+        for name in ranked[:2]:
+            variant = next(v for v in VARIANTS if v.name == name)
+            spec = run_spec(variant, settings, data_dir, quick, seed=2)
+            record, seed_losses = _train_and_score(spec, output_dir, tokens, settings, tuple(settings.lengths),
+                                                   "[seed 2]")
+            record["variant"] = name
+            records[spec.name] = record
+            losses[spec.name] = seed_losses
+            seeds[name] = [name, spec.name]
+
+    comparisons = {"top_two": top}
+    for variant in VARIANTS[1:]:
+        n = variant.name
+        comparisons[f"{BASELINE}_vs_{n}"] = _compare(losses, (BASELINE, best[BASELINE]), (n, best[n]), settings)
+        comparisons[f"{BASELINE}_vs_{n}_init"] = _compare(
+            losses, (BASELINE, settings.train_attention), (n, settings.train_attention), settings)
+    for variant in VARIANTS:  # does a longer attention at evaluation help? (best length against the training one)
+        n = variant.name
+        comparisons[f"{n}_longer"] = _compare(losses, (n, best[n]), (n, settings.train_attention), settings)
+
+    section = {
+        "quick": quick,
+        "machine": runs.machine(),
+        "setup": {"dataset": os.path.basename(os.path.normpath(data_dir)), "split": "test",
+                  "train_attention": settings.train_attention, "lengths": list(settings.lengths),
+                  "eval_tokens": settings.eval_tokens, "warmup_prefix": prefix,
+                  "eval_tgt_len": settings.eval_tgt_len, "parameter_deviation": deviation,
+                  "variants": [dataclasses.asdict(v) | {"quick_params": list(v.quick_params)} for v in VARIANTS]},
+        "runs": records,
+        "best_length": best,
+        "ranking": ranked,
+        "second_seed": {"ran": second_seed, "runs": seeds},
+        "comparisons": comparisons,
+    }
+    if with_recl:
+        section["recl"] = recl_section(losses, settings)
+    return section
+
+
+def recl_section(losses: dict, settings: Settings) -> dict:
+    """RECL of the six first-seed models as one group, at r = 0.1, 0.5, 1.0."""
+    from txl_tf.analysis import recl
+
+    contexts = tuple(settings.recl_contexts)
+    names = [v.name for v in VARIANTS]
+    group = np.stack([np.stack([losses[n][c] for c in contexts]) for n in names])  # [models, C, T]
+    out = {"contexts": list(contexts), "models": names, "ratios": {}}
+    for r in recl.PAPER_RATIOS:
+        result = recl.compute_recl(group, contexts, r=r)
+        out["ratios"][str(r)] = {"recl": [int(x) for x in result.recl], "truncated": [bool(x) for x in result.truncated],
+                                 "gains": np.round(result.gains, 6).tolist()}
+    return out

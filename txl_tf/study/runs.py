@@ -1,0 +1,251 @@
+"""The runs of a study: ordinary training runs (gin files + bindings, one model_dir each) and cached evaluations.
+
+Layout of a study's output directory:
+
+    DIR/runs/<run>/             an ordinary txl_tf run directory (config.gin, ckpt-N, TensorBoard logs)
+    DIR/runs/<run>/study.json   written when the run finished: its spec, parameters, wall and CPU time
+    DIR/runs/<run>/train.log    the trainer's console output, every attempt appended
+    DIR/runs/<run>/evals/       per-token losses (<key>.npy, corpus order) and <key>.json for each evaluation
+    DIR/results.json            every figure with the configuration and commit that produced it
+    DIR/report.md, DIR/*.png    written from results.json by txl_tf.study.report
+
+Re-running a study skips finished runs and cached evaluations; an interrupted run resumes from its latest
+checkpoint (the trainer's own resume: same data position, memory and RNG state). A finished run whose spec
+(gin files, bindings) differs from the current one is an error, never silently reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import hashlib
+import io
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+RUN_RECORD = "study.json"
+TRAIN_LOG = "train.log"
+EVAL_DIR = "evals"
+ATTEMPTS_FILE = "attempts.json"
+
+
+class StudyError(RuntimeError):
+    """An expected failure of a study (a stale run directory, data that cannot be prepared): one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One training run of a study.
+
+    Attributes:
+      name: directory name under DIR/runs and key in results.json.
+      gin_files: gin files (paths relative to the repository's gin/ folder resolve as in txl_tf.train).
+      gin_params: bindings applied after the files.
+      label: how the report names it.
+    """
+
+    name: str
+    gin_files: tuple
+    gin_params: tuple = ()
+    label: str = ""
+
+    def digest(self) -> str:
+        text = json.dumps({"gin_files": list(self.gin_files), "gin_params": list(self.gin_params)})
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def log(message: str) -> None:
+    """A progress line of the study (stdout, flushed; plain text so it reads the same in a log file)."""
+    stamp = datetime.datetime.now().strftime("%H:%M:%S")
+    print(f"[study {stamp}] {message}", flush=True)
+
+
+def repository_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def commit() -> str:
+    """The repository's HEAD commit, with "+changes" when txl_tf/ or gin/ differ from it ("unknown" outside git)."""
+    root = repository_root()
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "txl_tf", "gin"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict:
+    """Where and when the figures were measured (the report prints it next to every table)."""
+    import tensorflow as tf
+
+    from txl_tf.distribute import cpu_flags
+
+    flags = cpu_flags()
+    isa = "AMX" if "amx_bf16" in flags else "AVX-512 BF16" if "avx512_bf16" in flags else \
+        "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "other"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": cpu_model(), "isa": isa, "cores": cores, "date": datetime.date.today().isoformat(),
+            "commit": commit(), "tensorflow": tf.__version__, "python": platform.python_version()}
+
+
+class _Tee(io.TextIOBase):
+    """Writes to a log file and, when `echo`, to the original stream too."""
+
+    def __init__(self, stream, path: str, echo: bool):
+        self.stream, self.file, self.echo = stream, open(path, "a"), echo  # noqa: SIM115 (closed in close())
+
+    def write(self, text: str) -> int:
+        self.file.write(text)
+        if self.echo:
+            self.stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.file.flush()
+        self.stream.flush()
+
+    def isatty(self) -> bool:  # plain log lines, not a progress bar
+        return False
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _read_json(path: str) -> dict | None:
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _write_json(path: str, value) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def train_run(spec: RunSpec, run_dir: str, *, echo: bool = True) -> dict:
+    """Trains `spec` into `run_dir` unless already finished; returns its record (study.json).
+
+    Training runs in this process through `txl_tf.train.run` (gin cleared before and after), its console output
+    appended to run_dir/train.log. Wall and CPU seconds add up over interrupted attempts.
+    """
+    import gin
+    import keras
+
+    from txl_tf import train
+
+    record_path = os.path.join(run_dir, RUN_RECORD)
+    record = _read_json(record_path)
+    if record is not None:
+        if record["digest"] != spec.digest():
+            raise StudyError(
+                f"{run_dir} holds a finished run of another configuration ({record['gin_files']} "
+                f"{record['gin_params']}); remove it or choose another --output_dir")
+        return record
+    os.makedirs(run_dir, exist_ok=True)
+    attempts_path = os.path.join(run_dir, ATTEMPTS_FILE)
+    attempts = _read_json(attempts_path) or {"wall_seconds": 0.0, "cpu_seconds": 0.0, "attempts": 0}
+    wall, cpu = time.perf_counter(), time.process_time()
+    tee = _Tee(sys.stdout, os.path.join(run_dir, TRAIN_LOG), echo)
+    gin.clear_config()
+    try:
+        with contextlib.redirect_stdout(tee):
+            metrics = train.run(list(spec.gin_files), list(spec.gin_params), model_dir=run_dir)
+    finally:
+        gin.clear_config()
+        tee.close()
+        attempts["wall_seconds"] += time.perf_counter() - wall
+        attempts["cpu_seconds"] += time.process_time() - cpu
+        attempts["attempts"] += 1
+        _write_json(attempts_path, attempts)
+        keras.backend.clear_session()
+    record = {"name": spec.name, "label": spec.label, "gin_files": list(spec.gin_files),
+              "gin_params": list(spec.gin_params), "digest": spec.digest(), "commit": commit(),
+              "steps": int(metrics["step"]), "final_train_loss": float(metrics.get("loss", float("nan"))),
+              "wall_seconds": round(attempts["wall_seconds"], 1), "cpu_seconds": round(attempts["cpu_seconds"], 1),
+              "attempts": attempts["attempts"]}
+    _write_json(record_path, record)
+    return record
+
+
+def cached_eval(run_dir: str, key: str, compute: Callable[[], tuple[np.ndarray, dict]]) -> tuple[np.ndarray, dict]:
+    """Per-token losses and facts of one evaluation, computed once: (losses [T] float32, info dict)."""
+    directory = os.path.join(run_dir, EVAL_DIR)
+    losses_path, info_path = os.path.join(directory, key + ".npy"), os.path.join(directory, key + ".json")
+    info = _read_json(info_path)
+    if info is not None and os.path.exists(losses_path):
+        return np.load(losses_path), info
+    losses, info = compute()
+    os.makedirs(directory, exist_ok=True)
+    np.save(losses_path + ".tmp.npy", np.asarray(losses, np.float32))
+    os.replace(losses_path + ".tmp.npy", losses_path)
+    _write_json(info_path, info)  # written last: its presence marks a complete evaluation
+    return np.asarray(losses, np.float32), info
+
+
+def load_run_model(run_dir: str, gin_params: Sequence[str] = ()):
+    """(model, configs) of a finished run, float32, from its config.gin and latest checkpoint."""
+    from txl_tf import restore
+
+    model, configs, _ = restore.load_model(run_dir, gin_params=gin_params)
+    return model, configs
+
+
+def num_parameters(model) -> int:
+    return int(sum(np.prod(v.shape) for v in model.trainable_variables))
+
+
+def paired_bootstrap(a: np.ndarray, b: np.ndarray, *, samples: int = 2000, seed: int = 0,
+                     block: int = 100) -> dict:
+    """Mean of a - b (per-token losses on the same tokens) with a 95% interval from a block bootstrap.
+
+    Neighbouring tokens' losses are correlated, so blocks of `block` consecutive tokens are resampled.
+    """
+    diff = np.asarray(a, np.float64) - np.asarray(b, np.float64)
+    usable = (diff.shape[0] // block) * block
+    blocks = diff[:usable].reshape(-1, block).mean(axis=1) if usable else diff[None]
+    rng = np.random.default_rng(seed)
+    means = blocks[rng.integers(0, blocks.shape[0], size=(samples, blocks.shape[0]))].mean(axis=1)
+    low, high = np.percentile(means, [2.5, 97.5])
+    return {"mean": float(diff.mean()), "low": float(low), "high": float(high)}
+
+
+def write_results(output_dir: str, study: str, section: dict) -> dict:
+    """Merges one study's section into output_dir/results.json; returns the whole document."""
+    path = os.path.join(output_dir, "results.json")
+    document = _read_json(path) or {"schema": 1, "studies": {}}
+    document["studies"][study] = section
+    _write_json(path, document)
+    return document
+
+
+def read_results(path: str) -> dict:
+    document = _read_json(path)
+    if document is None:
+        raise StudyError(f"{path} does not exist; run a study first (python -m txl_tf.study --study=ablation ...)")
+    return document
