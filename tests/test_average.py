@@ -1,0 +1,94 @@
+"""Checkpoint averaging: identical checkpoints give the same weights, different ones their mean; the command
+writes a checkpoint that the restore path of evaluate/export/generate takes, and leaves the run's own alone."""
+
+import os
+import subprocess
+import sys
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from txl_tf import average, restore
+from txl_tf.configs import ModelConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = dict(n_layer=1, d_model=8, n_head=2, d_head=3, d_inner=10, n_token=11, mem_len=4, dropout=0.0, dropatt=0.0)
+
+
+@pytest.fixture(autouse=True)
+def _clean_gin():
+    yield
+    gin.clear_config()
+
+
+def make_run(run_dir, offsets):
+    """A run directory with config.gin and one checkpoint per offset: the same model, every float weight + offset
+    (saved like the trainer's: model, optimizer-like extras, numbered by step). Returns the float weights."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.gin").write_text("".join(f"ModelConfig.{k} = {v!r}\n" for k, v in CONFIG.items()))
+    model = restore.build_model(ModelConfig(**CONFIG))
+    base = [v.numpy() for v in model.weights]
+    step = tf.Variable(0, dtype=tf.int64)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model, step=step, extra=tf.Variable(1.0)),
+                                         str(run_dir), max_to_keep=None, step_counter=step)
+    saved = []
+    for i, offset in enumerate(offsets):
+        for variable, value in zip(model.weights, base, strict=True):
+            if average.is_float(variable):
+                variable.assign(value + offset)
+        step.assign(10 * (i + 1))
+        manager.save(checkpoint_number=10 * (i + 1))
+        saved.append([v.numpy() for v in model.weights if average.is_float(v)])
+    return saved
+
+
+def float_weights(model):
+    return [v.numpy() for v in model.weights if average.is_float(v)]
+
+
+def test_identical_checkpoints_average_to_the_same_weights(tmp_path):
+    saved = make_run(tmp_path / "run", [0.0, 0.0])
+    model = restore.build_model(ModelConfig(**CONFIG))
+    average.average_weights(model, average.last_checkpoints(str(tmp_path / "run"), 2))
+    for got, want in zip(float_weights(model), saved[0], strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_different_checkpoints_average_to_their_mean(tmp_path):
+    saved = make_run(tmp_path / "run", [0.0, 0.25, 1.0])
+    prefix = average.average(average.last_checkpoints(str(tmp_path / "run"), 2), str(tmp_path / "avg"),
+                             model_dir=str(tmp_path / "run"))
+    assert os.path.basename(prefix) == "ckpt-30"
+    model, _, found = restore.load_model(str(tmp_path / "avg"))  # what evaluate / export / generate do
+    assert found == prefix
+    for got, second, third in zip(float_weights(model), saved[1], saved[2], strict=True):
+        np.testing.assert_allclose(got, (second + third) / 2, rtol=0, atol=1e-6)
+        assert not np.allclose(got, third)
+
+
+def test_command_writes_into_the_run_without_touching_its_checkpoints(tmp_path):
+    run = tmp_path / "run"
+    saved = make_run(run, [0.0, 0.5])
+    before = {name: os.path.getmtime(run / name) for name in os.listdir(run)}
+    command = [sys.executable, "-m", "txl_tf.average", f"--model_dir={run}", "--last=2"]
+    env = {**os.environ, "PYTHONPATH": REPO}
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "averaged 2 checkpoints (ckpt-10, ckpt-20) -> " in proc.stdout
+    assert {name: os.path.getmtime(run / name) for name in before} == before
+    assert tf.train.latest_checkpoint(str(run)).endswith("ckpt-20")  # the run still resumes from its own
+    model, _, prefix = restore.load_model(str(run / "averaged"))
+    assert prefix == str(run / "averaged" / "ckpt-20")
+    for got, first, second in zip(float_weights(model), saved[0], saved[1], strict=True):
+        np.testing.assert_allclose(got, (first + second) / 2, rtol=0, atol=1e-6)
+    with pytest.raises(FileExistsError, match="pass --overwrite"):
+        average.average(average.last_checkpoints(str(run), 2), str(run / "averaged"), model_dir=str(run))
+
+
+def test_output_dir_that_holds_the_checkpoints_is_refused(tmp_path):
+    make_run(tmp_path / "run", [0.0, 0.5])
+    with pytest.raises(ValueError, match="holds the averaged checkpoint"):
+        average.average(average.last_checkpoints(str(tmp_path / "run"), 2), str(tmp_path / "run"),
+                        model_dir=str(tmp_path / "run"))

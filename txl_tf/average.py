@@ -1,0 +1,161 @@
+r"""Checkpoint averaging: the element-wise mean of several checkpoints' weights, as one checkpoint.
+
+    python -m txl_tf.average --model_dir=runs/ptb --last=5
+    python -m txl_tf.average --model_dir=runs/ptb --checkpoint=runs/ptb/ckpt-38000 --checkpoint=runs/ptb/ckpt-40000
+    python -m txl_tf.evaluate --model_dir=runs/ptb/averaged --split=test
+
+The paper averaged the weights of its last PTB checkpoints. The output directory (default MODEL_DIR/averaged)
+gets `ckpt-N` (N: the newest averaged step; key `model` only, like a converted checkpoint), the effective gin
+config as `config.gin` and `averaged.json` (which checkpoints); `evaluate`, `export` and `generate` take it as
+`--model_dir`. The run's own checkpoints are only read: the output directory may not be one that holds them, and
+an existing output directory is replaced only with --overwrite and only if this command wrote it.
+
+Floating-point weights are averaged in float64; other model variables (dropout RNG states) come from the
+newest checkpoint. Checkpoints are given oldest first; `--last=N` takes the N highest-numbered `ckpt-N` of the
+run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+from collections.abc import Sequence
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from txl_tf import restore  # noqa: E402
+
+OUTPUT_DIR = "averaged"
+RECORD_FILE = "averaged.json"
+_NUMBERED = re.compile(r"ckpt-(\d+)$")
+
+
+def last_checkpoints(model_dir: str, count: int) -> list[str]:
+    """The `count` highest-numbered checkpoint prefixes `model_dir/ckpt-N`, oldest first."""
+    if count < 1:
+        raise ValueError(f"--last must be >= 1; got {count}")
+    numbered = sorted((int(m.group(1)), prefix) for prefix in
+                      (path[:-len(".index")] for path in tf.io.gfile.glob(os.path.join(model_dir, "ckpt-*.index")))
+                      if (m := _NUMBERED.search(prefix)))
+    if not numbered:
+        raise FileNotFoundError(f"no ckpt-N checkpoints in {model_dir}")
+    if len(numbered) < count:
+        print(f"{model_dir} has {len(numbered)} checkpoints, fewer than --last={count}: averaging them all",
+              file=sys.stderr)
+    return [prefix for _, prefix in numbered[-count:]]
+
+
+def is_float(variable) -> bool:
+    return tf.as_dtype(variable.dtype).is_floating
+
+
+def average_weights(model, prefixes: Sequence[str]) -> None:
+    """Sets `model`'s weights to the mean of the checkpoints `prefixes` (each restored into `model` in turn)."""
+    if not prefixes:
+        raise ValueError("no checkpoints to average")
+    sums = None
+    for prefix in prefixes:
+        restore.restore_weights(model, prefix)
+        values = [np.asarray(v.numpy(), np.float64) if is_float(v) else None for v in model.weights]
+        sums = values if sums is None else [s if s is None else s + x for s, x in zip(sums, values, strict=True)]
+    for variable, total in zip(model.weights, sums, strict=True):
+        if total is not None:  # non-float variables keep the last (newest) checkpoint's value
+            variable.assign(tf.cast(total / len(prefixes), variable.dtype))
+
+
+def _check_output_dir(output_dir: str, prefixes: Sequence[str], overwrite: bool) -> None:
+    output = os.path.realpath(output_dir)
+    for prefix in prefixes:
+        if os.path.realpath(os.path.dirname(prefix)) == output:
+            raise ValueError(f"--output_dir={output_dir} holds the averaged checkpoint {prefix}; write the "
+                             "average elsewhere (default: MODEL_DIR/averaged)")
+    if os.path.exists(output_dir) and os.listdir(output_dir):
+        if not os.path.exists(os.path.join(output_dir, RECORD_FILE)):
+            raise FileExistsError(f"{output_dir} exists and was not written by txl_tf.average; choose another "
+                                  "--output_dir")
+        if not overwrite:
+            raise FileExistsError(f"{output_dir} already holds an average; pass --overwrite to replace it")
+        shutil.rmtree(output_dir)
+
+
+def average(prefixes: Sequence[str], output_dir: str, *, model_dir: str | None = None, gin_files=(),
+            gin_params=(), overwrite: bool = False) -> str:
+    """Averages the checkpoints `prefixes` (oldest first) into `output_dir`; returns the new checkpoint prefix.
+
+    The model is rebuilt from `model_dir`'s config.gin (or the `model.gin` beside a converted checkpoint), then
+    `gin_files` and `gin_params`, as `evaluate` does.
+    """
+    import gin
+
+    prefixes = [restore.find_checkpoint(p) for p in prefixes]
+    _check_output_dir(output_dir, prefixes, overwrite)
+    configs = restore.parse_configs(model_dir, gin_files, gin_params, checkpoint=prefixes[-1])
+    n_token = configs.model.n_token or restore.vocab_size(configs.data)
+    if n_token is None:
+        raise ValueError("the vocabulary size is unknown: bind ModelConfig.n_token or prepare the data in "
+                         f"DataConfig.data_dir={configs.data.data_dir!r}")
+    model = restore.build_model(configs.model, n_token)
+    average_weights(model, prefixes)
+    match = _NUMBERED.search(prefixes[-1])
+    step = int(match.group(1)) if match else 1
+    os.makedirs(output_dir, exist_ok=True)
+    checkpoint = tf.train.Checkpoint(model=model)
+    prefix = tf.train.CheckpointManager(checkpoint, output_dir, max_to_keep=None).save(checkpoint_number=step)
+    with open(os.path.join(output_dir, restore.CONFIG_FILE), "w") as f:
+        f.write("# The configuration of the averaged checkpoints (written by txl_tf.average).\n")
+        f.write(gin.config_str())
+    with open(os.path.join(output_dir, RECORD_FILE), "w") as f:
+        json.dump({"checkpoints": list(prefixes), "mean_of": len(prefixes)}, f, indent=1)
+        f.write("\n")
+    return prefix
+
+
+def define_flags() -> None:
+    from absl import flags
+
+    flags.DEFINE_string("model_dir", None, "Run directory: its config.gin, and its checkpoints for --last.")
+    flags.DEFINE_integer("last", None, "Average the last N checkpoints (highest ckpt-N) of --model_dir.")
+    flags.DEFINE_multi_string("checkpoint", [], "Checkpoint prefixes to average, oldest first (instead of --last).")
+    flags.DEFINE_string("output_dir", None, f"Where to write the average (default MODEL_DIR/{OUTPUT_DIR}).")
+    flags.DEFINE_multi_string("gin_file", [], "Gin files read after model_dir/config.gin.")
+    flags.DEFINE_multi_string("gin_param", [], "Gin bindings applied last.")
+    flags.DEFINE_bool("overwrite", False, "Replace an average this command wrote before.")
+
+
+def main(argv) -> int:
+    from absl import flags
+
+    fv = flags.FLAGS
+    try:
+        if len(argv) > 1:
+            raise ValueError(f"unexpected arguments {argv[1:]}")
+        if bool(fv.last) == bool(fv.checkpoint):
+            raise ValueError("give exactly one of --last=N (with --model_dir) and --checkpoint=PREFIX (repeated)")
+        if fv.last and not fv.model_dir:
+            raise ValueError("--last needs --model_dir")
+        output_dir = fv.output_dir or (os.path.join(fv.model_dir, OUTPUT_DIR) if fv.model_dir else None)
+        if not output_dir:
+            raise ValueError("give --output_dir (or --model_dir, whose averaged/ is the default)")
+        prefixes = last_checkpoints(fv.model_dir, fv.last) if fv.last else list(fv.checkpoint)
+        prefix = average(prefixes, output_dir, model_dir=fv.model_dir, gin_files=fv.gin_file,
+                         gin_params=fv.gin_param, overwrite=fv.overwrite)
+    except (ValueError, FileNotFoundError, FileExistsError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"averaged {len(prefixes)} checkpoints ({', '.join(os.path.basename(p) for p in prefixes)}) -> {prefix}")
+    print(f"evaluate it with: python -m txl_tf.evaluate --model_dir={output_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    from absl import app
+
+    define_flags()
+    app.run(main)
