@@ -5,52 +5,42 @@ import re
 
 import numpy as np
 import pytest
-import tensorflow as tf
+from golden_utils import ARCHITECTURE, MEM_LEN, PROTOCOL, convert_golden, golden_data, golden_model
 from train_utils import tiny_text
 
-from txl_tf import convert, distribute, evaluation
+from txl_tf import distribute, evaluation
 from txl_tf.configs import DataConfig, EvalConfig, ModelConfig, TrainConfig
 from txl_tf.data import corpora, pipeline, prepare
-from txl_tf.data.records import write_prepared
 from txl_tf.data.sources import SourceError
 from txl_tf.data.vocab import Vocab
 from txl_tf.trainer import Trainer
 
 # 50 byte values, one per id of the golden fixture's 50-token vocabulary.
 SYMBOLS = list(b"\n .abcdefghijklmnopqrstuvwxyz0123456789,;:!?'-()AT")
-GOLDEN = dict(n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32)
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """(converted dir, base data_dir with the 50-symbol vocabulary, fine-tuning data_dir prepared in it)."""
-    from conftest import FIXTURE_DIR
-
-    if not (FIXTURE_DIR / "golden.npz").exists():
-        pytest.skip(f"golden fixtures not found at {FIXTURE_DIR}")
     tmp = tmp_path_factory.mktemp("finetune")
-    model = convert.from_original_tf(str(FIXTURE_DIR / "model.ckpt"), mem_len=7)  # as `python -m txl_tf.convert`
-    tf.train.Checkpoint(model=model).save(str(tmp / "converted" / "ckpt"))
-    base = str(tmp / "base")
-    golden = np.load(FIXTURE_DIR / "golden.npz")
-    write_prepared(base, dataset="golden", vocab=Vocab(SYMBOLS, "char"),
-                   splits={"test": golden["tokens"].T.reshape(-1).astype(np.int32)}, source={}, options={})
+    converted = convert_golden(tmp / "converted")
+    base, _ = golden_data(tmp / "base", SYMBOLS)
     text = tmp / "text"
     text.mkdir()
     for split, (lines, seed) in {"train": (300, 0), "valid": (30, 1), "test": (30, 2)}.items():
         (text / f"{split}.txt").write_text(tiny_text(lines, seed))
     data = str(tmp / "data")
     prepare.prepare("text", data, corpora.Settings(source=str(text), vocab_from=base, cache_dir=str(tmp)))
-    return tmp / "converted", base, data
+    return converted, base, data
 
 
 def make_trainer(data_dir, model_dir, lines=None, **train):
     settings = dict(batch_size=3, tgt_len=5, train_steps=20, warmup_steps=0, learning_rate=3e-3, steps_per_loop=5,
                     log_every=5, eval_every=0, checkpoint_every=0, sample_tokens=0, measure_mfu=False)
     settings.update(train)
-    return Trainer(ModelConfig(**GOLDEN, mem_len=7, dropout=0.0, dropatt=0.0),
+    return Trainer(ModelConfig(**ARCHITECTURE, mem_len=MEM_LEN, dropout=0.0, dropatt=0.0),
                    DataConfig(dataset="text", data_dir=data_dir), TrainConfig(**settings),
-                   EvalConfig(tgt_len=5, mem_len=7, clamp_len=-1, same_length=False, batch_size=3),
+                   EvalConfig(**PROTOCOL),
                    strategy=distribute.make_strategy("default"), model_dir=str(model_dir),
                    log=(lines.append if lines is not None else lambda line: None))
 
@@ -65,12 +55,6 @@ def test_vocab_from_gives_the_base_vocabulary(setup):
     assert Vocab.load(f"{data}/vocab.json") == Vocab.load(f"{base}/vocab.json")
     ids = pipeline.read_split(data, "valid")
     assert Vocab.load(f"{data}/vocab.json").decode(ids) == tiny_text(30, 1)
-
-
-def golden_model():
-    from conftest import FIXTURE_DIR
-
-    return convert.from_original_tf(str(FIXTURE_DIR / "model.ckpt"), mem_len=7)
 
 
 def test_init_checkpoint_sets_the_weights_only(setup, tmp_path):
