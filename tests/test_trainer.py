@@ -104,7 +104,7 @@ def test_mixed_precision_auto_follows_the_hardware(char_data, tmp_path):
     native = distribute.has_fast_bfloat16(trainer.strategy)
     assert trainer.model.dtype_policy.name == ("mixed_bfloat16" if native else "float32")
     assert trainer.train()["loss"] > 0
-    with pytest.raises(ValueError, match="True, False or 'auto'; got 'bf16'"):
+    with pytest.raises(ValueError, match="mixed_precision='bf16' must be True, False or 'auto'"):
         make_trainer(char_data, tmp_path, mixed_precision="bf16")
 
 

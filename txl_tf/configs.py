@@ -7,14 +7,25 @@ entry points instantiate. Every `gin/<setup>.gin` file binds them (see `gin/comm
     DataConfig   which prepared corpus to read (written by `python -m txl_tf.data.prepare`)
     TrainConfig  optimisation, loop and logging
     EvalConfig   the evaluation protocol (its own tgt_len, long mem_len, clamp_len, same_length, batch)
+
+Every field is checked when a config is made (type and range; `validate`), and `parse_gin` rejects unknown
+configurables and parameters, so a misspelt binding or a bad value stops a command with one line before it
+writes anything.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import numbers
+import os
+import types
+import typing
 from typing import Optional
 
 import gin
+
+from txl_tf.errors import ConfigError
 
 
 @gin.configurable
@@ -45,6 +56,9 @@ class ModelConfig:
     init_std: float = 0.02
     proj_init_std: float = 0.01
     max_position: int = 1024  # rows of the learned tables of attn_type "shaw" (distances) and "al_rfou" (positions)
+
+    def __post_init__(self):
+        validate(self)
 
     def model_kwargs(self, n_token: Optional[int] = None) -> dict:
         """Keyword arguments for `TransformerXL`; `n_token` fills in when the config leaves it unset."""
@@ -77,6 +91,9 @@ class DataConfig:
     dataset: str = "enwik8_sample"
     data_dir: str = "data/enwik8_sample"
 
+    def __post_init__(self):
+        validate(self)
+
 
 @gin.configurable
 @dataclasses.dataclass
@@ -98,7 +115,7 @@ class TrainConfig:
     # keras mixed_bfloat16 policy: True, False, or "auto" (on where bfloat16 matmuls are native: GPU, TPU, a CPU
     # with AMX or AVX-512 BF16; txl_tf.distribute.has_fast_bfloat16)
     mixed_precision: bool | str = False
-    jit_compile: bool = False  # XLA (slower than oneDNN for bf16 on CPUs with AMX; faster on GPU/TPU)
+    jit_compile: bool = False  # XLA (which is faster depends on the device: docs/performance.md)
     steps_per_loop: int = 10
     log_every: int = 10
     eval_every: int = 1000
@@ -116,6 +133,9 @@ class TrainConfig:
     # fresh optimizer, step 0 and zero memory; ignored when model_dir has a checkpoint of its own (that resumes).
     init_checkpoint: Optional[str] = None
 
+    def __post_init__(self):
+        validate(self)
+
 
 @gin.configurable
 @dataclasses.dataclass
@@ -129,6 +149,183 @@ class EvalConfig:
     batch_size: int = 10
     max_steps: int = 0  # 0 = the whole split
     protocol: str = "xl"  # "xl": segments + memory; "vanilla": al_rfou window of tgt_len shifted by one token
-    compute_dtype: str = "float32"  # or "mixed_bfloat16" (faster on CPUs with AMX, GPUs, TPUs)
+    compute_dtype: str = "float32"  # or "mixed_bfloat16" (where bfloat16 is native: docs/performance.md)
     layout: str = "corpus"  # "corpus": every token scored once; "original": the authors' batching
     kv_cache: bool = True  # carry the memory's keys/values (txl_tf.kv_cache; same numbers, faster; xl only)
+
+    def __post_init__(self):
+        validate(self)
+
+
+# ---- validation: every field's type and range, checked when a config is made (before anything is written) ----
+def _at_least(low):
+    return (lambda v: v >= low), f">= {low}"
+
+
+def _in_range(low, high, high_open=False):
+    return ((lambda v: low <= v < high) if high_open else (lambda v: low <= v <= high),
+            f"in [{low}, {high}{')' if high_open else ']'}")
+
+
+def _positive():
+    return (lambda v: v > 0), "> 0"
+
+
+def _one_of(*choices):
+    return (lambda v: v in choices), f"one of {', '.join(map(repr, choices))}"
+
+
+def _ascending_positive():
+    return (lambda v: all(c > 0 for c in v) and list(v) == sorted(set(v))), "ascending positive integers"
+
+
+def _type_ok(value, hint) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if hint is tuple or origin is tuple:
+        return isinstance(value, (tuple, list))
+    return True  # a type this check does not know
+
+
+def _type_name(hint) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(arg) for arg in typing.get_args(hint))
+    return {type(None): "None", tuple: "a list"}.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def validate(config) -> None:
+    """Raises ConfigError naming the first field of `config` whose type or range is wrong."""
+    name = type(config).__name__
+    hints = typing.get_type_hints(type(config))
+    rules = _RULES.get(name, {})
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        where = f"{name}.{field.name}={value!r}"
+        fix = f"fix the binding `{name}.{field.name} = ...` in the gin file or --gin_param"
+        hint = hints.get(field.name)
+        if hint is not None and not _type_ok(value, hint):
+            raise ConfigError(f"{where} must be {_type_name(hint)}; {fix}")
+        if field.name in _ELEMENTS.get(name, {}) and value is not None:
+            element = _ELEMENTS[name][field.name]
+            if not all(_type_ok(v, element) for v in value):
+                raise ConfigError(f"{where} must be a list of {_type_name(element)}; {fix}")
+        if field.name in rules and value is not None and not isinstance(value, bool):
+            check, description = rules[field.name]
+            if not check(value):
+                raise ConfigError(f"{where} must be {description}; {fix}")
+
+
+_ELEMENTS = {"ModelConfig": {"cutoffs": int, "tie_projs": bool}}
+_RULES = {
+    "ModelConfig": {
+        "n_layer": _at_least(1), "d_model": _at_least(1), "n_head": _at_least(1), "d_head": _at_least(1),
+        "d_inner": _at_least(1), "dropout": _in_range(0, 1, high_open=True),
+        "dropatt": _in_range(0, 1, high_open=True), "mem_len": _at_least(0), "n_token": _at_least(2),
+        "d_embed": _at_least(1), "cutoffs": _ascending_positive(), "div_val": _at_least(1),
+        "clamp_len": _at_least(-1), "attn_type": _one_of("xl", "shaw", "vaswani", "al_rfou"),
+        "layer_norm_epsilon": _positive(), "init_std": _at_least(0), "proj_init_std": _at_least(0),
+        "max_position": _at_least(1),
+    },
+    "DataConfig": {"dataset": ((lambda v: bool(v)), "a non-empty name"),
+                   "data_dir": ((lambda v: bool(v)), "a non-empty path")},
+    "TrainConfig": {
+        "batch_size": _at_least(1), "tgt_len": _at_least(1), "train_steps": _at_least(1),
+        "learning_rate": _positive(), "warmup_steps": _at_least(0), "min_lr_ratio": _in_range(0, 1),
+        "adam_beta1": _in_range(0, 1, high_open=True), "adam_beta2": _in_range(0, 1, high_open=True),
+        "adam_epsilon": _positive(), "clip_norm": _positive(), "grad_accum_steps": _at_least(1),
+        "mixed_precision": ((lambda v: v == "auto"), "True, False or 'auto'"), "steps_per_loop": _at_least(1), "log_every": _at_least(1),
+        "eval_every": _at_least(0), "eval_steps": _at_least(0), "checkpoint_every": _at_least(0),
+        "keep_checkpoints": _at_least(1), "nonfinite": _one_of("stop", "skip"), "sample_tokens": _at_least(0),
+    },
+    "EvalConfig": {
+        "tgt_len": _at_least(1), "mem_len": _at_least(0), "clamp_len": _at_least(-1), "batch_size": _at_least(1),
+        "max_steps": _at_least(0), "protocol": _one_of("xl", "vanilla"),
+        "compute_dtype": _one_of("float32", "mixed_bfloat16"), "layout": _one_of("corpus", "original"),
+    },
+}
+
+
+# ---- parsing gin files and bindings --------------------------------------------------------------------------
+GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
+
+
+def resolve_gin_file(path: str) -> str:
+    """`path` if it exists, else the file of that name in the repository's gin/ folder."""
+    if os.path.exists(path):
+        return path
+    for candidate in (os.path.join(GIN_DIR, path), os.path.join(GIN_DIR, os.path.basename(path))):
+        if os.path.exists(candidate):
+            return candidate
+    available = sorted(f for f in os.listdir(GIN_DIR) if f.endswith(".gin")) if os.path.isdir(GIN_DIR) else []
+    raise ConfigError(f"gin file {path!r} not found (looked in the working directory and the repository's gin/); "
+                      f"give an existing file{', e.g. one of ' + ', '.join(available) if available else ''}")
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
+
+
+def gin_error(error: BaseException, where: str = "") -> ConfigError:
+    """A gin parsing or binding error as one ConfigError line."""
+    text = " | ".join(line.strip() for line in str(error).strip().splitlines() if line.strip())
+    return ConfigError(f"bad gin configuration{' in ' + where if where else ''}: {text}; check the spelling "
+                       "against the fields of txl_tf/configs.py (ModelConfig, DataConfig, TrainConfig, EvalConfig)")
+
+
+def parse_gin(files=(), bindings=(), *, lenient_files=()) -> list:
+    """Parses gin `files` (found as given or in gin/) and then `bindings`; returns the files' paths.
+
+    Unknown configurables and parameters are errors, except in `lenient_files` (parsed first, e.g. a run's
+    config.gin, which may bind configurables of modules this program does not import).
+    """
+    paths = [resolve_gin_file(p) for p in files]
+    for directory in dict.fromkeys([os.path.dirname(os.path.abspath(p)) for p in (*lenient_files, *paths)]
+                                   + [GIN_DIR]):
+        gin.add_config_file_search_path(directory)
+    quiet = _DropMessages("Path not found")  # gin logs every search-path miss of an include before a hit
+    logging.getLogger().addFilter(quiet)
+    try:
+        for path in lenient_files:
+            try:
+                gin.parse_config_file(path, skip_unknown=True)
+            except (ValueError, SyntaxError, KeyError, TypeError) as error:
+                raise gin_error(error, path) from None
+        try:
+            gin.parse_config_files_and_bindings(paths, list(bindings), finalize_config=False)
+        except ConfigError:
+            raise
+        except (ValueError, SyntaxError, KeyError, TypeError) as error:
+            raise gin_error(error) from None
+    finally:
+        logging.getLogger().removeFilter(quiet)
+    return list(lenient_files) + paths
+
+
+def make_configs() -> dict:
+    """The four configs as the parsed gin bindings make them: {"ModelConfig": ModelConfig(...), ...}."""
+    made = {}
+    for cls in (ModelConfig, DataConfig, TrainConfig, EvalConfig):
+        try:
+            made[cls.__name__] = cls()
+        except ConfigError:
+            raise
+        except (ValueError, RuntimeError, TypeError) as error:  # e.g. a %gin.REQUIRED value not given
+            raise gin_error(error) from None
+    return made
+

@@ -18,18 +18,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
-import re
+import sys
 from collections.abc import Sequence
 
 import gin
 import tensorflow as tf
 
+from txl_tf import errors, run_dir
 from txl_tf.configs import DataConfig, EvalConfig, ModelConfig, TrainConfig
+from txl_tf.errors import ConfigError
 
-CONFIG_FILE = "config.gin"
+CONFIG_FILE = run_dir.CONFIG_FILE
 CONVERTED_CONFIG_FILE = "model.gin"  # written by `python -m txl_tf.convert` beside its checkpoint
-BEST_DIR = "best"
+BEST_DIR = run_dir.BEST_DIR
 
 
 @dataclasses.dataclass
@@ -59,44 +62,55 @@ def parse_configs(model_dir: str | None = None, gin_files: Sequence[str] = (), g
     """Parses the base config, then `gin_files`, then `gin_params`; returns the configs.
 
     The base config is model_dir/config.gin, else the `model.gin` that `txl_tf.convert` writes beside a
-    converted checkpoint. Unknown configurables (bindings for modules not imported here) are skipped.
+    converted checkpoint. A binding of an unknown configurable or parameter in `gin_files` or `gin_params` is an
+    error (errors.ConfigError); the base config may bind configurables of modules not imported here.
     """
-    files = _base_config_files(model_dir, checkpoint)
-    if not files and not gin_files:
+    from txl_tf import configs
+
+    base = _base_config_files(model_dir, checkpoint)
+    if not base and not gin_files:
         where = os.path.join(model_dir, CONFIG_FILE) if model_dir else f"beside {checkpoint}"
         raise FileNotFoundError(
             f"no gin config found ({where}): pass the setup's --gin_file, or point --model_dir at a directory "
             "written by `python -m txl_tf.train`")
-    for path in gin_files:
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"gin file {path} does not exist")
-        files.append(path)
     gin.clear_config()
-    gin.parse_config_files_and_bindings(files, list(gin_params), finalize_config=False, skip_unknown=True)
-    return Configs(model=ModelConfig(), data=DataConfig(), train=TrainConfig(), eval=EvalConfig(),
-                   files=tuple(files))
+    files = configs.parse_gin(gin_files, gin_params, lenient_files=base)
+    made = configs.make_configs()
+    return Configs(model=made["ModelConfig"], data=made["DataConfig"], train=made["TrainConfig"],
+                   eval=made["EvalConfig"], files=tuple(files))
+
+
+def _search_dirs(path: str, which: str) -> list:
+    if which not in ("latest", "best"):
+        raise ValueError(f"which must be 'latest' or 'best'; got {which!r}")
+    return [os.path.join(path, BEST_DIR)] if which == "best" else [path, os.path.join(path, BEST_DIR)]
+
+
+def find_checkpoints(path: str, which: str = "latest") -> list:
+    """The checkpoints (run_dir.Candidate) to try for `path`, newest first: a prefix itself, or those of a
+    model_dir (`which` = "latest": model_dir, then best/; "best": best/ only)."""
+    if tf.io.gfile.exists(path + ".index"):
+        return [run_dir.Candidate(-1, path)]
+    if not tf.io.gfile.isdir(path):
+        raise FileNotFoundError(f"{path} is neither a checkpoint prefix (no {path}.index) nor a directory; "
+                                "pass a model_dir or a checkpoint prefix")
+    search = _search_dirs(path, which)
+    for directory in search:
+        found = run_dir.candidates(directory)
+        if found:
+            return found
+    raise FileNotFoundError(f"no {which} checkpoint found in {path} (looked in {', '.join(search)}); train one "
+                            "with `python -m txl_tf.train` or pass --checkpoint")
 
 
 def find_checkpoint(path: str, which: str = "latest") -> str:
-    """The checkpoint prefix for `path`: a prefix itself, or a model_dir (`which` = "latest" or "best")."""
-    if tf.io.gfile.exists(path + ".index"):
-        return path
-    if not tf.io.gfile.isdir(path):
-        raise FileNotFoundError(f"{path} is neither a checkpoint prefix (no {path}.index) nor a directory")
-    if which not in ("latest", "best"):
-        raise ValueError(f"which must be 'latest' or 'best'; got {which!r}")
-    search = [os.path.join(path, BEST_DIR)] if which == "best" else [path, os.path.join(path, BEST_DIR)]
-    for directory in search:
-        if not tf.io.gfile.isdir(directory):
-            continue
-        prefix = tf.train.latest_checkpoint(directory)
-        if not prefix:  # written with Checkpoint.write (no state file): the highest ckpt-N
-            numbered = [(int(m.group(1)), name) for name in tf.io.gfile.listdir(directory)
-                        if (m := re.fullmatch(r"ckpt-(\d+)\.index", name))]
-            prefix = os.path.join(directory, max(numbered)[1][:-len(".index")]) if numbered else None
-        if prefix:
-            return prefix
-    raise FileNotFoundError(f"no {which} checkpoint found in {path} (looked in {', '.join(search)})")
+    """The newest checkpoint prefix for `path` whose files are all present (see `find_checkpoints`)."""
+    found = find_checkpoints(path, which)
+    complete = [c for c in found if not c.problem]
+    if not complete:
+        raise run_dir.RunDirError(f"no complete checkpoint in {path}: "
+                                  + "; ".join(f"{c.name} ({c.problem})" for c in found))
+    return complete[0].prefix
 
 
 @contextlib.contextmanager
@@ -135,8 +149,24 @@ def restore_weights(model, checkpoint_prefix: str) -> None:
     try:
         status.assert_existing_objects_matched()
     except AssertionError as error:
-        raise ValueError(f"checkpoint {checkpoint_prefix} does not match the configured model "
-                         f"(check ModelConfig in the gin config): {error}") from error
+        raise ConfigError(f"checkpoint {checkpoint_prefix} does not match the configured model "
+                          f"({errors.one_line(error)}); check ModelConfig in the gin config") from error
+
+
+def restore_newest(model, source: str, which: str = "latest", log=None) -> str:
+    """Restores the newest checkpoint of `source` (prefix or model_dir) that restores intact; returns its prefix.
+
+    Broken newer checkpoints are skipped with one line each on `log` (stderr); errors.UserError when none
+    restores.
+    """
+    found = find_checkpoints(source, which)
+    restored = run_dir.restore_newest(found, functools.partial(restore_weights, model))
+    if restored.prefix is None:
+        raise run_dir.RunDirError(f"no checkpoint of {source} restores intact ({restored.skipped_text()}); restore "
+                                  "the files or pass another --checkpoint")
+    for line in restored.skipped:
+        (log or functools.partial(print, file=sys.stderr))(f"warning: {line}; using {restored.prefix}")
+    return restored.prefix
 
 
 def vocab_size(data_config: DataConfig) -> int | None:
@@ -149,23 +179,26 @@ def vocab_size(data_config: DataConfig) -> int | None:
 
 
 def load_model(model_dir: str | None = None, checkpoint: str | None = None, *, which: str = "latest",
-               gin_files: Sequence[str] = (), gin_params: Sequence[str] = (), dtype: str | None = None):
-    """Parses the configs, rebuilds the model and restores it. Returns (model, configs, checkpoint prefix).
+               gin_files: Sequence[str] = (), gin_params: Sequence[str] = (), dtype: str | None = None,
+               configs: Configs | None = None):
+    """Parses the configs (unless given), rebuilds the model and restores it. Returns (model, configs, prefix).
 
-    `checkpoint` (a prefix or a directory) defaults to `model_dir`. The vocabulary size comes from
-    ModelConfig.n_token, else from the prepared data in DataConfig.data_dir.
+    `checkpoint` (a prefix or a directory) defaults to `model_dir`; the newest checkpoint that restores intact
+    is used. The vocabulary size comes from ModelConfig.n_token, else from the prepared data in
+    DataConfig.data_dir.
     """
-    configs = parse_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
     source = checkpoint or model_dir
     if not source:
-        raise ValueError("give --model_dir or --checkpoint")
-    prefix = find_checkpoint(source, which)
+        raise ConfigError("give --model_dir (or --checkpoint with --gin_file)")
+    if configs is None:
+        configs = parse_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
     n_token = configs.model.n_token or vocab_size(configs.data)
     if n_token is None:
-        raise ValueError(f"the vocabulary size is unknown: bind ModelConfig.n_token or prepare the data in "
-                         f"DataConfig.data_dir={configs.data.data_dir!r}")
+        raise ConfigError(f"the vocabulary size is unknown: bind ModelConfig.n_token or prepare the data in "
+                          f"DataConfig.data_dir={configs.data.data_dir!r}")
+    find_checkpoints(source, which)  # a missing checkpoint is reported before the model is built
     model = build_model(configs.model, n_token, dtype=dtype)
-    restore_weights(model, prefix)
+    prefix = restore_newest(model, source, which)
     return model, configs, prefix
 
 
@@ -192,6 +225,6 @@ def load_model_from_flags(flag_values=None, **kwargs):
 
     fv = flag_values or flags.FLAGS
     if not fv.model_dir and not fv.checkpoint:
-        raise ValueError("give --model_dir (or --checkpoint with --gin_file)")
+        raise ConfigError("give --model_dir (or --checkpoint with --gin_file)")
     return load_model(fv.model_dir, fv.checkpoint, which=fv.which, gin_files=fv.gin_file,
                       gin_params=fv.gin_param, **kwargs)

@@ -13,16 +13,17 @@ folder, so `--gin_file=enwik8.gin` works from any directory; `include` lines res
 
 from __future__ import annotations
 
-import logging
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
+from txl_tf import errors  # noqa: E402
 from txl_tf.distribute import STRATEGIES  # noqa: E402
+from txl_tf.errors import ConfigError  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -37,46 +38,13 @@ def define_flags() -> None:
     flags.DEFINE_enum("strategy", "default", list(STRATEGIES), "tf.distribute strategy.")
     flags.DEFINE_string("tpu", None, "TPU name or address for --strategy=tpu.")
 
-GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
-
-
-def resolve_gin_file(path: str) -> str:
-    """`path` if it exists, else the file of that name in the repository's gin/ folder."""
-    if os.path.exists(path):
-        return path
-    for candidate in (os.path.join(GIN_DIR, path), os.path.join(GIN_DIR, os.path.basename(path))):
-        if os.path.exists(candidate):
-            return candidate
-    raise FileNotFoundError(f"gin file {path!r} not found (looked in the working directory and {GIN_DIR}); "
-                            f"available: {', '.join(sorted(f for f in os.listdir(GIN_DIR) if f.endswith('.gin')))}"
-                            if os.path.isdir(GIN_DIR) else f"gin file {path!r} not found")
-
-
 def parse_gin(gin_files, gin_params) -> list:
-    """Parses the files (includes resolved against each file's folder and gin/) and bindings; returns paths."""
-    import gin
+    """Parses the files (includes resolved against each file's folder and gin/) and bindings; returns paths.
 
-    import txl_tf.configs  # noqa: F401  (registers the configurables)
+    Unknown configurables or parameters raise a one-line errors.ConfigError (txl_tf.configs.parse_gin)."""
+    from txl_tf import configs
 
-    paths = [resolve_gin_file(p) for p in gin_files]
-    for directory in dict.fromkeys([os.path.dirname(os.path.abspath(p)) for p in paths] + [GIN_DIR]):
-        gin.add_config_file_search_path(directory)
-    quiet = _DropMessages("Path not found")  # gin logs every search-path miss of an include before a hit
-    logging.getLogger().addFilter(quiet)
-    try:
-        gin.parse_config_files_and_bindings(paths, list(gin_params))
-    finally:
-        logging.getLogger().removeFilter(quiet)
-    return paths
-
-
-class _DropMessages(logging.Filter):
-    def __init__(self, prefix: str):
-        super().__init__()
-        self.prefix = prefix
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self.prefix)
+    return configs.parse_gin(gin_files, gin_params)
 
 
 def default_model_dir(gin_files) -> str:
@@ -85,27 +53,35 @@ def default_model_dir(gin_files) -> str:
 
 
 def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=None) -> dict:
-    """Parses the configuration, builds the strategy and trains; returns the last metrics."""
+    """Checks the configuration (and a run directory's saved one), builds the strategy and trains.
+
+    Returns the last metrics. Expected user errors raise txl_tf.errors.UserError before anything is written.
+    """
     import gin
 
-    from txl_tf import distribute
-    from txl_tf.configs import DataConfig, EvalConfig, ModelConfig, TrainConfig
+    from txl_tf import configs, distribute, run_dir
     from txl_tf.trainer import Trainer
 
     if not gin_files:
-        raise ValueError("give at least one --gin_file (e.g. gin/sample.gin)")
-    parse_gin(gin_files, gin_params)
+        raise ConfigError("no --gin_file given; pass a setup, e.g. --gin_file=gin/sample.gin")
     model_dir = model_dir or default_model_dir(gin_files)
+    saved = run_dir.saved_configs(model_dir)
+    parse_gin(gin_files, gin_params)
+    made = configs.make_configs()
+    if saved is not None:
+        changes = run_dir.compare_configs(model_dir, saved, made)
+        if changes:
+            print(f"{len(changes)} binding(s) differ from {os.path.join(model_dir, run_dir.CONFIG_FILE)} "
+                  f"(this command's values are used): {'; '.join(changes)}", flush=True)
+    data_config = made["DataConfig"]
+    if not os.path.isdir(data_config.data_dir):
+        raise ConfigError(
+            f"DataConfig.data_dir={data_config.data_dir!r} does not exist; prepare it with "
+            f"`python -m txl_tf.data.prepare --dataset={data_config.dataset} --data_dir={data_config.data_dir}` "
+            "or set --gin_param=\"DATA_DIR='...'\"")
     strategy_obj = distribute.make_strategy(strategy, tpu)
-    configs = dict(model_config=ModelConfig(), data_config=DataConfig(), train_config=TrainConfig(),
-                   eval_config=EvalConfig())
-    if not os.path.isdir(configs["data_config"].data_dir):
-        raise FileNotFoundError(
-            f"DataConfig.data_dir={configs['data_config'].data_dir!r} does not exist; prepare it with "
-            f"`python -m txl_tf.data.prepare --dataset={configs['data_config'].dataset} "
-            f"--data_dir={configs['data_config'].data_dir}` or set --gin_param=\"DATA_DIR='...'\"")
-    trainer = Trainer(**configs, strategy=strategy_obj, model_dir=model_dir,
-                      config_str=gin.operative_config_str())
+    trainer = Trainer(made["ModelConfig"], data_config, made["TrainConfig"], made["EvalConfig"],
+                      strategy=strategy_obj, model_dir=model_dir, config_str=gin.operative_config_str())
     print(f"training in {model_dir} with strategy {strategy} ({strategy_obj.num_replicas_in_sync} replica(s))",
           flush=True)
     return trainer.train()
@@ -113,11 +89,11 @@ def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=Non
 
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        raise ConfigError(f"unexpected arguments {argv[1:]}; give settings as --gin_param (see --helpshort)")
     absl_logging.set_verbosity(absl_logging.WARNING)  # gin's and TF's INFO lines (one per collective) drown the log
     run(FLAGS.gin_file, FLAGS.gin_param, FLAGS.model_dir, FLAGS.strategy, FLAGS.tpu)
 
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    errors.run(main)

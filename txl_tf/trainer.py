@@ -40,15 +40,16 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from txl_tf import distribute, flops, schedules
+from txl_tf import distribute, flops, run_dir, schedules
 from txl_tf.configs import DataConfig, EvalConfig, ModelConfig, TrainConfig
+from txl_tf.errors import ConfigError, UserError
 
 CONFIG_FILE = "config.gin"
 BEST_DIR = "best"
 NONFINITE_MODES = ("stop", "skip")
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(UserError, RuntimeError):
     """Raised when a step's loss or gradient is not finite and TrainConfig.nonfinite == "stop"."""
 
 
@@ -157,19 +158,19 @@ class Trainer:
         c = self.config
         replicas = self.strategy.num_replicas_in_sync
         if c.batch_size % replicas:
-            raise ValueError(f"TrainConfig.batch_size={c.batch_size} must be divisible by the {replicas} replicas")
+            raise ConfigError(f"TrainConfig.batch_size={c.batch_size} must be divisible by the {replicas} replicas")
         if (c.batch_size // replicas) % c.grad_accum_steps:
-            raise ValueError(f"the per-replica batch {c.batch_size // replicas} must be divisible by "
+            raise ConfigError(f"the per-replica batch {c.batch_size // replicas} must be divisible by "
                              f"TrainConfig.grad_accum_steps={c.grad_accum_steps}")
         if c.nonfinite not in NONFINITE_MODES:
-            raise ValueError(f"TrainConfig.nonfinite must be one of {NONFINITE_MODES}; got {c.nonfinite!r}")
+            raise ConfigError(f"TrainConfig.nonfinite must be one of {NONFINITE_MODES}; got {c.nonfinite!r}")
         for name in ("tgt_len", "train_steps", "steps_per_loop", "log_every", "grad_accum_steps"):
             if getattr(c, name) < 1:
-                raise ValueError(f"TrainConfig.{name} must be >= 1; got {getattr(c, name)}")
+                raise ConfigError(f"TrainConfig.{name} must be >= 1; got {getattr(c, name)}")
         if c.loss_recent_half and c.tgt_len < 2:
-            raise ValueError("TrainConfig.loss_recent_half needs tgt_len >= 2")
+            raise ConfigError("TrainConfig.loss_recent_half needs tgt_len >= 2")
         if c.mixed_precision not in (True, False, "auto"):
-            raise ValueError(f"TrainConfig.mixed_precision must be True, False or 'auto'; got {c.mixed_precision!r}")
+            raise ConfigError(f"TrainConfig.mixed_precision must be True, False or 'auto'; got {c.mixed_precision!r}")
 
     def _build(self) -> None:
         policy = "mixed_bfloat16" if self.mixed_precision else "float32"
@@ -197,10 +198,7 @@ class Trainer:
         if self.config.checkpoint_memory:
             state["mems"] = self.saved_mems
         self.checkpoint = tf.train.Checkpoint(**state)
-        self.manager = tf.train.CheckpointManager(
-            self.checkpoint, self.write_dir, max_to_keep=self.config.keep_checkpoints, step_counter=self.step_var)
-        self.best_manager = tf.train.CheckpointManager(
-            self.checkpoint, os.path.join(self.write_dir, BEST_DIR), max_to_keep=1, step_counter=self.step_var)
+        self._make_managers()
         self._loop_fn = tf.function(self._host_loop)
         self._grad_fn = tf.function(self._loss_and_grads, jit_compile=True) if self.config.jit_compile \
             else self._loss_and_grads
@@ -315,14 +313,27 @@ class Trainer:
         return distribute.gather_replicas(self.strategy, mems, axis=1)
 
     # ---- checkpoints ------------------------------------------------------------------------------------
+    def _make_managers(self) -> None:
+        """CheckpointManagers of write_dir and write_dir/best (they prune only checkpoints they saved)."""
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, self.write_dir, max_to_keep=self.config.keep_checkpoints, step_counter=self.step_var)
+        self.best_manager = tf.train.CheckpointManager(
+            self.checkpoint, os.path.join(self.write_dir, BEST_DIR), max_to_keep=1, step_counter=self.step_var)
+
+    def _restore_prefix(self, prefix: str) -> None:
+        self.checkpoint.restore(prefix).assert_existing_objects_matched()
+
     def restore(self) -> int:
-        """Restores the latest checkpoint of model_dir (the chief's) if any; returns the step to start from."""
-        latest = tf.train.latest_checkpoint(self.model_dir)
-        if latest is None:
-            return 0
-        self.checkpoint.restore(latest).assert_existing_objects_matched()
-        step = int(self.step_var.numpy())
-        self.log(f"resumed from {latest} at step {step}")
+        """Restores the newest intact checkpoint of model_dir (the chief's), if any; returns the step to start from.
+
+        Broken newer checkpoints are named and skipped (txl_tf.run_dir.resume_training); a directory whose
+        checkpoints all fail raises run_dir.RunDirError. The managers are made again afterwards, so that they
+        never prune the checkpoints that were there before this run.
+        """
+        step = run_dir.resume_training(self.model_dir, self._restore_prefix, chief=self.chief, log=self.log)
+        if step:
+            step = int(self.step_var.numpy())
+        self._make_managers()
         return step
 
     def init_weights(self, path: str) -> str:
