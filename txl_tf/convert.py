@@ -211,11 +211,13 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from absl import app, flags
+    from absl import flags
+
+    from txl_tf import errors
 
     flags.DEFINE_string("checkpoint", None, "prefix of the original TF checkpoint (e.g. .../model.ckpt-400000)")
     flags.DEFINE_string("output_dir", None, "where to write the native checkpoint and the model config")
     flags.DEFINE_multi_string("gin_file", [], "gin files binding ModelConfig (default: inferred from shapes)")
     flags.DEFINE_multi_string("gin_param", [], "extra gin bindings")
     flags.mark_flags_as_required(["checkpoint", "output_dir"])
-    app.run(main)
+    errors.run(main)

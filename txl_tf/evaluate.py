@@ -1,9 +1,9 @@
 """Evaluate a trained (or converted) TransformerXL on a split with the published evaluation protocol.
 
-    python -m txl_tf.evaluate --model_dir=runs/enwik8_base --split=test
-    python -m txl_tf.evaluate --model_dir=runs/enwik8_base --gin_param='EvalConfig.mem_len=3800' \
-        --token_losses=runs/enwik8_base/test_nll_3800.npy
-    python -m txl_tf.evaluate --gin_file=gin/enwik8_base.gin --checkpoint=converted/ckpt --split=test
+    python -m txl_tf.evaluate --model_dir=runs/enwik8 --split=test
+    python -m txl_tf.evaluate --model_dir=runs/enwik8 --gin_param='EvalConfig.mem_len=3800' \
+        --token_losses=runs/enwik8/test_nll_3800.npy
+    python -m txl_tf.evaluate --gin_file=gin/enwik8.gin --checkpoint=converted/ckpt --split=test
 
 The protocol comes from EvalConfig (tgt_len, mem_len, clamp_len, same_length, batch_size, max_steps,
 protocol, compute_dtype, layout, kv_cache) as bound in model_dir/config.gin, then --gin_file, then --gin_param. With
@@ -17,15 +17,16 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 
-from txl_tf import restore  # noqa: E402
+from txl_tf import errors, restore  # noqa: E402
+from txl_tf.errors import ConfigError  # noqa: E402
 
 FLAGS = flags.FLAGS
 restore.define_model_flags()
 flags.DEFINE_string("split", "test", "Split of the prepared data to evaluate (train, valid, test).")
 flags.DEFINE_string("token_losses", None, "Write per-token NLL in corpus order (.npy, or text otherwise).")
-flags.DEFINE_bool("progress", True, "Show a progress bar.")
+flags.DEFINE_bool("progress", True, "Show progress (a bar on a terminal, a line every few seconds otherwise).")
 
 
 def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_params=(), split="test",
@@ -37,10 +38,9 @@ def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_pa
     configs = restore.parse_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
     protocol = configs.eval
     if protocol.protocol not in evaluation.PROTOCOLS:
-        raise ValueError(f"EvalConfig.protocol must be one of {evaluation.PROTOCOLS}; got {protocol.protocol!r}")
+        raise ConfigError(f"EvalConfig.protocol must be one of {evaluation.PROTOCOLS}; got {protocol.protocol!r}")
     dtype = None if protocol.compute_dtype == "float32" else protocol.compute_dtype
-    model, configs, prefix = restore.load_model(model_dir, checkpoint, which=which, gin_files=gin_files,
-                                                gin_params=gin_params, dtype=dtype)
+    model, configs, prefix = restore.load_model(model_dir, checkpoint, which=which, dtype=dtype, configs=configs)
     data_dir = configs.data.data_dir
     tokens = read_split(data_dir, split)
     level = load_vocab(data_dir).level
@@ -64,12 +64,12 @@ def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_pa
 
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        raise ConfigError(f"unexpected arguments {argv[1:]}; give settings as --gin_param (see --helpshort)")
     if not FLAGS.model_dir and not FLAGS.checkpoint:
-        raise app.UsageError("give --model_dir (or --checkpoint with --gin_file)")
+        raise ConfigError("give --model_dir (or --checkpoint with --gin_file)")
     run(FLAGS.model_dir, FLAGS.checkpoint, which=FLAGS.which, gin_files=FLAGS.gin_file,
         gin_params=FLAGS.gin_param, split=FLAGS.split, token_losses=FLAGS.token_losses, progress=FLAGS.progress)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    errors.run(main)

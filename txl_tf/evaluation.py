@@ -129,20 +129,29 @@ def corpus_streams(tokens: np.ndarray, batch_size: int, layout: str = "corpus") 
 
 
 class _Progress:
-    """A progress bar on stderr (keras Progbar) that can be turned off."""
+    """Progress that can be turned off: a keras Progbar on a terminal, else a plain line on stderr every few
+    seconds (txl_tf.data.progress.Progress)."""
 
     def __init__(self, total: int, enabled: bool, unit: str = "segment"):
-        self.bar = None
-        if enabled:
+        self.bar = self.lines = None
+        if enabled and sys.stdout.isatty():  # keras writes its bar to stdout
             import keras
 
             self.bar = keras.utils.Progbar(total, unit_name=unit, stateful_metrics=["loss"])
+        elif enabled:
+            from txl_tf.data.progress import Progress
+
+            self.lines = Progress("evaluating", total or None, unit=f"{unit}s")
         self.done = 0
 
     def update(self, count: int, loss: float | None = None) -> None:
         self.done += count
         if self.bar is not None:
             self.bar.update(self.done, values=[] if loss is None else [("loss", loss)])
+        elif self.lines is not None:
+            self.lines.update(count, "" if loss is None else f"loss {loss:.4f}")
+            if self.lines.total and self.done >= self.lines.total:
+                self.lines.close()
 
 
 def _score_streams(step, streams, mems, tgt_len: int, max_steps: int, progress, totals, pieces):

@@ -112,15 +112,54 @@ def export_model(model, export_dir: str, *, mem_len: int, clamp_len: int = -1, s
     return module
 
 
+def check_export_dir(export_dir: str, overwrite: bool) -> None:
+    """Refuses an existing non-empty `export_dir` unless `overwrite`, and always one that holds no export."""
+    if not os.path.exists(export_dir) or (os.path.isdir(export_dir) and not os.listdir(export_dir)):
+        return
+    if not os.path.isdir(export_dir):
+        raise FileExistsError(f"--export_dir={export_dir} is a file, not a directory; choose another --export_dir")
+    if not os.path.exists(os.path.join(export_dir, "saved_model.pb")):
+        raise FileExistsError(f"--export_dir={export_dir} exists and holds no SavedModel (no saved_model.pb); it "
+                              "is not replaced, even with --overwrite: choose another --export_dir")
+    if not overwrite:
+        raise FileExistsError(f"--export_dir={export_dir} already holds a SavedModel; pass --overwrite to replace "
+                              "it or choose another --export_dir")
+
+
+def write_export(module_fn, export_dir: str) -> None:
+    """Writes the SavedModel with `module_fn(tmp_dir)` into a sibling directory, then swaps it in (no mixing)."""
+    import shutil
+    import tempfile
+
+    parent = os.path.dirname(os.path.abspath(export_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=os.path.basename(os.path.abspath(export_dir)) + ".tmp-", dir=parent)
+    try:
+        module_fn(tmp)
+        old = None
+        if os.path.exists(export_dir):
+            old = tempfile.mkdtemp(prefix=os.path.basename(os.path.abspath(export_dir)) + ".old-", dir=parent)
+            os.rename(export_dir, os.path.join(old, "export"))
+        os.rename(tmp, export_dir)
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def _main(argv):
-    del argv
     from absl import flags
 
     from txl_tf import restore
     from txl_tf.data.pipeline import load_vocab
     from txl_tf.data.vocab import VOCAB_FILE
+    from txl_tf.errors import ConfigError
 
+    if len(argv) > 1:
+        raise ConfigError(f"unexpected arguments {argv[1:]}; see --helpshort")
     cfg = flags.FLAGS
+    check_export_dir(cfg.export_dir, cfg.overwrite)  # before the model is loaded
     model, configs, prefix = restore.load_model_from_flags(cfg)
     protocol = configs.eval
     vocab, vocab_file = None, None
@@ -129,21 +168,24 @@ def _main(argv):
         vocab, vocab_file = load_vocab(data_dir), os.path.join(data_dir, VOCAB_FILE)
     else:
         print(f"warning: no vocabulary at {data_dir!r}; exporting without score_text")
-    export_model(model, cfg.export_dir, mem_len=protocol.mem_len, clamp_len=protocol.clamp_len,
-                 same_length=protocol.same_length, vocab=vocab, vocab_file=vocab_file)
+    write_export(lambda directory: export_model(
+        model, directory, mem_len=protocol.mem_len, clamp_len=protocol.clamp_len,
+        same_length=protocol.same_length, vocab=vocab, vocab_file=vocab_file), cfg.export_dir)
     print(f"exported {prefix} to {cfg.export_dir} (mem_len={protocol.mem_len}, clamp_len={protocol.clamp_len}, "
           f"same_length={protocol.same_length}); inspect with: saved_model_cli show --all --dir {cfg.export_dir}")
 
 
 def main():
-    from absl import app, flags
+    from absl import flags
 
-    from txl_tf import restore
+    from txl_tf import errors, restore
 
     restore.define_model_flags()
-    flags.DEFINE_string("export_dir", None, "Where to write the SavedModel.")
+    flags.DEFINE_string("export_dir", None, "Where to write the SavedModel (a new or empty directory, or one "
+                        "holding an export with --overwrite).")
+    flags.DEFINE_bool("overwrite", False, "Replace an existing export in --export_dir (never another directory).")
     flags.mark_flag_as_required("export_dir")
-    app.run(_main)
+    errors.run(_main)
 
 
 if __name__ == "__main__":

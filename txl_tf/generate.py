@@ -7,26 +7,61 @@
 The prompt is consumed in segments of EvalConfig.tgt_len with memory; then each new token is one forward pass
 of a single position over the memory (EvalConfig.mem_len long; no recomputation of the context). Sampling uses
 stateless RNG: the same --seed gives the same text. Prints the text and tokens/s.
+
+Settings are checked against the vocabulary before the model is loaded: --temperature >= 0 (0 is greedy
+decoding, not an error: the most likely token each time), 0 <= --top_k <= vocabulary size, --max_tokens >= 1,
+and every symbol of --prompt in the vocabulary. A bad value stops with one `error:` line (exit status 2).
 """
 
 from __future__ import annotations
 
+import math
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 
-from txl_tf import restore  # noqa: E402
+from txl_tf import errors, restore  # noqa: E402
+from txl_tf.errors import ConfigError  # noqa: E402
 
 FLAGS = flags.FLAGS
 restore.define_model_flags()
 flags.DEFINE_string("saved_model", None, "A SavedModel written by `python -m txl_tf.export` (instead).")
 flags.DEFINE_string("prompt", "The ", "Text to continue.")
-flags.DEFINE_integer("max_tokens", 200, "Number of tokens to generate.")
-flags.DEFINE_float("temperature", 1.0, "Softmax temperature; 0 = greedy.")
-flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens (0 = all).")
+flags.DEFINE_integer("max_tokens", 200, "Number of tokens to generate (>= 1).")
+flags.DEFINE_float("temperature", 1.0, "Softmax temperature, >= 0: 0 = greedy (the most likely token), 1 = the "
+                   "model's distribution, higher = flatter.")
+flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens (0 = all; at most the vocabulary size).")
 flags.DEFINE_integer("seed", 0, "Stateless sampling seed.")
+
+
+def check_settings(vocab, prompt: str, *, max_tokens: int, temperature: float, top_k: int) -> list:
+    """Checks the sampling settings against the vocabulary; returns the prompt's ids (errors.ConfigError).
+
+    temperature: >= 0 and finite (0 = greedy: always the most likely token; 1 = the model's distribution).
+    top_k: 0 (all tokens) to the vocabulary size. max_tokens: >= 1. Every prompt symbol must be in the
+    vocabulary (a word-level vocabulary with an unknown-word symbol maps unknown words to it).
+    """
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ConfigError(f"--temperature={temperature} must be >= 0 (0 = greedy, 1 = the model's distribution)")
+    if not 0 <= top_k <= len(vocab):
+        raise ConfigError(f"--top_k={top_k} must be between 0 (all tokens) and the vocabulary size {len(vocab)}")
+    if max_tokens < 1:
+        raise ConfigError(f"--max_tokens={max_tokens} must be >= 1")
+    try:
+        ids = vocab.encode(prompt)
+    except (KeyError, ValueError) as error:
+        raise ConfigError(f"--prompt={prompt!r} has a symbol outside the {vocab.level}-level vocabulary "
+                          f"({errors.one_line(error).strip(chr(34))}); change the prompt") from None
+    if not ids:
+        raise ConfigError(f"--prompt={prompt!r} encodes to no tokens; give some text")
+    return ids
+
+
+def _check_flags(vocab) -> list:
+    return check_settings(vocab, FLAGS.prompt, max_tokens=FLAGS.max_tokens, temperature=FLAGS.temperature,
+                          top_k=FLAGS.top_k)
 
 
 def _from_model_dir():
@@ -35,11 +70,11 @@ def _from_model_dir():
     from txl_tf import generation
     from txl_tf.data.pipeline import load_vocab
 
-    model, configs, prefix = restore.load_model_from_flags()
+    configs = restore.parse_configs(FLAGS.model_dir, FLAGS.gin_file, FLAGS.gin_param, checkpoint=FLAGS.checkpoint)
     vocab = load_vocab(configs.data.data_dir)
-    ids = vocab.encode(FLAGS.prompt)
-    if not ids:
-        raise app.UsageError(f"--prompt={FLAGS.prompt!r} encodes to no tokens")
+    ids = _check_flags(vocab)  # before the model is built and restored
+    model, configs, prefix = restore.load_model(FLAGS.model_dir, FLAGS.checkpoint, which=FLAGS.which,
+                                                configs=configs)
     result = generation.generate_from_model(
         model, np.asarray([ids], np.int32), max_tokens=FLAGS.max_tokens, mem_len=configs.eval.mem_len,
         clamp_len=configs.eval.clamp_len, temperature=FLAGS.temperature, top_k=FLAGS.top_k, seed=FLAGS.seed,
@@ -51,15 +86,19 @@ def _from_saved_model():
     import tensorflow as tf
 
     from txl_tf import generation
-    from txl_tf.data.vocab import Vocab
+    from txl_tf.data.vocab import VOCAB_FILE, Vocab
 
+    vocab_file = os.path.join(FLAGS.saved_model, "assets", VOCAB_FILE)
+    if not os.path.exists(os.path.join(FLAGS.saved_model, "saved_model.pb")):
+        raise ConfigError(f"--saved_model={FLAGS.saved_model} holds no SavedModel (no saved_model.pb); give a "
+                          "directory written by `python -m txl_tf.export`")
+    if not os.path.exists(vocab_file):
+        raise ConfigError(f"{FLAGS.saved_model} has no vocabulary asset ({vocab_file}); re-export it with the "
+                          "data present")
+    vocab = Vocab.load(vocab_file)
+    _check_flags(vocab)  # before the SavedModel is loaded
     loaded = tf.saved_model.load(FLAGS.saved_model)
-    if getattr(loaded, "vocab_asset", None) is None:
-        raise app.UsageError(f"{FLAGS.saved_model} has no vocabulary asset; re-export it with the data present")
-    vocab = Vocab.load(loaded.vocab_asset.asset_path.numpy().decode())
     ids = loaded.tokenizer.tf_encode(tf.constant([FLAGS.prompt])).to_tensor()  # [1, P]
-    if ids.shape[1] == 0:
-        raise app.UsageError(f"--prompt={FLAGS.prompt!r} encodes to no tokens")
     mems = loaded.signatures["initial_mems"](batch_size=tf.constant(1))["mems"]
     result = generation.generate(generation.saved_model_logits_fn(loaded), ids.numpy(), mems,
                                  max_tokens=FLAGS.max_tokens, temperature=FLAGS.temperature, top_k=FLAGS.top_k,
@@ -69,9 +108,9 @@ def _from_saved_model():
 
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        raise ConfigError(f"unexpected arguments {argv[1:]}; quote the --prompt (see --helpshort)")
     if bool(FLAGS.saved_model) == bool(FLAGS.model_dir or FLAGS.checkpoint):
-        raise app.UsageError("give exactly one of --model_dir (or --checkpoint with --gin_file) and --saved_model")
+        raise ConfigError("give exactly one of --model_dir (or --checkpoint with --gin_file) and --saved_model")
     source, vocab, result = _from_saved_model() if FLAGS.saved_model else _from_model_dir()
     print(f"# {source}: seed {FLAGS.seed}, temperature {FLAGS.temperature}, top_k {FLAGS.top_k}")
     print(FLAGS.prompt + vocab.decode(result.tokens[0].tolist()))
@@ -80,4 +119,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    errors.run(main)

@@ -209,9 +209,9 @@ def _main(argv):
 
 
 def main():
-    from absl import app, flags
+    from absl import flags
 
-    from txl_tf import restore
+    from txl_tf import errors, restore
 
     restore.define_model_flags()
     flags.DEFINE_string("split", "valid", "Split to average over.")
@@ -221,7 +221,7 @@ def main():
     flags.DEFINE_enum("scale", "log", ["linear", "log"], "Colour scale (log shows far-reaching heads).")
     flags.DEFINE_string("output", "attention_map.png", "PNG path (the array is saved beside it as .npy).")
     flags.DEFINE_string("logdir", None, "TensorBoard directory (default: model_dir/analysis).")
-    app.run(_main)
+    errors.run(_main)
 
 
 if __name__ == "__main__":

@@ -187,7 +187,9 @@ def _main(argv):
 
 
 def main():
-    from absl import app, flags
+    from absl import flags
+
+    from txl_tf import errors
 
     flags.DEFINE_multi_string("model", [], "NAME=PATTERN; PATTERN is a token-loss file path with {c} for "
                               "the context length (.npy or text, one loss per line, corpus order).")
@@ -198,7 +200,7 @@ def main():
     flags.DEFINE_list("r", [str(r) for r in PAPER_RATIOS], "Ratios of hardest tokens compared.")
     flags.DEFINE_float("threshold", GAIN_THRESHOLD, "Relative gain below which the search stops.")
     flags.mark_flag_as_required("model")
-    app.run(_main)
+    errors.run(_main)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""A small text progress bar on stderr for downloads and preparation (no dependency)."""
+"""A small text progress report on stderr for downloads, preparation and evaluation (no dependency).
+
+On a terminal a bar is redrawn in place; elsewhere (a pipe, a log file, CI) a plain line is printed every
+`interval` seconds, so a log never holds one line of thousands of carriage returns.
+"""
 
 from __future__ import annotations
 
@@ -12,15 +16,18 @@ _UNITS = {"bytes": (1e6, "MB"), "tokens": (1e6, "M tokens")}
 class Progress:
     """`Progress(desc, total, unit)`; `update(n)` adds n; `close()` prints the final line with the rate.
 
-    Redraws at most 5 times a second, and only on a terminal; the final line is always printed.
+    On a terminal it redraws at most 5 times a second; otherwise it prints a line every `interval` seconds.
+    The final line is always printed. `update(n, note)` shows `note` (e.g. "loss 1.234") after the counts.
     """
 
-    def __init__(self, desc: str, total: Optional[int], unit: str = "bytes", stream=None):
+    def __init__(self, desc: str, total: Optional[int], unit: str = "bytes", stream=None, interval: float = 5.0):
         self.desc, self.total, self.unit = desc, total, unit
         self.stream = stream or sys.stderr
         self.done = 0
+        self.note = ""
         self.start = self._last = time.monotonic()
         self._tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self._interval = 0.2 if self._tty else interval
         self._closed = False
 
     def _line(self) -> str:
@@ -30,16 +37,19 @@ class Progress:
         if self.total:
             frac = min(self.done / self.total, 1.0)
             bar = "#" * int(frac * 30)
-            return (f"{self.desc}: [{bar:<30}] {frac:6.1%} {self.done / scale:.1f}/{self.total / scale:.1f} "
+            line = (f"{self.desc}: [{bar:<30}] {frac:6.1%} {self.done / scale:.1f}/{self.total / scale:.1f} "
                     f"{name} {rate:.1f} {name}/s")
-        return f"{self.desc}: {self.done / scale:.1f} {name} {rate:.1f} {name}/s"
+        else:
+            line = f"{self.desc}: {self.done / scale:.1f} {name} {rate:.1f} {name}/s"
+        return line + (f" | {self.note}" if self.note else "")
 
-    def update(self, n: int) -> None:
+    def update(self, n: int, note: str = "") -> None:
         self.done += n
+        self.note = note or self.note
         now = time.monotonic()
-        if self._tty and now - self._last > 0.2:
+        if now - self._last > self._interval:
             self._last = now
-            self.stream.write("\r" + self._line())
+            self.stream.write("\r" + self._line() if self._tty else self._line() + "\n")
             self.stream.flush()
 
     def close(self) -> None:
