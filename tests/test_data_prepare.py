@@ -275,7 +275,7 @@ def test_metadata_vocab_and_id_checks(small_dir):
     os.remove(meta_path)
     with pytest.raises(FileNotFoundError, match="unfinished preparation.*txl_tf.data.prepare"):
         pipeline.read_split(small_dir, "valid")
-    with pytest.raises(FileExistsError, match="holds no prepared data"):
+    with pytest.raises(FileExistsError, match="is not a prepared dataset"):
         prep.prepare("text", small_dir, corpora.Settings(source="x"))
 
 
@@ -305,4 +305,4 @@ def test_unknown_dataset_and_cli(tmp_path):
     assert "text (word level): vocabulary 3 symbols; tokens: train 138, valid 6, test 6" in ok.stdout
     bad = subprocess.run(cmd + ["--overwrite", f"--source={tmp_path / 'nope.txt'}"], capture_output=True,
                          text=True, env=env)
-    assert bad.returncode == 1 and "nope.txt does not exist" in bad.stderr
+    assert bad.returncode == 2 and "nope.txt does not exist" in bad.stderr

@@ -259,6 +259,22 @@ def text_blocks(data: bytes, block_bytes: int = 1 << 24) -> Iterator[str]:
         start = end
 
 
+def check_utf8(data: bytes, name: str, block_bytes: int = 1 << 24) -> None:
+    """Raises SourceError naming `name` and the line of the first byte sequence that is not UTF-8."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    for start in range(0, max(len(data), 1), block_bytes):
+        pending = len(decoder.getstate()[0])
+        try:
+            decoder.decode(data[start:start + block_bytes], final=start + block_bytes >= len(data))
+        except UnicodeDecodeError as err:
+            position = start - pending + err.start
+            line = data.count(b"\n", 0, position) + 1
+            raise SourceError(f"{name} line {line} is not UTF-8 ({err.reason} at byte {position}); word-level "
+                              "text must be UTF-8: convert it (e.g. with iconv) or prepare it with --level=char") from None
+
+
 def line_blocks(data: bytes, block_bytes: int = 1 << 24) -> Iterator[list[str]]:
     """The lines of UTF-8 `data` in blocks (a final unterminated line included)."""
     for piece in text_blocks(data, block_bytes):
@@ -446,10 +462,15 @@ def prepare_text(settings: Settings) -> Prepared:
     if os.path.isdir(path):
         archive = Archive(path)
         texts = {s: archive.read(archive.find(f"{s}.txt")) for s in SPLITS}
+        if level == "word":
+            for split in SPLITS:
+                check_utf8(texts[split], os.path.join(path, f"{split}.txt"))
         split_rule = "train.txt / valid.txt / test.txt"
     else:
         with open(path, "rb") as f:
             data = f.read()
+        if level == "word":
+            check_utf8(data, path)
         texts = _split_text(data, level)
         split_rule = "first 90% / next 5% / last 5% of " + ("bytes" if level == "char" else "lines")
     described = {f"{s}.txt": _describe(t) for s, t in texts.items()}
@@ -511,12 +532,18 @@ def prepare_original_cache(dataset: str, settings: Settings) -> Prepared:
                     {"from_original_cache": True, **details})
 
 
+MIN_TEXT_BYTES = 1000  # a single --source text at char level: valid and test get 5% each (50 bytes)
+MIN_TEXT_LINES = 20  # at word level: one line each for valid and test
+
+
 def _split_text(data: bytes, level: str) -> dict:
     units = data if level == "char" else data.split(b"\n")[:-1 if data.endswith(b"\n") else None]
     n = len(units)
-    if n < 20:
+    least = MIN_TEXT_BYTES if level == "char" else MIN_TEXT_LINES
+    if n < least:
         raise SourceError(f"the --source text has only {n} {'bytes' if level == 'char' else 'lines'}, too few "
-                          "to split 90/5/5; give a folder with train.txt, valid.txt and test.txt instead")
+                          f"to split 90/5/5 (at least {least} are needed); give a longer text, or a folder with "
+                          "train.txt, valid.txt and test.txt")
     cut1, cut2 = n - 2 * (n // 20), n - n // 20
     if level == "char":
         return {"train": data[:cut1], "valid": data[cut1:cut2], "test": data[cut2:]}

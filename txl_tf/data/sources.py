@@ -22,12 +22,13 @@ import urllib.request
 from typing import Optional
 
 from txl_tf.data.progress import Progress
+from txl_tf.errors import UserError
 
 CACHE_ENV = "TXL_TF_CACHE"
 
 
-class SourceError(RuntimeError):
-    """A corpus source could not be obtained or failed its size/checksum check."""
+class SourceError(UserError, RuntimeError):
+    """A corpus source could not be obtained, failed its size/checksum check, or cannot make a corpus."""
 
 
 def default_cache_dir() -> str:
