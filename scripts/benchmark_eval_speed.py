@@ -14,7 +14,7 @@ with random weights (the time does not depend on them), batch 1, and the evaluat
     (the memory's keys/values carried and the position keys computed once; same numbers).
 A subset of tokens is timed (--vanilla_passes windows, --xl_segments segments) after one warm-up call each;
 the fastest call counts (the machine may be shared: the load average is printed before and after).
-The paper's ratios (one GPU) and the authors' PyTorch code on this 2-core CPU (MACHINE.md) are printed beside.
+The paper's ratios (one GPU) and the authors' PyTorch code on the 2-core AMX machine (docs/performance.md) are printed beside.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ flags.DEFINE_string("arch", "12,512,8,64,2048", "n_layer,d_model,n_head,d_head,d
 flags.DEFINE_integer("n_token", 204, "Vocabulary size (enwik8).")
 
 PAPER_RATIO = {800: 363, 1800: 773, 2800: 1409, 3800: 1874}
-# The authors' PyTorch code on this CPU (reference/MACHINE.md): (vanilla s/token, XL ms/token).
+# The authors' PyTorch code as measured on the 2-core AMX machine (docs/performance.md): (vanilla s/token, XL ms/token).
 AUTHORS_ON_THIS_CPU = {800: (1.235, 3.31), 1800: (4.61, 7.53)}
 
 

@@ -44,7 +44,7 @@ def test_parity_with_original_tf(fixture_dir):
             np.testing.assert_allclose(mem, golden[f"mem_{s}_{i}"], atol=1e-5, rtol=0)
 
 
-# The configuration whose variables ORIGINAL.md lists: n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=32,
+# The configuration of the golden fixture's checkpoint (shared/fixtures/): n_layer=3, d_model=16, n_head=2, d_head=8, d_inner=32,
 # cutoffs=[20, 60], div_val=2, n_token=120, untie_r, tie_projs=[F, T, T].
 ADAPTIVE_SHAPES = {
     "r_w_bias": [3, 2, 8], "r_r_bias": [3, 2, 8],

@@ -72,7 +72,7 @@ def test_training_is_three_forwards_per_token_and_config_helper_agrees():
     assert per_token == pytest.approx(3 * forward / 1024)
     config = ModelConfig(mem_len=512)  # the enwik8 base architecture by default
     assert config_flops_per_token(config, 204, tgt_len=512, batch_size=2) == pytest.approx(per_token)
-    assert 350e6 < per_token < 450e6  # MACHINE.md: ~415 MFLOP per trained token for the authors' PyTorch step
+    assert 350e6 < per_token < 450e6  # ~415 MFLOP per trained token were counted for the authors' PyTorch step
 
 
 def test_matmul_peak_is_a_plausible_rate_and_the_line_reports_mfu():

@@ -1,6 +1,6 @@
 """Evaluation loops: Transformer-XL's segment-recurrent protocol and the vanilla sliding window.
 
-Transformer-XL protocol (section 3.2, ORIGINAL.md "Evaluation protocol"): the split is cut into `batch_size`
+Transformer-XL protocol (section 3.2 of the paper; the authors' TF code, tf/train_gpu.py): the split is cut into `batch_size`
 contiguous streams; each step scores the next `tgt_len` tokens of every stream while the memory (`mem_len`
 long, zeros at the start: the TF original's convention) carries the context across segments. The memory stays
 a TF tensor between the compiled steps (never a host array), and the step is traced at most once per segment
