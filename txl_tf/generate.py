@@ -15,7 +15,6 @@ and every symbol of --prompt in the vocabulary. A bad value stops with one `erro
 
 from __future__ import annotations
 
-import math
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -36,30 +35,9 @@ flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens (0 = all
 flags.DEFINE_integer("seed", 0, "Stateless sampling seed.")
 
 
-def check_settings(vocab, prompt: str, *, max_tokens: int, temperature: float, top_k: int) -> list:
-    """Checks the sampling settings against the vocabulary; returns the prompt's ids (errors.ConfigError).
-
-    temperature: >= 0 and finite (0 = greedy: always the most likely token; 1 = the model's distribution).
-    top_k: 0 (all tokens) to the vocabulary size. max_tokens: >= 1. Every prompt symbol must be in the
-    vocabulary (a word-level vocabulary with an unknown-word symbol maps unknown words to it).
-    """
-    if not math.isfinite(temperature) or temperature < 0:
-        raise ConfigError(f"--temperature={temperature} must be >= 0 (0 = greedy, 1 = the model's distribution)")
-    if not 0 <= top_k <= len(vocab):
-        raise ConfigError(f"--top_k={top_k} must be between 0 (all tokens) and the vocabulary size {len(vocab)}")
-    if max_tokens < 1:
-        raise ConfigError(f"--max_tokens={max_tokens} must be >= 1")
-    try:
-        ids = vocab.encode(prompt)
-    except (KeyError, ValueError) as error:
-        raise ConfigError(f"--prompt={prompt!r} has a symbol outside the {vocab.level}-level vocabulary "
-                          f"({errors.one_line(error).strip(chr(34))}); change the prompt") from None
-    if not ids:
-        raise ConfigError(f"--prompt={prompt!r} encodes to no tokens; give some text")
-    return ids
-
-
 def _check_flags(vocab) -> list:
+    from txl_tf.generation import check_settings
+
     return check_settings(vocab, FLAGS.prompt, max_tokens=FLAGS.max_tokens, temperature=FLAGS.temperature,
                           top_k=FLAGS.top_k)
 

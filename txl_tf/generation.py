@@ -13,11 +13,14 @@ SavedModel's `next_token_logits` signature (`saved_model_logits_fn`).
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
+
+from txl_tf.errors import ConfigError, one_line
 
 LogitsFn = Callable[[tf.Tensor, tf.Tensor], tuple]
 
@@ -165,3 +168,26 @@ def generate_text(model, vocab, prompt: str, *, max_tokens: int = 200, **kwargs)
         raise ValueError(f"the prompt {prompt!r} encodes to no tokens; give a longer prompt")
     result = generate_from_model(model, np.asarray([ids], np.int32), max_tokens=max_tokens, **kwargs)
     return vocab.decode(result.tokens[0].tolist())
+
+
+def check_settings(vocab, prompt: str, *, max_tokens: int, temperature: float, top_k: int) -> list:
+    """Checks the sampling settings against the vocabulary; returns the prompt's ids (errors.ConfigError).
+
+    temperature: >= 0 and finite (0 = greedy: always the most likely token; 1 = the model's distribution).
+    top_k: 0 (all tokens) to the vocabulary size. max_tokens: >= 1. Every prompt symbol must be in the
+    vocabulary (a word-level vocabulary with an unknown-word symbol maps unknown words to it).
+    """
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ConfigError(f"--temperature={temperature} must be >= 0 (0 = greedy, 1 = the model's distribution)")
+    if not 0 <= top_k <= len(vocab):
+        raise ConfigError(f"--top_k={top_k} must be between 0 (all tokens) and the vocabulary size {len(vocab)}")
+    if max_tokens < 1:
+        raise ConfigError(f"--max_tokens={max_tokens} must be >= 1")
+    try:
+        ids = vocab.encode(prompt)
+    except (KeyError, ValueError) as error:
+        raise ConfigError(f"--prompt={prompt!r} has a symbol outside the {vocab.level}-level vocabulary "
+                          f"({one_line(error).strip(chr(34))}); change the prompt") from None
+    if not ids:
+        raise ConfigError(f"--prompt={prompt!r} encodes to no tokens; give some text")
+    return ids
