@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from conftest import SHARED
 
+from txl_tf import errors
 from txl_tf.data import corpora, original_cache, prepare, records
 from txl_tf.data.vocab import Vocab
 
@@ -124,7 +125,7 @@ def test_python2_word_cache_decodes_utf8_symbols(tmp_path):
 def test_python2_enwik8_cache_gives_byte_symbols(tmp_path):
     symbols = ["32", "101", "116", "9", "195"]  # their enwik8 text: byte values written in decimal
     path = tmp_path / "cache.pkl"
-    path.write_bytes(_py2_cache("enwik8", symbols, {"train": [0, 1, 2, 3], "valid": [4], "test": [1, 0]}))
+    path.write_bytes(_py2_cache("enwik8", symbols, {"train": [0, 1, 2, 3], "valid": [4, 0], "test": [1, 0]}))
     (tmp_path / "corpus-info.json").write_text('{"vocab_size": 5, "cutoffs": [], "dataset": "enwik8"}')
     meta = _prepare(path, tmp_path / "data")
     vocab = Vocab.load(str(tmp_path / "data" / "vocab.json"))
@@ -198,7 +199,8 @@ def test_command_refuses_os_system_with_one_line(tmp_path):
         [sys.executable, "-m", "txl_tf.data.prepare", f"--from_original_cache={path}",
          f"--data_dir={tmp_path / 'data'}"],
         cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "refused global posix.system" in errors[0], proc.stderr[-2000:]
+    assert proc.returncode == errors.EXIT_USER_ERROR, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "refused global posix.system" in lines[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
     assert not marker.exists() and not (tmp_path / "data").exists()

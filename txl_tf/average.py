@@ -30,7 +30,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from txl_tf import restore  # noqa: E402
+from txl_tf import errors, restore  # noqa: E402
+from txl_tf.errors import ConfigError  # noqa: E402
 
 OUTPUT_DIR = "averaged"
 RECORD_FILE = "averaged.json"
@@ -40,7 +41,7 @@ _NUMBERED = re.compile(r"ckpt-(\d+)$")
 def last_checkpoints(model_dir: str, count: int) -> list[str]:
     """The `count` highest-numbered checkpoint prefixes `model_dir/ckpt-N`, oldest first."""
     if count < 1:
-        raise ValueError(f"--last must be >= 1; got {count}")
+        raise ConfigError(f"--last must be >= 1; got {count}")
     numbered = sorted((int(m.group(1)), prefix) for prefix in
                       (path[:-len(".index")] for path in tf.io.gfile.glob(os.path.join(model_dir, "ckpt-*.index")))
                       if (m := _NUMBERED.search(prefix)))
@@ -59,7 +60,7 @@ def is_float(variable) -> bool:
 def average_weights(model, prefixes: Sequence[str]) -> None:
     """Sets `model`'s weights to the mean of the checkpoints `prefixes` (each restored into `model` in turn)."""
     if not prefixes:
-        raise ValueError("no checkpoints to average")
+        raise ConfigError("no checkpoints to average")
     sums = None
     for prefix in prefixes:
         restore.restore_weights(model, prefix)
@@ -74,7 +75,7 @@ def _check_output_dir(output_dir: str, prefixes: Sequence[str], overwrite: bool)
     output = os.path.realpath(output_dir)
     for prefix in prefixes:
         if os.path.realpath(os.path.dirname(prefix)) == output:
-            raise ValueError(f"--output_dir={output_dir} holds the averaged checkpoint {prefix}; write the "
+            raise ConfigError(f"--output_dir={output_dir} holds the averaged checkpoint {prefix}; write the "
                              "average elsewhere (default: MODEL_DIR/averaged)")
     if os.path.exists(output_dir) and os.listdir(output_dir):
         if not os.path.exists(os.path.join(output_dir, RECORD_FILE)):
@@ -99,7 +100,7 @@ def average(prefixes: Sequence[str], output_dir: str, *, model_dir: str | None =
     configs = restore.parse_configs(model_dir, gin_files, gin_params, checkpoint=prefixes[-1])
     n_token = configs.model.n_token or restore.vocab_size(configs.data)
     if n_token is None:
-        raise ValueError("the vocabulary size is unknown: bind ModelConfig.n_token or prepare the data in "
+        raise ConfigError("the vocabulary size is unknown: bind ModelConfig.n_token or prepare the data in "
                          f"DataConfig.data_dir={configs.data.data_dir!r}")
     model = restore.build_model(configs.model, n_token)
     average_weights(model, prefixes)
@@ -129,33 +130,28 @@ def define_flags() -> None:
     flags.DEFINE_bool("overwrite", False, "Replace an average this command wrote before.")
 
 
-def main(argv) -> int:
+def main(argv) -> None:
     from absl import flags
+    from absl import logging as absl_logging
 
+    absl_logging.set_verbosity(absl_logging.WARNING)  # TF's saver logs INFO lines
     fv = flags.FLAGS
-    try:
-        if len(argv) > 1:
-            raise ValueError(f"unexpected arguments {argv[1:]}")
-        if bool(fv.last) == bool(fv.checkpoint):
-            raise ValueError("give exactly one of --last=N (with --model_dir) and --checkpoint=PREFIX (repeated)")
-        if fv.last and not fv.model_dir:
-            raise ValueError("--last needs --model_dir")
-        output_dir = fv.output_dir or (os.path.join(fv.model_dir, OUTPUT_DIR) if fv.model_dir else None)
-        if not output_dir:
-            raise ValueError("give --output_dir (or --model_dir, whose averaged/ is the default)")
-        prefixes = last_checkpoints(fv.model_dir, fv.last) if fv.last else list(fv.checkpoint)
-        prefix = average(prefixes, output_dir, model_dir=fv.model_dir, gin_files=fv.gin_file,
-                         gin_params=fv.gin_param, overwrite=fv.overwrite)
-    except (ValueError, FileNotFoundError, FileExistsError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    if len(argv) > 1:
+        raise ConfigError(f"unexpected arguments {argv[1:]}; see --helpshort")
+    if bool(fv.last) == bool(fv.checkpoint):
+        raise ConfigError("give exactly one of --last=N (with --model_dir) and --checkpoint=PREFIX (repeated)")
+    if fv.last and not fv.model_dir:
+        raise ConfigError("--last needs --model_dir")
+    output_dir = fv.output_dir or (os.path.join(fv.model_dir, OUTPUT_DIR) if fv.model_dir else None)
+    if not output_dir:
+        raise ConfigError("give --output_dir (or --model_dir, whose averaged/ is the default)")
+    prefixes = last_checkpoints(fv.model_dir, fv.last) if fv.last else list(fv.checkpoint)
+    prefix = average(prefixes, output_dir, model_dir=fv.model_dir, gin_files=fv.gin_file, gin_params=fv.gin_param,
+                     overwrite=fv.overwrite)
     print(f"averaged {len(prefixes)} checkpoints ({', '.join(os.path.basename(p) for p in prefixes)}) -> {prefix}")
     print(f"evaluate it with: python -m txl_tf.evaluate --model_dir={output_dir}")
-    return 0
 
 
 if __name__ == "__main__":
-    from absl import app
-
     define_flags()
-    app.run(main)
+    errors.run(main)

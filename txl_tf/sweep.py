@@ -26,7 +26,8 @@ from collections.abc import Sequence
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from txl_tf import restore  # noqa: E402
+from txl_tf import errors, restore  # noqa: E402
+from txl_tf.errors import ConfigError  # noqa: E402
 
 AXES = ("tgt_len", "mem_len", "clamp_len", "same_length", "batch_size")
 _BOOLEANS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
@@ -39,17 +40,17 @@ def parse_grid(specs: Sequence[str]) -> dict:
         field, sep, values = spec.partition("=")
         field = field.strip()
         if not sep or field not in AXES:
-            raise ValueError(f"--grid={spec!r}: expected FIELD=v1,v2,... with FIELD one of {', '.join(AXES)}")
+            raise ConfigError(f"--grid={spec!r}: expected FIELD=v1,v2,... with FIELD one of {', '.join(AXES)}")
         if field in grid:
-            raise ValueError(f"--grid names {field} twice; list all its values in one --grid")
+            raise ConfigError(f"--grid names {field} twice; list all its values in one --grid")
         try:
             parsed = [_BOOLEANS[v.strip().lower()] if field == "same_length" else int(v)
                       for v in values.split(",") if v.strip()]
         except (KeyError, ValueError):
-            raise ValueError(f"--grid={spec!r}: {field} takes "
+            raise ConfigError(f"--grid={spec!r}: {field} takes "
                              + ("true/false" if field == "same_length" else "integers")) from None
         if not parsed:
-            raise ValueError(f"--grid={spec!r} lists no values")
+            raise ConfigError(f"--grid={spec!r} lists no values")
         grid[field] = parsed
     return grid
 
@@ -72,7 +73,7 @@ def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_pa
     configs = restore.parse_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
     base = configs.eval
     if base.protocol != "xl":
-        raise ValueError(f"the sweep varies the Transformer-XL protocol; EvalConfig.protocol={base.protocol!r}")
+        raise ConfigError(f"the sweep varies the Transformer-XL protocol; EvalConfig.protocol={base.protocol!r}")
     dtype = None if base.compute_dtype == "float32" else base.compute_dtype
     model, configs, prefix = restore.load_model(model_dir, checkpoint, which=which, gin_files=gin_files,
                                                 gin_params=gin_params, dtype=dtype)
@@ -127,21 +128,22 @@ def define_flags() -> None:
     flags.DEFINE_string("json", None, "Also write the sweep (every row and setting) to this JSON file.")
 
 
-def main(argv) -> int:
-    from absl import flags
+def main(argv) -> None:
+    import logging
 
+    from absl import flags
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.ERROR)  # each grid point traces new shapes: TF's retracing warnings
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)
     fv = flags.FLAGS
-    try:
-        if len(argv) > 1:
-            raise ValueError(f"unexpected arguments {argv[1:]}")
-        if not fv.model_dir and not fv.checkpoint:
-            raise ValueError("give --model_dir (or --checkpoint with --gin_file)")
-        start = time.perf_counter()
-        sweep = run(fv.model_dir, fv.checkpoint, which=fv.which, gin_files=fv.gin_file, gin_params=fv.gin_param,
-                    split=fv.split, grid=parse_grid(fv.grid))
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    if len(argv) > 1:
+        raise ConfigError(f"unexpected arguments {argv[1:]}; see --helpshort")
+    if not fv.model_dir and not fv.checkpoint:
+        raise ConfigError("give --model_dir (or --checkpoint with --gin_file)")
+    start = time.perf_counter()
+    sweep = run(fv.model_dir, fv.checkpoint, which=fv.which, gin_files=fv.gin_file, gin_params=fv.gin_param,
+                split=fv.split, grid=parse_grid(fv.grid))
     table = markdown(sweep)
     print(table, end="")
     print(f"{len(sweep['rows'])} evaluations in {time.perf_counter() - start:.0f} s", file=sys.stderr)
@@ -152,11 +154,8 @@ def main(argv) -> int:
         with open(fv.json, "w", encoding="utf-8") as f:
             json.dump(sweep, f, indent=1)
             f.write("\n")
-    return 0
 
 
 if __name__ == "__main__":
-    from absl import app
-
     define_flags()
-    app.run(main)
+    errors.run(main)

@@ -43,6 +43,7 @@ from typing import Optional, Union
 import numpy as np
 
 from txl_tf.data.vocab import Vocab
+from txl_tf.errors import UserError
 
 CORPUS_INFO = "corpus-info.json"
 SPLITS = ("train", "valid", "test")
@@ -50,7 +51,7 @@ CHAR_DATASETS = ("enwik8", "text8")
 NEWLINE = 10
 
 
-class OriginalCacheError(ValueError):
+class OriginalCacheError(UserError, ValueError):
     """The file is not a cache.pkl of the authors' code, or holds something this reader refuses."""
 
 
