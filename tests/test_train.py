@@ -88,6 +88,79 @@ def test_kill_9_then_rerun_ends_with_the_uninterrupted_weights(char_data, tmp_pa
         np.testing.assert_array_equal(again[name], whole[name], err_msg=f"{name} (killed at step {kill_at})")
 
 
+def _kill_when(process, kind, rng, model_dir, eval_every):
+    """Reads the run's output and SIGKILLs it at a random point of `kind`; returns where it landed."""
+    import time
+
+    resumed_at, lines = 0, []
+    for line in process.stdout:
+        lines.append(line)
+        if "resumed from" in line:
+            resumed_at = int(line.split(" at step ")[1].split()[0])
+        if line.startswith("model:"):
+            break
+    else:
+        raise AssertionError("the run ended before training:\n" + "".join(lines))
+    if kind == "checkpoint":  # the moment CheckpointManager writes ckpt-N_temp/ (then merges and renames it)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and process.poll() is None:
+            if any(name.endswith("_temp") for name in os.listdir(model_dir)):
+                process.send_signal(signal.SIGKILL)
+                return "checkpoint write"
+        raise AssertionError("no checkpoint write was seen")
+    if kind == "evaluation":  # just after the log line of a step that evaluates
+        target = (resumed_at // eval_every + 1) * eval_every
+    else:
+        target = resumed_at + rng.randint(1, 4)
+    for line in process.stdout:
+        if line.startswith(f"step {target:>7d}/"):
+            time.sleep(rng.uniform(0.0, 0.05))
+            process.send_signal(signal.SIGKILL)
+            process.wait(timeout=60)
+            rest = process.stdout.read()  # what it printed before it died
+            evaluated = f"valid step {target}:" in rest
+            return f"step {target}" + (" (evaluation)" if kind == "evaluation" and not evaluated else
+                                       " (after evaluation)" if kind == "evaluation" else "")
+    raise AssertionError(f"the run ended before step {target}")
+
+
+@pytest.mark.slow
+def test_ten_random_kill_9_points_end_with_the_uninterrupted_weights(char_data, tmp_path):
+    """Fault injection: kill -9 at 10 random points (during steps, checkpoint writes and evaluations), re-running
+    the same command after each; the final weights are bitwise those of an uninterrupted run."""
+    eval_every = 4
+    params = tiny_params(char_data, **{"TrainConfig.train_steps": 20, "TrainConfig.checkpoint_every": 2,
+                                       "TrainConfig.keep_checkpoints": 2, "TrainConfig.steps_per_loop": 1,
+                                       "TrainConfig.log_every": 1, "TrainConfig.eval_every": eval_every,
+                                       "TrainConfig.deterministic": True, "ModelConfig.dropout": 0.1,
+                                       "ModelConfig.dropatt": 0.1, "EvalConfig.max_steps": 40})
+    run_training(str(tmp_path / "whole"), params)
+    seed = int(os.environ.get("TXL_FAULT_SEED", os.getpid()))
+    rng = random.Random(seed)
+    kinds = ["step"] * 4 + ["checkpoint"] * 3 + ["evaluation"] * 3
+    rng.shuffle(kinds)
+    interrupted = tmp_path / "interrupted"
+    landed = []
+    for kind in kinds:
+        process = _start(interrupted, params)
+        try:
+            landed.append(_kill_when(process, kind, rng, str(interrupted), eval_every))
+            process.wait(timeout=60)
+        finally:
+            process.kill()
+            process.stdout.close()
+        assert process.returncode == -signal.SIGKILL, (kind, landed)
+    result = run_training(str(interrupted), params)  # the same command, to the end
+    print(f"seed {seed} (TXL_FAULT_SEED): killed at {'; '.join(landed)}")
+    assert "resumed from" in result.stdout, result.stdout
+    whole = checkpoint_weights(tf.train.latest_checkpoint(str(tmp_path / "whole")))
+    final = tf.train.latest_checkpoint(str(interrupted))
+    again = checkpoint_weights(final)
+    assert final.endswith("ckpt-20") and whole.keys() == again.keys() and whole
+    for name in whole:
+        np.testing.assert_array_equal(again[name], whole[name], err_msg=f"{name}; seed {seed}, kills {landed}")
+
+
 def test_two_local_workers_match_single_process_training(char_data, tmp_path):
     params = tiny_params(char_data, **{"TrainConfig.train_steps": 5, "TrainConfig.checkpoint_every": 0})
     single = tmp_path / "single"

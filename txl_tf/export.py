@@ -128,24 +128,10 @@ def check_export_dir(export_dir: str, overwrite: bool) -> None:
 
 def write_export(module_fn, export_dir: str) -> None:
     """Writes the SavedModel with `module_fn(tmp_dir)` into a sibling directory, then swaps it in (no mixing)."""
-    import shutil
-    import tempfile
+    from txl_tf.staging import staged_dir
 
-    parent = os.path.dirname(os.path.abspath(export_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=os.path.basename(os.path.abspath(export_dir)) + ".tmp-", dir=parent)
-    try:
+    with staged_dir(export_dir) as tmp:
         module_fn(tmp)
-        old = None
-        if os.path.exists(export_dir):
-            old = tempfile.mkdtemp(prefix=os.path.basename(os.path.abspath(export_dir)) + ".old-", dir=parent)
-            os.rename(export_dir, os.path.join(old, "export"))
-        os.rename(tmp, export_dir)
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _main(argv):

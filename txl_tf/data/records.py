@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import zlib
-from typing import Optional
 
 import numpy as np
 
+from txl_tf import staging
 from txl_tf.data.progress import Progress
 from txl_tf.data.vocab import VOCAB_FILE, Vocab
 from txl_tf.errors import UserError
@@ -194,17 +192,9 @@ def write_prepared(
     """Writes a complete data_dir atomically (temporary sibling + rename); returns the metadata."""
     from txl_tf import __version__
 
-    data_dir = os.path.abspath(data_dir)
-    parent = os.path.dirname(data_dir)
-    os.makedirs(parent, exist_ok=True)
     if os.path.exists(data_dir) and not overwrite:
         raise FileExistsError(f"{data_dir} already exists; pass --overwrite to replace it")
-    remove_stale_temporaries(data_dir)
-    tmp = tempfile.mkdtemp(prefix=f"{os.path.basename(data_dir)}.tmp-{os.getpid()}-", dir=parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the data_dir gets the usual permissions
-    try:
+    with staging.staged_dir(data_dir) as tmp:
         vocab.save(os.path.join(tmp, VOCAB_FILE))
         split_meta = {
             name: write_split(tmp, name, ids, len(vocab), chunk_size=chunk_size, shard_chunks=shard_chunks)
@@ -228,51 +218,12 @@ def write_prepared(
         with open(os.path.join(tmp, METADATA_FILE), "w", encoding="utf-8") as f:
             json.dump(meta, f, indent=1, sort_keys=True)
             f.write("\n")
-        old: Optional[str] = None
-        if os.path.exists(data_dir):
-            old = tempfile.mkdtemp(prefix=f"{os.path.basename(data_dir)}.old-{os.getpid()}-", dir=parent)
-            os.rename(data_dir, os.path.join(old, "d"))
-        os.rename(tmp, data_dir)
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return meta
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
 def remove_stale_temporaries(data_dir: str) -> list:
-    """Removes DATA_DIR.tmp-* / DATA_DIR.old-* siblings left by killed preparations; returns their paths.
-
-    Names carry the writer's pid (NAME.tmp-<pid>-xxxx): those of a live process are kept (a preparation running
-    beside this one); names without a pid come from older versions and are removed.
-    """
-    data_dir = os.path.abspath(data_dir)
-    parent, base = os.path.dirname(data_dir), os.path.basename(data_dir)
-    removed = []
-    if not os.path.isdir(parent):
-        return removed
-    for name in sorted(os.listdir(parent)):
-        for kind in (".tmp-", ".old-"):
-            if not name.startswith(base + kind):
-                continue
-            pid = name[len(base + kind):].split("-", 1)[0]
-            if pid.isdigit() and "-" in name[len(base + kind):] and _alive(int(pid)) and int(pid) != os.getpid():
-                continue
-            path = os.path.join(parent, name)
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
+    """Removes DATA_DIR.tmp-* / .old-* directories left by killed preparations (txl_tf.staging.remove_stale)."""
+    return staging.remove_stale(data_dir)
 
 
 def verify(data_dir: str, meta: dict) -> None:
