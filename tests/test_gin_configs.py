@@ -1,4 +1,4 @@
-"""Every shipped gin file (gin/*.gin, found by glob so new files are covered) parses, trains one step and runs its
+"""Every shipped gin file (gin/**/*.gin, found by glob so new files are covered) parses, trains one step and runs its
 own evaluation protocol for one segment, with a tiny model on tiny data prepared by the real data pipeline; the
 config.gin it writes rebuilds the same configuration through txl_tf.restore."""
 
@@ -13,7 +13,7 @@ from train_utils import REPO_ROOT, prepare_tiny_corpus
 from txl_tf import restore, train
 from txl_tf.configs import DataConfig, EvalConfig, ModelConfig
 
-GIN_FILES = sorted(glob.glob(os.path.join(REPO_ROOT, "gin", "*.gin")))
+GIN_FILES = sorted(glob.glob(os.path.join(REPO_ROOT, "gin", "**", "*.gin"), recursive=True))  # gin/study too
 WORD_DATASETS = ("wt103", "wt2", "ptb", "lm1b")
 PUBLISHED = ("enwik8", "enwik8_large", "text8", "text8_large", "wt103", "wt103_large", "lm1b", "lm1b_large",
              "ptb", "sample")

@@ -190,7 +190,7 @@ def evaluate_streams(model, streams: np.ndarray, *, tgt_len: int, mem_len: int, 
         much faster at long memories). It serves attn_type "xl" only; the other variants recompute the memory.
     """
     streams = np.asarray(streams, np.int32)
-    kv_cache = kv_cache and model.attn_type == "xl"  # the cache serves Transformer-XL's attention only
+    kv_cache = kv_cache and model.attn_type == "xl" and mem_len > 0  # the cache serves xl with a memory only
     if streams.ndim != 2 or streams.shape[1] < 2:
         raise ValueError(f"streams must be [batch, length >= 2]; got shape {streams.shape}")
     batch_size, length = streams.shape[0], streams.shape[1] - 1

@@ -101,13 +101,15 @@ def run_spec(variant: Variant, settings: Settings, data_dir: str, quick: bool, s
                         label=variant.label)
 
 
-def _evaluate(run_dir: str, model, configs, tokens: np.ndarray, length: int, settings: Settings):
+def _evaluate(run_dir: str, model, configs, tokens: np.ndarray, length: int, settings: Settings,
+              clamp_len: int = -1):
     """Per-token losses [eval_tokens] (nats) of the scored span at attention length `length`."""
     from txl_tf import evaluation
 
     prefix, count = max(max(settings.lengths), max(settings.recl_contexts)), settings.eval_tokens
     vanilla = configs.eval.protocol == "vanilla"
-    key = f"{'window' if vanilla else 'mem'}{length}_p{prefix}_n{count}"
+    clamp = f"_clamp{clamp_len}" if clamp_len > 0 else ""
+    key = f"{'window' if vanilla else 'mem'}{length}{clamp}_p{prefix}_n{count}"
 
     def compute():
         if vanilla:
@@ -115,7 +117,7 @@ def _evaluate(run_dir: str, model, configs, tokens: np.ndarray, length: int, set
                                                  batch_size=settings.vanilla_batch, return_token_losses=True)
         else:
             result = evaluation.evaluate_tokens(
-                model, tokens[: prefix + count + 1], tgt_len=settings.eval_tgt_len, mem_len=length, clamp_len=-1,
+                model, tokens[: prefix + count + 1], tgt_len=settings.eval_tgt_len, mem_len=length, clamp_len=clamp_len,
                 same_length=True, batch_size=1, return_token_losses=True, kv_cache=True)
         losses = result.token_losses[-count:]
         return losses, {"protocol": result.protocol, "seconds": round(result.seconds, 2), "tokens": count,
@@ -207,6 +209,8 @@ def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool 
             losses[spec.name] = seed_losses
             seeds[name] = [name, spec.name]
 
+    tried = {"xl_clamp": _clamped(output_dir, tokens, settings)}
+
     comparisons = {"top_two": top}
     for variant in VARIANTS[1:]:
         n = variant.name
@@ -230,10 +234,26 @@ def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool 
         "ranking": ranked,
         "second_seed": {"ran": second_seed, "runs": seeds},
         "comparisons": comparisons,
+        "tried": tried,
     }
     if with_recl:
         section["recl"] = recl_section(losses, settings)
     return section
+
+
+def _clamped(output_dir: str, tokens: np.ndarray, settings: Settings) -> dict:
+    """Also tried: Transformer-XL at the longer lengths with clamp_len = the training attention length, so that
+    no relative distance at evaluation is longer than one seen in training (the authors clamp at evaluation)."""
+    run_dir = os.path.join(output_dir, "runs", BASELINE)
+    model, configs = runs.load_run_model(run_dir)
+    clamp = settings.train_attention
+    bpc = {}
+    for length in settings.lengths:
+        if length > clamp:
+            _, info = _evaluate(run_dir, model, configs, tokens, length, settings, clamp_len=clamp)
+            bpc[str(length)] = info["bpc"]
+            runs.log(f"{BASELINE}: attention {length}, clamp_len {clamp}: {info['bpc']:.4f} bpc")
+    return {"run": BASELINE, "clamp_len": clamp, "bpc": bpc}
 
 
 def recl_section(losses: dict, settings: Settings) -> dict:

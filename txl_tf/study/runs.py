@@ -31,13 +31,15 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from txl_tf.errors import UserError
+
 RUN_RECORD = "study.json"
 TRAIN_LOG = "train.log"
 EVAL_DIR = "evals"
 ATTEMPTS_FILE = "attempts.json"
 
 
-class StudyError(RuntimeError):
+class StudyError(UserError):
     """An expected failure of a study (a stale run directory, data that cannot be prepared): one line."""
 
 

@@ -1,0 +1,121 @@
+"""The study pipeline end to end (`--quick`: real corpora, real training runs, real evaluations), its resume,
+and the published report: docs/reproduction.md must be exactly what the generator renders from its results.json."""
+
+import json
+import math
+import os
+import re
+
+import numpy as np
+import pytest
+from train_utils import REPO_ROOT
+
+from txl_tf.study import ablation, report, runs, studies
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("data"))  # corpora prepared by the study itself (fetched once per cache)
+
+
+def _table_rows(markdown: str, header_start: str) -> list[list[str]]:
+    """The body rows of the first Markdown table whose header starts with `header_start`."""
+    lines = markdown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_ablation_quick_end_to_end_and_resume(tmp_path, data_root):
+    out = str(tmp_path / "study")
+    document = studies.run(["recl"], out, quick=True, data_root=data_root)
+    section = document["studies"]["ablation"]
+    names = [v.name for v in ablation.VARIANTS]
+    assert set(names) <= set(section["runs"])
+    for name in names:
+        run = section["runs"][name]
+        assert run["steps"] == 30 and run["parameters"] > 0
+        assert all(math.isfinite(run["evals"][str(length)]["bpc"]) for length in ablation.QUICK.lengths)
+    assert section["setup"]["parameter_deviation"] <= ablation.PARAMETER_TOLERANCE
+    assert section["recl"]["models"] == names and set(section["recl"]["ratios"]) == {"0.1", "0.5", "1.0"}
+
+    text = open(os.path.join(out, "report.md")).read()
+    bpc_rows = _table_rows(text, "| variant | 32 (1x)")
+    labels = [v.label for v in ablation.VARIANTS]
+    assert [row[0] for row in bpc_rows[:len(labels)]] == labels  # one row per variant, in order
+    for row in bpc_rows[:len(labels)]:
+        assert len(row) == 1 + len(ablation.QUICK.lengths)
+        assert all(math.isfinite(float(re.match(r"[0-9.]+", cell).group())) for cell in row[1:])
+    assert len(_table_rows(text, "| model | r = 0.1")) == len(names)
+    for png in ("ablation_bpc.png", "recl_gains.png"):
+        with open(os.path.join(out, png), "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert text == report.render(runs.read_results(os.path.join(out, "results.json")))
+
+    # Re-running trains nothing and re-scores nothing; a run whose record is gone resumes at its last checkpoint.
+    os.remove(os.path.join(out, "runs", "shaw", runs.RUN_RECORD))
+    again = studies.run(["ablation"], out, quick=True, data_root=data_root)["studies"]["ablation"]
+    for name in names:
+        attempts = json.load(open(os.path.join(out, "runs", name, runs.ATTEMPTS_FILE)))["attempts"]
+        assert attempts == (2 if name == "shaw" else 1), name
+        assert again["runs"][name]["evals"] == section["runs"][name]["evals"]
+    assert "recl" in again  # kept: an earlier `recl` study asked for it
+    assert "resumed from" in open(os.path.join(out, "runs", "shaw", runs.TRAIN_LOG)).read()
+
+
+def test_a_changed_run_is_refused_not_reused(tmp_path):
+    spec = runs.RunSpec("xl", ("study/ablation_xl.gin",), ("TrainConfig.seed = 1",))
+    run_dir = tmp_path / "xl"
+    run_dir.mkdir()
+    record = {"digest": "0" * 16, "gin_files": ["study/ablation_xl.gin"], "gin_params": ["TrainConfig.seed = 2"]}
+    (run_dir / runs.RUN_RECORD).write_text(json.dumps(record))
+    with pytest.raises(runs.StudyError, match="another configuration"):
+        runs.train_run(spec, str(run_dir))
+
+
+def test_ptb_quick_end_to_end(tmp_path, data_root):
+    out = str(tmp_path / "study")
+    document = studies.run(["ptb"], out, quick=True, data_root=data_root)
+    section = document["studies"]["ptb"]
+    for name in ("xl", "vanilla"):
+        run = section["runs"][name]
+        assert run["steps"] == 25 and math.isfinite(run["test_ppl"]) and math.isfinite(run["test_ppl_last"])
+        averaged = json.load(open(os.path.join(out, "runs", f"ptb_{name}", "averaged", "averaged.json")))
+        assert averaged["mean_of"] == 5
+    assert section["runs"]["xl"]["eval"]["protocol"]["protocol"] == "xl"
+    assert section["runs"]["vanilla"]["eval"]["protocol"]["protocol"] == "vanilla"
+    rows = _table_rows(open(os.path.join(out, "report.md")).read(), "| model | parameters | training minutes")
+    assert [row[0] for row in rows[:2]] == [section["runs"]["xl"]["label"], section["runs"]["vanilla"]["label"]]
+    assert rows[2][-1] == "141.2" and rows[3][-1] == "114.5"
+
+
+def test_verdicts_follow_the_interval():
+    assert report.verdict({"mean": -0.1, "low": -0.2, "high": -0.01}) == "reproduced"
+    assert report.verdict({"mean": 0.1, "low": 0.01, "high": 0.2}) == "reversed"
+    assert report.verdict({"mean": -0.1, "low": -0.2, "high": 0.05}).startswith("not reproduced")
+
+
+def test_paired_bootstrap_brackets_the_true_difference():
+    rng = np.random.default_rng(0)
+    base = rng.normal(2.0, 1.0, size=4000)
+    stats = runs.paired_bootstrap(base - 0.05 + rng.normal(0, 0.1, size=4000), base, block=50)
+    assert stats["low"] < -0.05 < stats["high"] and stats["high"] < 0
+    same = runs.paired_bootstrap(base, base, block=50)
+    assert same["low"] == same["high"] == 0.0
+
+
+def test_published_report_is_what_the_generator_renders():
+    """docs/reproduction.md is written by the study only: rendering its results.json gives it byte for byte."""
+    docs = REPO_ROOT / "docs"
+    results = docs / studies.PUBLISHED_NAME / "results.json"
+    document = runs.read_results(str(results))
+    assert not any(section.get("quick") for section in document["studies"].values())
+    expected = report.render(document, images=studies.PUBLISHED_NAME + "/",
+                             source=f"{studies.PUBLISHED_NAME}/results.json")
+    assert (docs / f"{studies.PUBLISHED_NAME}.md").read_text() == expected
+    for png in ("ablation_bpc.png", "recl_gains.png"):
+        assert (docs / studies.PUBLISHED_NAME / png).exists()

@@ -1,0 +1,59 @@
+"""Runs studies by name and writes results.json, the report and (with `publish`) docs/reproduction.md."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+STUDIES = ("ablation", "recl", "ptb", "report")
+PUBLISHED_NAME = "reproduction"
+
+
+def prepared_data(data_root: str, dataset: str) -> str:
+    """DATA_ROOT/dataset, prepared with the default settings when it is not there yet."""
+    from txl_tf.data import corpora, prepare, records
+
+    data_dir = os.path.join(data_root, dataset)
+    if not os.path.exists(os.path.join(data_dir, records.METADATA_FILE)):
+        from txl_tf.study.runs import log
+
+        log(f"preparing {dataset} in {data_dir}")
+        prepare.prepare(dataset, data_dir, corpora.Settings())
+    return data_dir
+
+
+def run(studies, output_dir: str, *, quick: bool = False, data_root: str = "data", publish: str | None = None) -> dict:
+    """Runs the studies in order, then writes the report; returns the results document."""
+    from txl_tf.study import report, runs
+
+    unknown = [s for s in studies if s not in STUDIES]
+    if unknown:
+        raise runs.StudyError(f"unknown study {unknown[0]!r}; choose from {', '.join(STUDIES)}")
+    os.makedirs(output_dir, exist_ok=True)
+    results_path = os.path.join(output_dir, "results.json")
+    for study in studies:
+        if study in ("ablation", "recl"):
+            from txl_tf.study import ablation
+
+            previous = runs.read_results(results_path)["studies"].get("ablation", {}) \
+                if os.path.exists(results_path) else {}
+            with_recl = study == "recl" or "recl" in previous
+            data_dir = prepared_data(data_root, "enwik8_sample")
+            section = ablation.run(output_dir, data_dir, quick=quick, with_recl=with_recl)
+            runs.write_results(output_dir, "ablation", section)
+        elif study == "ptb":
+            from txl_tf.study import ptb
+
+            section = ptb.run(output_dir, prepared_data(data_root, "ptb"), quick=quick)
+            runs.write_results(output_dir, "ptb", section)
+    document = runs.read_results(results_path)
+    path = report.write(document, output_dir)
+    runs.log(f"wrote {path}")
+    if publish:
+        target = os.path.join(publish, PUBLISHED_NAME)
+        os.makedirs(target, exist_ok=True)
+        shutil.copyfile(results_path, os.path.join(target, "results.json"))
+        path = report.write(document, target, markdown_path=os.path.join(publish, PUBLISHED_NAME + ".md"),
+                            images=PUBLISHED_NAME + "/", source=f"{PUBLISHED_NAME}/results.json")
+        runs.log(f"published {path}")
+    return document
