@@ -68,3 +68,21 @@ def test_text_roundtrip_and_errors(model):
         generation.generate_text(model, vocab, "", max_tokens=3)
     with pytest.raises(ValueError, match="max_tokens"):
         _generate(model, max_tokens=0)
+
+
+def test_word_level_cli_separates_the_prompt_from_the_continuation(tmp_path):
+    """`python -m txl_tf.generate` prints the prompt and the generated words with a space between them."""
+    import subprocess
+    import sys
+
+    from train_utils import REPO_ROOT, prepare_tiny_corpus, run_training, subprocess_env, tiny_params
+
+    data_dir = prepare_tiny_corpus(str(tmp_path), "word", n_lines=200)
+    model_dir = str(tmp_path / "run")
+    run_training(model_dir, tiny_params(data_dir))
+    result = subprocess.run([sys.executable, "-m", "txl_tf.generate", f"--model_dir={model_dir}",
+                             "--prompt=the memory", "--max_tokens=4", "--seed=3", "--temperature=0"],
+                            cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    text = result.stdout.splitlines()[1]
+    assert text.startswith("the memory ") and not text.startswith("the memory  "), text

@@ -91,7 +91,11 @@ def main(argv):
         raise ConfigError("give exactly one of --model_dir (or --checkpoint with --gin_file) and --saved_model")
     source, vocab, result = _from_saved_model() if FLAGS.saved_model else _from_model_dir()
     print(f"# {source}: seed {FLAGS.seed}, temperature {FLAGS.temperature}, top_k {FLAGS.top_k}")
-    print(FLAGS.prompt + vocab.decode(result.tokens[0].tolist()))
+    continuation = vocab.decode(result.tokens[0].tolist())
+    # Word level: decode joins words with spaces, so the prompt's last word and the first new one need one too.
+    joiner = " " if vocab.level == "word" and FLAGS.prompt and not FLAGS.prompt[-1].isspace() and continuation \
+        and not continuation[0].isspace() else ""
+    print(FLAGS.prompt + joiner + continuation)
     print(f"# {result.tokens.size} tokens in {result.decode_seconds:.2f} s: {result.tokens_per_second:.1f} tokens/s "
           f"(prompt: {result.prompt_seconds:.2f} s)")
 
