@@ -166,8 +166,9 @@ def _ablation_section(section: dict, images: str) -> list[str]:
         run = section["runs"][name]
         rows.append([_label(section, name), f"{run['parameters']:,}", f"{run['train_tokens']:,}",
                      f"{run['wall_seconds'] / 60:.1f}", f"{run['cpu_seconds'] / 60:.1f}",
-                     f"{run['final_train_loss'] / 0.6931471805599453:.3f}"])
-    out += _table(["variant", "parameters", "training tokens", "wall min", "CPU min", "last training bpc"], rows)
+                     f"{run['final_train_loss'] / 0.6931471805599453:.3f}", f"`{run['commit']}`"])
+    out += _table(["variant", "parameters", "training tokens", "wall min", "CPU min", "last training bpc",
+                   "trained at commit"], rows)
     out += ["", "Test bpc by attention length at evaluation (lower is better; * the variant's best length):", ""]
     rows = []
     for name in variants:
@@ -228,11 +229,13 @@ def _ptb_section(section: dict) -> list[str]:
     for name in ("xl", "vanilla"):
         run = section["runs"][name]
         rows.append([run["label"], f"{run['parameters']:,}", f"{run['train_minutes']:.1f}",
-                     f"{run['test_ppl_last']:.2f}", f"{run['test_ppl']:.2f}"])
-    rows.append(["Kneser-Ney 5-gram (Mikolov et al., 2011)", "", "", "", f"{PAPER['ptb_kn5']}"])
-    rows.append(["small LSTM (Zaremba et al., 2014)", "", "", "", f"{PAPER['ptb_lstm']}"])
-    rows.append(["Transformer-XL, paper (24M, GPU)", "", "", "", "54.52"])
-    out += _table(["model", "parameters", "training minutes", "test ppl (last)", "test ppl (averaged)"], rows)
+                     "-" if run["test_ppl_last"] is None else f"{run['test_ppl_last']:.2f}", f"{run['test_ppl']:.2f}",
+                     f"`{run['commit']}`"])
+    rows.append(["Kneser-Ney 5-gram (Mikolov et al., 2011)", "", "", "", f"{PAPER['ptb_kn5']}", ""])
+    rows.append(["small LSTM (Zaremba et al., 2014)", "", "", "", f"{PAPER['ptb_lstm']}", ""])
+    rows.append(["Transformer-XL, paper (24M, GPU)", "", "", "", "54.52", ""])
+    out += _table(["model", "parameters", "training minutes", "test ppl (last)", "test ppl (averaged)",
+                   "trained at commit"], rows)
     return out + [""]
 
 
@@ -243,13 +246,9 @@ def render(document: dict, images: str = "", source: str = "results.json") -> st
     if any(s.get("quick") for s in studies.values()):
         out += ["**Quick mode: tiny models trained for a few steps to check the pipeline. These are not results.**",
                 ""]
-    claims = []
-    if "ablation" in studies:
-        claims += _ablation_claims(studies["ablation"])
-    if "ptb" in studies:
-        claims += _ptb_claims(studies["ptb"])
+    rows = claims(document)
     out += ["## The paper's claims, here", ""]
-    out += _table(["claim", "paper", "ours", "verdict"], claims) if claims else ["No study has run yet."]
+    out += _table(["claim", "paper", "ours", "verdict"], rows) if rows else ["No study has run yet."]
     out += [""]
     if "ablation" in studies:
         out += _ablation_section(studies["ablation"], images)
@@ -258,8 +257,46 @@ def render(document: dict, images: str = "", source: str = "results.json") -> st
     commands = ["python -m txl_tf.study --study=recl --output_dir=studies/cpu   # the six ablation runs, table, RECL",
                 "python -m txl_tf.study --study=ptb --output_dir=studies/cpu    # Penn Treebank, XL and vanilla",
                 "python -m txl_tf.study --study=report --output_dir=studies/cpu --publish=docs"]
-    out += ["## Reproduce", "", "```bash", *commands, "```", ""]
+    out += ["## Reproduce", "", "```bash", *commands, "```", "",
+            "Each command resumes where it stopped; per-token losses are cached as `.npy` under each run's `evals/`, "
+            "the plots are drawn with matplotlib, and `results.json` holds every figure with the gin files, bindings "
+            "and commit of the run that produced it.", ""]
     return "\n".join(out)
+
+
+SUMMARY_BEGIN = "<!-- study summary: written by `python -m txl_tf.study --publish` from docs/reproduction/results.json -->"
+SUMMARY_END = "<!-- end of study summary -->"
+
+
+def claims(document: dict) -> list[tuple[str, str, str, str]]:
+    """(claim, paper, ours, verdict) for every study in the document."""
+    studies = document["studies"]
+    rows = []
+    if "ablation" in studies:
+        rows += _ablation_claims(studies["ablation"])
+    if "ptb" in studies:
+        rows += _ptb_claims(studies["ptb"])
+    return rows
+
+
+def summary(document: dict) -> str:
+    """The README's block: one line per claim with its verdict, between SUMMARY_BEGIN and SUMMARY_END."""
+    machines = sorted({f"{s['machine']['cpu']} ({s['machine']['isa']}, {s['machine']['cores']} cores), "
+                       f"{s['machine']['date']}" for s in document["studies"].values()})
+    lines = [SUMMARY_BEGIN, ""]
+    lines += _table(["claim of the paper", "here, at CPU scale"], [(claim, verdict) for claim, _, _, verdict
+                                                                     in claims(document)])
+    lines += ["", f"Measured on {'; '.join(machines)}; figures and conditions in "
+              "[docs/reproduction.md](docs/reproduction.md).", "", SUMMARY_END]
+    return "\n".join(lines)
+
+
+def replace_summary(text: str, document: dict) -> str:
+    """`text` (the README) with its summary block rewritten; an error when the markers are missing."""
+    start, end = text.find(SUMMARY_BEGIN), text.find(SUMMARY_END)
+    if start < 0 or end < start:
+        raise ValueError(f"the README has no study summary block ({SUMMARY_BEGIN!r} ... {SUMMARY_END!r})")
+    return text[:start] + summary(document) + text[end + len(SUMMARY_END):]
 
 
 def plot(document: dict, directory: str) -> list[str]:
