@@ -317,8 +317,8 @@ def summary(document: dict) -> str:
     machines = sorted({f"{s['machine']['cpu']} ({s['machine']['isa']}, {s['machine']['cores']} cores), "
                        f"{s['machine']['date']}" for s in document["studies"].values()})
     lines = [SUMMARY_BEGIN, ""]
-    lines += _table(["claim of the paper", "here, at CPU scale"], [(claim, verdict) for claim, _, _, verdict
-                                                                     in claims(document)])
+    lines += _table(["claim of the paper", "here, at CPU scale", "ours"],
+                    [(claim, verdict, ours.split(" (")[0]) for claim, _, ours, verdict in claims(document)])
     lines += ["", f"Measured on {'; '.join(machines)}; figures and conditions in "
               "[docs/reproduction.md](docs/reproduction.md).", "", SUMMARY_END]
     return "\n".join(lines)

@@ -186,6 +186,13 @@ def train_run(spec: RunSpec, run_dir: str, *, echo: bool = True) -> dict:
         attempts["attempts"] += 1
         _write_json(attempts_path, attempts)
         keras.backend.clear_session()
+    from txl_tf import restore
+
+    planned = restore.parse_configs(run_dir).train.train_steps
+    gin.clear_config()
+    if int(metrics["step"]) < planned:  # stopped on request (SIGTERM, Ctrl-C): resumable, not finished
+        raise StudyError(f"{spec.name} stopped at step {metrics['step']} of {planned} (checkpoint saved in "
+                         f"{run_dir}); re-run the study to resume it")
     record = {"name": spec.name, "label": spec.label, "gin_files": list(spec.gin_files),
               "gin_params": list(spec.gin_params), "digest": spec.digest(), "commit": commit(),
               "steps": int(metrics["step"]), "final_train_loss": float(metrics.get("loss", float("nan"))),

@@ -1,4 +1,5 @@
-"""Runs studies by name and writes results.json, the report and (with `publish`) docs/reproduction.md."""
+"""Runs studies by name and writes results.json, the report and (with `publish`) docs/reproduction.md and the
+README's summary block."""
 
 from __future__ import annotations
 
@@ -56,4 +57,11 @@ def run(studies, output_dir: str, *, quick: bool = False, data_root: str = "data
         path = report.write(document, target, markdown_path=os.path.join(publish, PUBLISHED_NAME + ".md"),
                             images=PUBLISHED_NAME + "/", source=f"{PUBLISHED_NAME}/results.json")
         runs.log(f"published {path}")
+        readme = os.path.join(os.path.dirname(os.path.abspath(publish)), "README.md")
+        if os.path.exists(readme):
+            with open(readme) as f:
+                text = report.replace_summary(f.read(), document)
+            with open(readme, "w") as f:
+                f.write(text)
+            runs.log(f"updated the study summary in {readme}")
     return document
