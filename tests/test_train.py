@@ -4,6 +4,7 @@ MultiWorkerMirroredStrategy (started by scripts/launch_local_multiworker.sh) mat
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -96,7 +97,7 @@ def _kill_when(process, kind, rng, model_dir, eval_every):
     for line in process.stdout:
         lines.append(line)
         if "resumed from" in line:
-            resumed_at = int(line.split(" at step ")[1].split()[0])
+            resumed_at = int(re.search(r" at step (\d+)", line).group(1))  # "...; set aside ..." may follow
         if line.startswith("model:"):
             break
     else:
