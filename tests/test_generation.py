@@ -1,8 +1,12 @@
 """Generation: deterministic under a seed, greedy equals a step-by-step oracle, memory reused."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
+from train_utils import REPO_ROOT, prepare_tiny_corpus, run_training, subprocess_env, tiny_params
 
 from txl_tf import generation
 from txl_tf.configs import ModelConfig
@@ -72,11 +76,6 @@ def test_text_roundtrip_and_errors(model):
 
 def test_word_level_cli_separates_the_prompt_from_the_continuation(tmp_path):
     """`python -m txl_tf.generate` prints the prompt and the generated words with a space between them."""
-    import subprocess
-    import sys
-
-    from train_utils import REPO_ROOT, prepare_tiny_corpus, run_training, subprocess_env, tiny_params
-
     data_dir = prepare_tiny_corpus(str(tmp_path), "word", n_lines=200)
     model_dir = str(tmp_path / "run")
     run_training(model_dir, tiny_params(data_dir))
