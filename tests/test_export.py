@@ -11,8 +11,7 @@ import tensorflow as tf
 
 from txl_tf import evaluation, export
 from txl_tf.configs import ModelConfig
-
-Vocab = pytest.importorskip("txl_tf.data.vocab").Vocab  # the in-graph tokenizer comes with the data package
+from txl_tf.data.vocab import Vocab  # the in-graph tokenizer comes with the data package
 
 MEM_LEN, CLAMP_LEN = 6, 4
 TEXTS = ["the cat sat", "a hat"]
