@@ -52,7 +52,7 @@ def test_uniform_attention_by_hand():
     mem = tf.constant([[[2.0, 3.0]]])
     pos = tf.zeros([2, 2])
     zeros = tf.zeros([1, 2])
-    out, probs = layer(h, memory=mem, position_encoding=pos, attention_bias=attention_bias(1, 1),
+    out, _, probs = layer(h, memory=mem, position_encoding=pos, attention_bias=attention_bias(1, 1),
                        content_bias=zeros, position_bias=zeros, return_probs=True)
     np.testing.assert_allclose(probs.numpy().ravel(), [0.5, 0.5])
     # h + mean(v) = [0, 1] + [1, 2] = [1, 3] -> LayerNorm -> [-1, 1]
@@ -100,8 +100,9 @@ def oracle(h, mem, wq, wk, wv, wr, wo, u, v, clamp_len, same_length, eps):
     return out
 
 
+@pytest.mark.parametrize("state", ["memory", "cache"])
 @pytest.mark.parametrize("clamp_len,same_length", [(-1, False), (3, False), (-1, True), (2, True)])
-def test_matches_paper_oracle(clamp_len, same_length):
+def test_matches_paper_oracle(clamp_len, same_length, state):
     rng = np.random.default_rng(0)
     eps = 1e-12
     layer = RelativeMultiHeadAttention(DM, N, D, layer_norm_epsilon=eps)
@@ -116,9 +117,16 @@ def test_matches_paper_oracle(clamp_len, same_length):
     mem = rng.normal(size=(B, M, DM)).astype(np.float32)
     from txl_tf.embedding import RelativePositionalEncoding
 
-    pos = RelativePositionalEncoding(DM)(tf.constant(M + L), clamp_len=clamp_len)
-    out = layer(h, memory=mem, position_encoding=pos, attention_bias=attention_bias(L, M, same_length),
-                content_bias=u, position_bias=v)
+    encoding = RelativePositionalEncoding(DM)
+    if state == "memory":
+        pos = encoding(tf.constant(M + L), clamp_len=clamp_len)
+        out, _ = layer(h, memory=mem, position_encoding=pos, attention_bias=attention_bias(L, M, same_length),
+                       content_bias=u, position_bias=v)
+    else:  # a zero cache of M positions fed `mem` as one segment keeps exactly mem's keys and values
+        cache = layer.initial_cache(B, M, M, encoding(tf.constant(2 * M), clamp_len=clamp_len))
+        _, cache = layer(mem, cache=cache, attention_bias=attention_bias(M, M), content_bias=u, position_bias=v)
+        out, _ = layer(h, cache=cache, attention_bias=attention_bias(L, M, same_length), content_bias=u,
+                       position_bias=v)
     expected = oracle(h, mem, w["q"], w["k"], w["v"], w["r"], w["o"], u, v, clamp_len, same_length, eps)
     np.testing.assert_allclose(out.numpy(), expected, atol=1e-5)
 
@@ -134,7 +142,7 @@ def _attention_call(attn_type):
 
         pos = RelativePositionalEncoding(DM, dtype=layer.dtype_policy)(tf.constant(M + L))
         return layer(h, memory=mem, position_encoding=pos, attention_bias=attention_bias(L, M),
-                     content_bias=uv, position_bias=uv, training=training)
+                     content_bias=uv, position_bias=uv, training=training)[0]
 
     return call
 

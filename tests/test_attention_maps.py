@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from txl_tf.analysis import attention_maps
+from txl_tf.protocol import Protocol
 
 N_LAYER, BATCH, N_HEAD, QLEN, MLEN = 2, 3, 4, 5, 6
 KLEN = MLEN + QLEN
@@ -92,7 +93,7 @@ def test_average_over_a_split_with_a_real_model(same_length):
     tf.keras.utils.set_random_seed(6)
     model = ModelConfig(n_layer=2, d_model=8, n_head=3, d_head=4, d_inner=12, mem_len=4).build(10)
     tokens = np.random.default_rng(0).integers(0, 10, size=70).astype(np.int32)
-    avg = attention_maps.average_attention(model, tokens, tgt_len=3, mem_len=5, same_length=same_length,
+    avg = attention_maps.average_attention(model, tokens, tgt_len=3, protocol=Protocol(5, same_length=same_length),
                                            batch_size=2, max_segments=4)
     # layers, heads, every reachable distance: 0 .. mem_len with same_length, else 0 .. mem_len + tgt_len - 1
     assert avg.shape == ((2, 3, 6) if same_length else (2, 3, 8))
@@ -100,4 +101,5 @@ def test_average_over_a_split_with_a_real_model(same_length):
     if not same_length:  # the last query of a segment reaches distance mem_len + tgt_len - 1
         assert (avg[..., 7] > 0).all()
     with pytest.raises(ValueError, match="lower max_segments"):
-        attention_maps.average_attention(model, tokens, tgt_len=3, mem_len=5, batch_size=2, max_segments=40)
+        attention_maps.average_attention(model, tokens, tgt_len=3, protocol=Protocol(5), batch_size=2,
+                                         max_segments=40)

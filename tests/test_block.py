@@ -47,7 +47,7 @@ def _block_call():
     def call(layer, training):
         pos = RelativePositionalEncoding(DM, dtype=layer.dtype_policy)(tf.constant(M + L))
         return layer(h, memory=mem, position_encoding=pos, attention_bias=attention_bias(L, M), content_bias=uv,
-                     position_bias=uv, training=training)
+                     position_bias=uv, training=training)[0]
 
     return call
 
@@ -67,7 +67,7 @@ def test_block_is_attention_then_feed_forward():
     h, mem, uv = rng.normal(size=(B, L, DM)), rng.normal(size=(B, M, DM)), rng.normal(size=(N, D))
     attn = block.attention(tf.constant(h, tf.float32), memory=tf.constant(mem, tf.float32), position_encoding=pos,
                            attention_bias=attention_bias(L, M), content_bias=tf.constant(uv, tf.float32),
-                           position_bias=tf.constant(uv, tf.float32))
+                           position_bias=tf.constant(uv, tf.float32))[0]
     np.testing.assert_allclose(out.numpy(), block.feed_forward(attn).numpy(), atol=1e-6)
 
 

@@ -84,7 +84,7 @@ def test_run_overrides_by_gin_param(golden_model_dir):
     tmp, expected, _ = golden_model_dir
     common = dict(checkpoint=str(tmp / "converted"), gin_files=[str(tmp / "eval.gin")], progress=False)
     cached = evaluate.run(**common, gin_params=["EvalConfig.kv_cache = False"])
-    assert abs(cached.loss - expected) < 1e-5 and cached.protocol["kv_cache"] is False
+    assert abs(cached.loss - expected) < 1e-5 and cached.protocol["state"] == "memory"
     longer = evaluate.run(**common, gin_params=["EvalConfig.mem_len = 12", "EvalConfig.layout = 'corpus'"])
     assert longer.protocol["mem_len"] == 12 and longer.num_tokens == 47  # every token after the first
     with pytest.raises(ValueError, match="EvalConfig.protocol"):

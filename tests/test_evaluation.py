@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from txl_tf import evaluation
 from txl_tf.configs import ModelConfig
+from txl_tf.protocol import Protocol
 
 TINY = dict(n_layer=2, d_model=12, n_head=3, d_head=4, d_inner=20, dropout=0.0, dropatt=0.0)
 
@@ -28,12 +29,22 @@ def _golden_token_losses(golden):
     return nll.T.reshape(-1)
 
 
-def test_golden_fixture_mean_nll(fixture_dir):
+def public_attributes(model):
+    """The model's public plain attributes and every layer's config: what evaluation must leave as it was."""
+    plain = (int, float, bool, str, tuple, type(None))
+    return ({k: v for k, v in vars(model).items() if not k.startswith("_") and isinstance(v, plain)},
+            model.get_config(), [block.get_config() for block in model.blocks])
+
+
+@pytest.mark.parametrize("kv_cache", [True, False])
+def test_golden_fixture_mean_nll(fixture_dir, kv_cache):
     model, golden, info = _fixture(fixture_dir)
+    before = public_attributes(model)
     streams = golden["tokens"].T  # [3, 16]: stream b predicts tokens[1:, b] from tokens[:-1, b]
-    result = evaluation.evaluate_streams(
-        model, streams, tgt_len=info["tgt_len"], mem_len=info["mem_len"], clamp_len=info["clamp_len"],
-        same_length=info["same_length"], return_token_losses=True)
+    protocol = Protocol(info["mem_len"], info["clamp_len"], info["same_length"])
+    result = evaluation.evaluate_streams(model, streams, tgt_len=info["tgt_len"], protocol=protocol,
+                                         return_token_losses=True, kv_cache=kv_cache)
+    assert result.protocol["state"] == ("cache" if kv_cache else "memory")
     expected = np.mean([golden[f"nll_{s}"].mean() for s in range(3)])
     assert result.num_tokens == 45
     assert abs(result.loss - expected) < 1e-5
@@ -41,9 +52,14 @@ def test_golden_fixture_mean_nll(fixture_dir):
     assert abs(result.bpc - expected / math.log(2)) < 1e-5
     # The original's batching of the same tokens laid out as one corpus gives the same streams.
     corpus = golden["tokens"].T.reshape(-1)
-    original = evaluation.evaluate_tokens(model, corpus, tgt_len=5, mem_len=7, batch_size=3, layout="original")
+    original = evaluation.evaluate_tokens(model, corpus, tgt_len=5, protocol=Protocol(7), batch_size=3,
+                                          layout="original", kv_cache=kv_cache)
     assert abs(original.loss - expected) < 1e-5 and original.num_tokens == 45
-    assert model.mem_len == info["mem_len"]  # the protocol is restored afterwards
+    # With other lengths than the model's (a longer memory, clamping) nothing on the model changes.
+    evaluation.evaluate_tokens(model, corpus, tgt_len=4, protocol=Protocol(9, 3, True), batch_size=2,
+                               kv_cache=kv_cache)
+    evaluation.evaluate_vanilla(model, corpus, window=6, batch_size=4, clamp_len=2, max_steps=2)
+    assert public_attributes(model) == before
 
 
 def test_dataset_loop_matches_golden(fixture_dir):
@@ -51,8 +67,8 @@ def test_dataset_loop_matches_golden(fixture_dir):
     tokens = golden["tokens"].T
     segments = [(tokens[:, s:s + 5], tokens[:, s + 1:s + 6]) for s in (0, 5, 10)]
     result = evaluation.evaluate_dataset(model, tf.data.Dataset.from_tensor_slices(
-        tuple(np.stack(part) for part in zip(*segments, strict=True))), mem_len=7, clamp_len=-1,
-        same_length=False)
+        tuple(np.stack(part) for part in zip(*segments, strict=True))), protocol=Protocol(7, -1, False))
+    assert result.protocol["state"] == "cache"
     assert abs(result.loss - np.mean([golden[f"nll_{s}"].mean() for s in range(3)])) < 1e-5
 
 
@@ -79,8 +95,8 @@ def test_every_token_scored_once_in_corpus_order(num_tokens):
     tokens = np.random.default_rng(num_tokens).integers(0, 9, size=num_tokens).astype(np.int32)
     model = _tiny_model(9)
     batch, tgt_len = 3, 4
-    result = evaluation.evaluate_tokens(model, tokens, tgt_len=tgt_len, mem_len=6, clamp_len=-1,
-                                        batch_size=batch, return_token_losses=True)
+    result = evaluation.evaluate_tokens(model, tokens, tgt_len=tgt_len, protocol=Protocol(6), batch_size=batch,
+                                        return_token_losses=True)
     assert result.num_tokens == num_tokens - 1 == result.token_losses.shape[0]
     assert abs(result.loss - result.token_losses.astype(np.float64).mean()) < 1e-6
     # Oracle: stream b predicts tokens b*S+1 .. b*S+S; the tail continues stream B-1 with its memory.
@@ -96,7 +112,7 @@ def test_every_token_scored_once_in_corpus_order(num_tokens):
 
 def test_max_steps_limits_segments():
     tokens = np.arange(40, dtype=np.int32) % 7
-    result = evaluation.evaluate_tokens(_tiny_model(7), tokens, tgt_len=3, mem_len=6, batch_size=2,
+    result = evaluation.evaluate_tokens(_tiny_model(7), tokens, tgt_len=3, protocol=Protocol(6), batch_size=2,
                                         max_steps=2, return_token_losses=True)
     assert result.num_tokens == 2 * 2 * 3 == result.token_losses.shape[0]
 

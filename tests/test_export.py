@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from txl_tf import evaluation, export
+from txl_tf import export
 from txl_tf.configs import ModelConfig
 from txl_tf.data.vocab import Vocab  # the in-graph tokenizer comes with the data package
+from txl_tf.protocol import Protocol
 
-MEM_LEN, CLAMP_LEN = 6, 4
+MEM_LEN, CLAMP_LEN, MAX_LEN = 6, 4, 4
+PROTOCOL = Protocol(MEM_LEN, CLAMP_LEN, same_length=True)
 TEXTS = ["the cat sat", "a hat"]
 
 # Runs in a fresh interpreter whose cwd and PYTHONPATH do not contain txl_tf; importing it is also blocked,
@@ -46,14 +48,19 @@ LOADER = textwrap.dedent("""
     loaded = tf.saved_model.load(export_dir)
     sigs = loaded.signatures
     out = {"names": np.array(sorted(sigs.keys()))}
-    mems = sigs["initial_mems"](batch_size=tf.constant(2))["mems"]
-    score = sigs["score"](tokens=tf.constant(inp["tokens"]), targets=tf.constant(inp["targets"]), mems=mems)
-    out["nll"], out["new_mems"] = score["nll"].numpy(), score["new_mems"].numpy()
-    nxt = sigs["next_token_logits"](tokens=tf.constant(inp["next"]), mems=score["new_mems"])
-    out["logits"], out["logits_mems"] = nxt["logits"].numpy(), nxt["new_mems"].numpy()
-    text = sigs["score_text"](text=tf.constant(list(inp["texts"])), mems=mems)
+    state = sigs["initial_state"](batch_size=tf.constant(2))  # pass every state tensor back by its name
+    out["state_names"] = np.array(sorted(state))
+    score = sigs["score"](tokens=tf.constant(inp["tokens"]), targets=tf.constant(inp["targets"]), **state)
+    out["nll"] = score["nll"].numpy()
+    state = {name: score[name] for name in state}
+    nxt = sigs["next_token_logits"](tokens=tf.constant(inp["next"]), lengths=tf.constant(inp["next_lengths"]),
+                                    **state)
+    out["logits"] = nxt["logits"].numpy()
+    fresh = sigs["initial_state"](batch_size=tf.constant(2))
+    text = sigs["score_text"](text=tf.constant(list(inp["texts"])), **fresh)
     out["text_tokens"], out["text_lengths"], out["text_nll"] = (
         text["tokens"].numpy(), text["lengths"].numpy(), text["nll"].numpy())
+    out["max_len"] = loaded.max_len.numpy()
     out["asset"] = np.array(loaded.vocab_asset.asset_path.numpy().decode())
     assert not any(m == "txl_tf" or m.startswith("txl_tf.") for m in sys.modules)
     np.savez(outputs_path, **out)
@@ -67,34 +74,53 @@ def exported(tmp_path_factory):
     vocab.save(str(tmp / "vocab.json"))
     tf.keras.utils.set_random_seed(9)
     model = ModelConfig(n_layer=2, d_model=8, n_head=2, d_head=3, d_inner=10, mem_len=MEM_LEN).build(len(vocab))
-    export.export_model(model, str(tmp / "saved"), mem_len=MEM_LEN, clamp_len=CLAMP_LEN, same_length=True,
-                        vocab=vocab, vocab_file=str(tmp / "vocab.json"))
+    before = (model.get_config(), [block.get_config() for block in model.blocks])
+    export.export_model(model, str(tmp / "saved"), protocol=PROTOCOL, max_len=MAX_LEN, vocab=vocab,
+                        vocab_file=str(tmp / "vocab.json"))
+    assert (model.get_config(), [block.get_config() for block in model.blocks]) == before  # nothing set on it
+    assert model.protocol == Protocol(MEM_LEN)
     return tmp, model, vocab
 
 
+def _segments(model, tokens, mems):
+    """Hidden states of tokens [B, T] fed in segments of MAX_LEN with the hidden memory (the authors' form)."""
+    pieces = []
+    for start in range(0, tokens.shape[1], MAX_LEN):
+        hidden, mems = model(tokens[:, start:start + MAX_LEN], mems=mems, protocol=PROTOCOL)
+        pieces.append(hidden)
+    return tf.concat(pieces, axis=1), mems
+
+
 def _python_reference(model, vocab, inputs):
+    """What the signatures must give, from the Python model with the hidden-state memory."""
     ref = {}
-    with evaluation.eval_protocol(model, mem_len=MEM_LEN, clamp_len=CLAMP_LEN, same_length=True):
-        hidden, mems = model(inputs["tokens"], mems=model.initial_mems(2))
-        ref["nll"], ref["new_mems"] = model.nll(hidden, inputs["targets"]).numpy(), mems.numpy()
-        hidden, mems = model(inputs["next"], mems=mems)
-        ref["logits"], ref["logits_mems"] = model.log_probs(hidden[:, -1:]).numpy()[:, 0], mems.numpy()
-        ids = [vocab.encode(t) for t in TEXTS]
-        width = max(map(len, ids))
-        padded = np.array([i + [0] * (width - len(i)) for i in ids], np.int32)
-        hidden, _ = model(padded[:, :-1], mems=model.initial_mems(2))
-        nll = model.nll(hidden, padded[:, 1:]).numpy()
-        mask = np.arange(width - 1)[None, :] < (np.array([len(i) for i in ids]) - 1)[:, None]
-        ref["text_tokens"], ref["text_lengths"], ref["text_nll"] = padded, [len(i) for i in ids], nll * mask
+    hidden, mems = model(inputs["tokens"], mems=model.initial_mems(2, PROTOCOL), protocol=PROTOCOL)
+    ref["nll"] = model.nll(hidden, inputs["targets"]).numpy()
+    logits = []
+    for row, length in enumerate(inputs["next_lengths"]):  # each row alone, only its own tokens
+        hidden, _ = model(inputs["next"][row:row + 1, :length], mems=mems[:, row:row + 1], protocol=PROTOCOL)
+        logits.append(model.log_probs(hidden[:, -1:]).numpy()[0, 0])
+    ref["logits"] = np.stack(logits)
+    ids = [vocab.encode(t) for t in TEXTS]
+    width = max(map(len, ids))
+    ref["text_tokens"] = np.array([i + [0] * (width - len(i)) for i in ids], np.int32)
+    ref["text_lengths"] = [len(i) for i in ids]
+    ref["text_nll"] = np.zeros([len(ids), width - 1], np.float32)
+    for row, row_ids in enumerate(ids):  # each text alone, in segments of max_len
+        row_ids = np.array([row_ids], np.int32)
+        hidden, _ = _segments(model, row_ids[:, :-1], model.initial_mems(1, PROTOCOL))
+        ref["text_nll"][row, :len(row_ids[0]) - 1] = model.nll(hidden, row_ids[:, 1:]).numpy()[0]
+    ref["max_len"] = MAX_LEN
     return ref
 
 
 def test_fresh_process_without_txl_tf_matches_python(exported):
     tmp, model, vocab = exported
     rng = np.random.default_rng(0)
-    inputs = {"tokens": rng.integers(0, len(vocab), [2, 5]).astype(np.int32),
-              "targets": rng.integers(0, len(vocab), [2, 5]).astype(np.int32),
-              "next": rng.integers(0, len(vocab), [2, 3]).astype(np.int32), "texts": np.array(TEXTS)}
+    inputs = {"tokens": rng.integers(0, len(vocab), [2, MAX_LEN]).astype(np.int32),
+              "targets": rng.integers(0, len(vocab), [2, MAX_LEN]).astype(np.int32),
+              "next": rng.integers(0, len(vocab), [2, 3]).astype(np.int32), "next_lengths": np.array([3, 2], np.int32),
+              "texts": np.array(TEXTS)}
     np.savez(tmp / "inputs.npz", **inputs)
     (tmp / "loader.py").write_text(LOADER)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -104,6 +130,7 @@ def test_fresh_process_without_txl_tf_matches_python(exported):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = np.load(tmp / "outputs.npz")
     assert sorted(out["names"].tolist()) == sorted(export.SIGNATURES)
+    assert out["state_names"].tolist() == ["keys", "position_keys", "values"]
     assert str(out["asset"]).endswith("vocab.json")
     ref = _python_reference(model, vocab, inputs)
     for key, expected in ref.items():
@@ -118,5 +145,7 @@ def test_saved_model_cli_lists_signatures(exported):
     assert proc.returncode == 0, proc.stderr[-2000:]
     for name in export.SIGNATURES:
         assert f"signature_def['{name}']" in proc.stdout
-    # mems and new_mems are [n_layer, B, M, d_model] in every signature
-    assert proc.stdout.count(f"shape: (2, -1, {MEM_LEN}, 8)") == 2 * len(export.SIGNATURES) - 1
+    # keys and values are [n_layer, N, B, M, D] in and out of every signature (out only for initial_state)
+    assert proc.stdout.count(f"shape: (2, 2, -1, {MEM_LEN}, 3)") == 2 * (2 * len(export.SIGNATURES) - 1)
+    # position keys [n_layer, N, M + max_len, D]
+    assert proc.stdout.count(f"shape: (2, 2, {MEM_LEN + MAX_LEN}, 3)") == 2 * len(export.SIGNATURES) - 1

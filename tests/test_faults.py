@@ -18,6 +18,7 @@ from txl_tf.configs import ModelConfig, TrainConfig
 from txl_tf.data import corpora, records
 from txl_tf.data import prepare as prep
 from txl_tf.data.sources import SourceError
+from txl_tf.protocol import Protocol
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +188,8 @@ def test_generate_settings_are_checked_against_the_vocabulary(char_data):
 
     vocab = load_vocab(char_data)
     good = dict(max_tokens=5, temperature=0.0, top_k=len(vocab))
-    assert check_settings(vocab, "the ", **good) == vocab.encode("the ")
+    assert check_settings(vocab, ["the ", "a"], **good) == [vocab.encode("the "), vocab.encode("a")]
+    assert check_settings(vocab, "the ", **good) == [vocab.encode("the ")]  # one prompt
     for bad, match in ((dict(temperature=-0.5), "temperature=-0.5 must be >= 0"),
                        (dict(top_k=-1), "top_k=-1 must be between 0"), (dict(top_k=len(vocab) + 1), "top_k"),
                        (dict(max_tokens=0), "max_tokens=0 must be >= 1")):
@@ -215,11 +217,11 @@ def test_export_refuses_an_existing_directory_unless_it_holds_an_export_and_over
     model(tf.zeros([1, 2], tf.int32))
     target = tmp_path / "export"
     check_export_dir(str(target), overwrite=False)  # absent: fine
-    write_export(lambda d: export_model(model, d, mem_len=3), str(target))
+    write_export(lambda d: export_model(model, d, protocol=Protocol(3), max_len=2), str(target))
     with pytest.raises(FileExistsError, match="pass --overwrite"):
         check_export_dir(str(target), overwrite=False)
     check_export_dir(str(target), overwrite=True)
-    write_export(lambda d: export_model(model, d, mem_len=3), str(target))
+    write_export(lambda d: export_model(model, d, protocol=Protocol(3), max_len=2), str(target))
     assert (target / "saved_model.pb").exists() and not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
     other = tmp_path / "other"
     other.mkdir()
@@ -312,7 +314,7 @@ def test_evaluation_progress_is_not_a_keras_progbar_when_piped(char_data, capfd)
 
     model = ModelConfig(n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=8, mem_len=4).build(40)
     tokens = np.arange(400, dtype=np.int32) % 33
-    evaluation.evaluate_tokens(model, tokens, tgt_len=4, mem_len=4, batch_size=2, progress=True)
+    evaluation.evaluate_tokens(model, tokens, tgt_len=4, protocol=Protocol(4), batch_size=2, progress=True)
     out, err = capfd.readouterr()
     assert "\r" not in out + err and "\x08" not in out + err
     assert err.strip().splitlines()[-1].startswith("evaluating: [##############################] 100.0%")

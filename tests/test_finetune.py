@@ -13,6 +13,7 @@ from txl_tf.configs import DataConfig, EvalConfig, ModelConfig, TrainConfig
 from txl_tf.data import corpora, pipeline, prepare
 from txl_tf.data.sources import SourceError
 from txl_tf.data.vocab import Vocab
+from txl_tf.protocol import Protocol
 from txl_tf.trainer import Trainer
 
 # 50 byte values, one per id of the golden fixture's 50-token vocabulary.
@@ -47,7 +48,7 @@ def make_trainer(data_dir, model_dir, lines=None, **train):
 
 def valid_loss(model, data_dir):
     tokens = pipeline.read_split(data_dir, "valid")
-    return evaluation.evaluate_tokens(model, tokens, tgt_len=5, mem_len=7, batch_size=3).loss
+    return evaluation.evaluate_tokens(model, tokens, tgt_len=5, protocol=Protocol(7), batch_size=3).loss
 
 
 def test_vocab_from_gives_the_base_vocabulary(setup):

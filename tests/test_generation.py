@@ -1,4 +1,6 @@
-"""Generation: deterministic under a seed, greedy equals a step-by-step oracle, memory reused."""
+"""Generation: deterministic under a seed, greedy equals a step-by-step oracle, the cache and the memory sample the
+same tokens, a batch of prompts of different lengths continues each as alone, top-k and top-p, and the SavedModel
+path gives the Python path's text."""
 
 import subprocess
 import sys
@@ -8,8 +10,9 @@ import pytest
 import tensorflow as tf
 from train_utils import REPO_ROOT, prepare_tiny_corpus, run_training, subprocess_env, tiny_params
 
-from txl_tf import generation
+from txl_tf import export, generation
 from txl_tf.configs import ModelConfig
+from txl_tf.protocol import Protocol
 
 N_TOKEN = 11
 PROMPT = np.array([[1, 4, 2, 7, 3], [5, 0, 9, 9, 6]], np.int32)  # [B=2, P=5]
@@ -38,7 +41,7 @@ def test_same_seed_same_tokens(model):
 
 
 def test_greedy_matches_step_by_step_oracle(model):
-    result = _generate(model, temperature=0.0, kv_cache=False)
+    result = _generate(model, temperature=0.0, use_cache=False)
     # Oracle: plain model calls; the prompt in segments of 3 (zero memory at first, so segmentation matters),
     # then one token per call with memory.
     hidden, mems = model(PROMPT[:, :3], mems=model.initial_mems(2))
@@ -49,18 +52,55 @@ def test_greedy_matches_step_by_step_oracle(model):
         expected.append(token)
         hidden, mems = model(token[:, None], mems=mems)
     np.testing.assert_array_equal(result.tokens, np.stack(expected, axis=1))
-    np.testing.assert_allclose(result.mems.numpy(), mems.numpy(), atol=1e-5)  # memory after every token
+    np.testing.assert_allclose(result.state.numpy(), mems.numpy(), atol=1e-5)  # memory after every token
     np.testing.assert_array_equal(_generate(model, top_k=1, seed=5).tokens, result.tokens)
-    # The cached keys/values path (the default) samples the same tokens.
+    np.testing.assert_array_equal(_generate(model, top_p=1e-6, seed=5).tokens, result.tokens)
+    # The keys/values cache (the default) samples the same tokens.
     np.testing.assert_array_equal(_generate(model, temperature=0.0).tokens, result.tokens)
-    sampled = [_generate(model, seed=8, kv_cache=flag).tokens for flag in (True, False)]
+    sampled = [_generate(model, seed=8, use_cache=flag).tokens for flag in (True, False)]
     np.testing.assert_array_equal(*sampled)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_prompts_of_different_lengths_continue_as_alone(model, use_cache):
+    """Each prompt of a batch (7, 2 and 4 tokens, right-padded) gets the greedy continuation it gets alone."""
+    prompts = [[1, 4, 2, 7, 3, 8, 8], [5, 0], [9, 9, 6, 2]]
+    batch = generation.generate_from_model(model, prompts, max_tokens=5, temperature=0.0, segment_len=3,
+                                           use_cache=use_cache)
+    for row, prompt in enumerate(prompts):
+        alone = generation.generate_from_model(model, [prompt], max_tokens=5, temperature=0.0, segment_len=3,
+                                               use_cache=use_cache)
+        np.testing.assert_array_equal(batch.tokens[row], alone.tokens[0])
 
 
 def test_top_k_restricts_choices():
     logits = tf.math.log(tf.constant([[0.1, 0.5, 0.15, 0.25]] * 64))
     draws = [generation.sample_next(logits, tf.constant([s, 0]), 1.0, 2).numpy() for s in range(8)]
     assert set(np.concatenate(draws).tolist()) == {1, 3}
+
+
+@pytest.mark.parametrize("top_p,allowed", [(0.5, {1}), (0.6, {1, 3}), (0.75, {1, 3}), (0.76, {1, 3, 2}),
+                                           (1.0, {0, 1, 2, 3})])
+def test_top_p_keeps_the_smallest_set_reaching_p(top_p, allowed):
+    """Probabilities 0.5, 0.25, 0.15, 0.1: the nucleus holds the likeliest tokens up to the one crossing p."""
+    logits = tf.math.log(tf.constant([[0.1, 0.5, 0.15, 0.25]] * 256))
+    draws = [generation.sample_next(logits, tf.constant([s, 0]), 1.0, 0, top_p).numpy() for s in range(8)]
+    assert set(np.concatenate(draws).tolist()) == allowed
+
+
+def test_saved_model_gives_the_python_text(model, tmp_path):
+    """The SavedModel's signatures (cache in and out) sample the same tokens as the Python model."""
+    protocol = Protocol(mem_len=9)
+    export.export_model(model, str(tmp_path / "saved"), protocol=protocol, max_len=3)
+    loaded = tf.saved_model.load(str(tmp_path / "saved"))
+    step, initial_state, max_len = generation.saved_model_step(loaded)
+    assert max_len == 3
+    prompts = [[1, 4, 2, 7, 3], [5, 0]]
+    for settings in (dict(temperature=0.0), dict(temperature=1.3, top_k=5, top_p=0.9, seed=4)):
+        served = generation.generate(step, prompts, initial_state(2), max_tokens=7, segment_len=3, **settings)
+        python = generation.generate_from_model(model, prompts, max_tokens=7, protocol=protocol, segment_len=3,
+                                                **settings)
+        np.testing.assert_array_equal(served.tokens, python.tokens)
 
 
 def test_text_roundtrip_and_errors(model):
@@ -72,16 +112,33 @@ def test_text_roundtrip_and_errors(model):
         generation.generate_text(model, vocab, "", max_tokens=3)
     with pytest.raises(ValueError, match="max_tokens"):
         _generate(model, max_tokens=0)
+    for settings, flag in ((dict(top_p=0.0), "--top_p"), (dict(top_p=1.5), "--top_p"), (dict(top_k=12), "--top_k"),
+                           (dict(temperature=-1.0), "--temperature")):
+        with pytest.raises(ValueError, match=flag):
+            generation.check_settings(vocab, ["abc"], **{**dict(max_tokens=3, temperature=1.0, top_k=0), **settings})
+    with pytest.raises(ValueError, match="--prompt='xyz'"):
+        generation.check_settings(vocab, ["abc", "xyz"], max_tokens=3, temperature=1.0, top_k=0)
+    assert generation.check_settings(vocab, ["abc", "j"], max_tokens=3, temperature=1.0, top_k=0) == [[0, 1, 2], [9]]
 
 
-def test_word_level_cli_separates_the_prompt_from_the_continuation(tmp_path):
-    """`python -m txl_tf.generate` prints the prompt and the generated words with a space between them."""
+def test_cli_model_dir_and_saved_model_print_the_same_text(tmp_path):
+    """`python -m txl_tf.generate` on a run and on its export (`python -m txl_tf.export`): the same text for the same
+    seed, for a batch of two prompts; word level prints a space between prompt and continuation."""
     data_dir = prepare_tiny_corpus(str(tmp_path), "word", n_lines=200)
     model_dir = str(tmp_path / "run")
     run_training(model_dir, tiny_params(data_dir))
-    result = subprocess.run([sys.executable, "-m", "txl_tf.generate", f"--model_dir={model_dir}",
-                             "--prompt=the memory", "--max_tokens=4", "--seed=3", "--temperature=0"],
-                            cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    text = result.stdout.splitlines()[1]
-    assert text.startswith("the memory ") and not text.startswith("the memory  "), text
+
+    def run(*args):
+        result = subprocess.run([sys.executable, "-m", *args], cwd=REPO_ROOT, env=subprocess_env(),
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+
+    sampling = ["--prompt=the memory", "--prompt=a", "--max_tokens=6", "--seed=3", "--temperature=0.9",
+                "--top_p=0.95"]
+    from_run = run("txl_tf.generate", f"--model_dir={model_dir}", *sampling).splitlines()
+    run("txl_tf.export", f"--model_dir={model_dir}", f"--export_dir={tmp_path / 'saved'}")
+    served = run("txl_tf.generate", f"--saved_model={tmp_path / 'saved'}", *sampling).splitlines()
+    assert from_run[1:3] == served[1:3], (from_run, served)
+    assert from_run[1].startswith("the memory ") and not from_run[1].startswith("the memory  "), from_run
+    assert from_run[2].startswith("a ")

@@ -1,5 +1,6 @@
-"""TransformerXL: incremental decoding equals one pass, memory semantics, attributes changeable after loading,
-serialization (config, .keras, tf.train.Checkpoint), mixed precision and XLA."""
+"""TransformerXL: incremental decoding equals one pass, memory semantics, the keys/values cache equals the memory for
+every attention type, protocols passed to calls (never set on the model), padded rows, serialization (config,
+.keras, tf.train.Checkpoint), mixed precision and XLA."""
 
 import keras
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from txl_tf import TransformerXL
+from txl_tf.protocol import Protocol
 
 V, NL, DM, NH, DH, DI = 23, 2, 12, 2, 5, 17
 
@@ -34,10 +36,10 @@ def test_token_by_token_equals_segment(attn_type):
     x = tokens(2, 6)
     start = model(tokens(2, 3, seed=1))[1]  # a real (non-zero) memory of 3 positions
     full, _ = model(x, start)
-    model.mem_len = 3 + 6  # keep everything while decoding
+    keep_all = model.protocol.replace(mem_len=3 + 6)  # keep everything while decoding
     mems, steps = start, []
     for t in range(6):
-        out, mems = model(x[:, t : t + 1], mems)
+        out, mems = model(x[:, t : t + 1], mems, protocol=keep_all)
         steps.append(out)
     np.testing.assert_allclose(tf.concat(steps, 1).numpy(), full.numpy(), atol=1e-5)
 
@@ -50,10 +52,10 @@ def test_segments_with_memory_equal_one_long_pass():
     second, _ = model(x[:, 5:], mems)
     np.testing.assert_allclose(tf.concat([first, second], 1).numpy(), long.numpy(), atol=1e-5)
     # with a memory shorter than the context the second segment differs
-    model.mem_len = 2
-    _, short_mems = model(x[:, :5])
+    short = Protocol(mem_len=2)
+    _, short_mems = model(x[:, :5], protocol=short)
     assert short_mems.shape[2] == 2
-    assert np.abs(model(x[:, 5:], short_mems)[0].numpy() - second.numpy()).max() > 1e-3
+    assert np.abs(model(x[:, 5:], short_mems, protocol=short)[0].numpy() - second.numpy()).max() > 1e-3
 
 
 def test_memory_contents_and_shapes():
@@ -97,20 +99,124 @@ def test_bad_mems_rejected():
         model(tokens(2, 3), tf.zeros([NL + 1, 2, 4, DM]))
 
 
-def test_attributes_change_without_rebuilding(tmp_path):
-    """mem_len, clamp_len and same_length can be changed after loading weights (long-memory evaluation)."""
+def test_protocol_is_a_value_passed_to_the_call(tmp_path):
+    """Other lengths after loading weights come from a Protocol passed to the call; the model is not changed."""
     model = make_model()
     x = tokens(2, 8)
     model.save(tmp_path / "m.keras")
     loaded = keras.models.load_model(tmp_path / "m.keras")
-    loaded.mem_len, loaded.clamp_len, loaded.same_length = 6, 2, True
-    hidden, mems = loaded(x[:, 4:], loaded(x[:, :4])[1])
+    before = loaded.get_config()
+    protocol = Protocol(mem_len=6, clamp_len=2, same_length=True)
+    hidden, mems = loaded(x[:, 4:], loaded(x[:, :4], protocol=protocol)[1], protocol=protocol)
     assert mems.shape == (NL, 2, 6, DM)
+    assert loaded.get_config() == before and loaded.protocol == Protocol(mem_len=4)
     fresh = make_model(mem_len=6, clamp_len=2, same_length=True)
     fresh.set_weights(model.get_weights())
     expected = fresh(x[:, 4:], fresh(x[:, :4])[1])[0]
     np.testing.assert_allclose(hidden.numpy(), expected.numpy(), atol=1e-6)
     assert np.abs(hidden.numpy() - model(x[:, 4:], model(x[:, :4])[1])[0].numpy()).max() > 1e-4
+
+
+def test_protocol_values_are_checked():
+    assert Protocol(np.int64(3)).mem_len == 3 and isinstance(Protocol(np.int64(3)).mem_len, int)
+    for bad in (dict(mem_len=-1), dict(mem_len=2.5), dict(mem_len=2, same_length="yes")):
+        with pytest.raises(ValueError, match="Protocol"):
+            Protocol(**bad)
+    with pytest.raises(Exception, match="frozen|cannot assign"):
+        Protocol(3).mem_len = 4
+
+
+CACHE_CASES = [
+    dict(attn_type="xl"),
+    dict(attn_type="xl", untie_r=True, pre_lnorm=True, cutoffs=(7,), div_val=2),
+    dict(attn_type="xl", same_length_keys="pytorch"),
+    dict(attn_type="shaw"),
+    dict(attn_type="shaw", pre_lnorm=True),
+    dict(attn_type="vaswani"),
+    dict(attn_type="al_rfou", max_position=9),  # windows of up to 5 + 4 = 9 keys: the table's last row is used
+]
+
+
+@pytest.mark.parametrize("kwargs", CACHE_CASES, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+@pytest.mark.parametrize("same_length", [False, True])
+def test_cache_equals_memory(kwargs, same_length):
+    """The keys/values cache and the hidden-state memory give the same outputs, call after call, with segments
+    of different lengths (one token included) and a memory that slides."""
+    model = make_model(**kwargs)
+    protocol = Protocol(mem_len=5, clamp_len=3, same_length=same_length)
+    mems = model.initial_mems(2, protocol)
+    cache = model.initial_cache(2, protocol, max_len=4)
+    assert cache["keys"].shape == (NL, NH, 2, 5, DH) and ("position_keys" in cache) == (kwargs["attn_type"] in
+                                                                                        ("xl", "shaw"))
+    x = tokens(2, 13, seed=3)
+    start = 0
+    for length in (4, 1, 3, 1, 4):
+        segment = x[:, start:start + length]
+        start += length
+        from_memory, mems = model(segment, mems=mems, protocol=protocol)
+        from_cache, cache = model(segment, cache=cache, protocol=protocol)
+        np.testing.assert_allclose(from_cache.numpy(), from_memory.numpy(), atol=2e-5)
+    assert cache["keys"].shape == (NL, NH, 2, 5, DH)
+
+
+@pytest.mark.parametrize("attn_type", ["xl", "shaw"])
+def test_cached_token_by_token_equals_segment(attn_type):
+    """With same_length every query sees M + 1 keys, so one token at a time through a cache of M positions
+    reproduces one pass of the segment over the same cache (the paper's evaluation setting)."""
+    model = make_model(attn_type=attn_type, untie_r=True)
+    protocol = Protocol(mem_len=4, clamp_len=-1, same_length=True)
+    cache = model.initial_cache(2, protocol, max_len=6)
+    _, cache = model(tokens(2, 5, seed=1), cache=cache, protocol=protocol)  # a real (non-zero) memory
+    x = tokens(2, 6)
+    full, _ = model(x, cache=cache, protocol=protocol)
+    steps = []
+    for t in range(6):
+        out, cache = model(x[:, t:t + 1], cache=cache, protocol=protocol)
+        steps.append(out)
+    np.testing.assert_allclose(tf.concat(steps, 1).numpy(), full.numpy(), atol=1e-5)
+
+
+@pytest.mark.parametrize("state", ["cache", "memory"])
+def test_padded_rows_leave_the_state_as_their_own_tokens_would(state):
+    """Row 1 holds 2 tokens and 3 of padding: its state after the call is the state of its 2 tokens alone."""
+    model = make_model(attn_type="xl")
+    protocol = Protocol(mem_len=4)
+    x = tokens(2, 5, seed=4)
+    y = tokens(2, 1, seed=5)
+
+    def initial(batch):
+        if state == "cache":
+            return dict(cache=model.initial_cache(batch, protocol, max_len=5))
+        return dict(mems=model.initial_mems(batch, protocol))
+
+    def run(segment, current, lengths=None):
+        hidden, new = model(segment, **current, protocol=protocol, lengths=lengths)
+        return hidden, dict(cache=new) if state == "cache" else dict(mems=new)
+
+    padded_hidden, padded = run(x, initial(2), lengths=tf.constant([5, 2]))
+    alone_hidden, alone = run(x[1:, :2], initial(1))
+    np.testing.assert_allclose(padded_hidden[1, :2].numpy(), alone_hidden[0].numpy(), atol=1e-5)
+    next_padded, _ = run(y, padded)
+    next_alone, _ = run(y[1:], alone)
+    np.testing.assert_allclose(next_padded[1].numpy(), next_alone[0].numpy(), atol=1e-5)
+    full_row, _ = run(x[:1], initial(1))  # row 0 (all 5 tokens valid) is unaffected
+    np.testing.assert_allclose(padded_hidden[0].numpy(), full_row[0].numpy(), atol=1e-5)
+
+
+def test_cache_misuse_is_refused():
+    model = make_model()
+    protocol = Protocol(mem_len=4)
+    cache = model.initial_cache(1, protocol, max_len=2)
+    with pytest.raises(ValueError, match="mem_len"):
+        model(tokens(1, 2), cache=cache, protocol=Protocol(mem_len=5))
+    with pytest.raises(ValueError, match="inference"):
+        model(tokens(1, 2), cache=cache, protocol=protocol, training=True)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_len"):
+        model(tokens(1, 3), cache=cache, protocol=protocol)
+    absolute = make_model(attn_type="al_rfou", pre_lnorm=True)
+    assert not absolute.supports_cache(protocol) and absolute.supports_cache(Protocol(mem_len=0))
+    with pytest.raises(ValueError, match="hidden-state memory"):
+        absolute.initial_cache(1, protocol, max_len=2)
 
 
 @pytest.mark.parametrize("kwargs", [

@@ -82,6 +82,52 @@ def attention_bias(qlen, mlen, same_length=False, same_length_keys="tf", mem_len
     return tf.where(blocked, tf.constant(MASK_VALUE, dtype), tf.constant(0.0, dtype))  # [L, K]
 
 
+def keep_last(memory, new, mem_len, lengths=None, axis=1):
+    """The recurrent state's update: the last `mem_len` positions of concat([memory, new]) along `axis`, gradient
+    stopped (the authors' `_cache_mem`).
+
+    Args:
+      memory: [..., M, ...] or None (M = 0); new: [..., L, ...]; time on `axis`, the batch on `axis - 1` (hidden
+        memory [B, T, d]: axis 1; cached keys [N, B, T, D]: axis 2).
+      lengths: optional [B] int32: row b's new positions from lengths[b] on are padding (prompts of different
+        lengths in one batch) and are not kept, so row b's window ends after its own last token. Needs a memory
+        of mem_len positions already (`initial_mems` / `initial_cache`).
+
+    Returns:
+      [..., min(mem_len, M + L), ...].
+    """
+    cat = new if memory is None else tf.concat([tf.cast(memory, new.dtype), new], axis=axis)  # [..., M + L, ...]
+    return keep_window(cat, tf.shape(new)[axis], mem_len, lengths, axis)
+
+
+def keep_window(cat, new_len, mem_len, lengths=None, axis=1):
+    """`keep_last` of an already concatenated [memory, new] `cat` whose last `new_len` positions are new."""
+
+    def last():
+        start = tf.maximum(tf.shape(cat)[axis] - mem_len, 0)
+        return cat[(slice(None),) * axis + (slice(start, None),)]
+
+    if lengths is None:
+        return tf.stop_gradient(last())
+    if axis < 1:
+        raise ValueError("keep_last with lengths needs a batch axis before the time axis")
+    lengths = tf.cast(lengths, tf.int32)
+    keep = tf.minimum(tf.shape(cat)[axis], mem_len)
+
+    def per_row():
+        first = lengths + (tf.shape(cat)[axis] - new_len) - keep  # [B]
+        index = tf.maximum(first[:, None] + tf.range(keep)[None, :], 0)  # [B, keep]
+        if axis == 1:
+            return tf.gather(cat, index, axis=axis, batch_dims=1)
+        # tf.gather's batch_dims counts leading axes: move the batch to the front and back.
+        perm = [axis - 1] + [a for a in range(len(cat.shape)) if a != axis - 1]
+        kept = tf.gather(tf.transpose(cat, perm), index, axis=axis, batch_dims=1)
+        return tf.transpose(kept, tf.math.invert_permutation(perm))
+
+    full = tf.reduce_all(tf.equal(lengths, new_len))  # no padding: the plain slice
+    return tf.stop_gradient(tf.cond(full, last, per_row))
+
+
 def _split_heads(x, n_head, d_head):
     """[B, T, N*D] -> [N, B, T, D]."""
     shape = tf.shape(x)
@@ -116,17 +162,29 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
       max_position: rows of the learned relative table (shaw); longer distances use the last row.
       init_std: standard deviation of the kernels' normal initialiser.
 
+    The recurrent state goes in and comes out of the call, in one of two forms:
+      memory (training, and the authors' semantics): the hidden states [B, M, d] that entered this layer in earlier
+        segments; keys and values are projected from concat([memory, inputs]) at every call.
+      cache (inference): `initial_cache`'s dict, the memory's keys / values [N, B, M, D] and the position keys;
+        only the segment's positions are projected. Same outputs as the memory (tested).
+
     Call args:
       inputs: segment h [B, L, d].
-      memory: [B, M, d] or None (M = 0); keys and values are computed from concat([memory, inputs]).
-      position_encoding: R [K, d] rows in descending distance (xl only).
+      memory: [B, M, d] or None (M = 0). Ignored when `cache` is given.
+      cache: the keys/values state (inference only), or None.
+      mem_len: positions of memory the returned state keeps (memory form; the cache keeps its own length).
+      lengths: optional [B] int32 tokens per row; the rest of a row is padding and does not enter the state.
+      position_encoding: R [K, d] rows in descending distance (xl, memory form).
+      memory_positions, input_positions: absolute positions [M, d] and [L, d] added to memory and inputs before
+        the attention (vaswani's first layer: the memory's; al_rfou: both); the state keeps the inputs without.
       attention_bias: additive mask [L, K] (0 or MASK_VALUE), float32.
       content_bias, position_bias: u, v [N, D] (xl only).
       return_probs: also return the attention probabilities [B, N, L, K] float32.
       training: dropout on/off.
 
     Returns:
-      [B, L, d] (and the probabilities when `return_probs`).
+      (outputs [B, L, d], new state) and the probabilities as a third element when `return_probs`. The new state
+      is the memory [B, min(mem_len, M + L), d] (gradient stopped) or the updated cache.
     """
 
     def __init__(
@@ -185,11 +243,41 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             r = tf.gather(tf.cast(self.relative_table, self.compute_dtype), distances)  # [K, N, D]
         return tf.transpose(r, [1, 0, 2])  # [N, K, D]
 
+    def initial_cache(self, batch_size, mem_len, max_len, position_encoding=None):
+        """The keys/values cache of a zero memory (the TF original's first segment), for calls of up to `max_len`.
+
+        Args:
+          batch_size, mem_len: B and M.
+          max_len: the longest segment a call with this cache may pass; the position keys cover
+            P = mem_len + max_len distances.
+          position_encoding: R [P, d] in descending distance (xl), without dropout.
+
+        Returns:
+          {"key": [N, B, M, D], "value": [N, B, M, D]} in the compute dtype, plus "position_key" [N, P, D] (xl, shaw):
+          W_R R or the learned table for distances P-1 .. 0, computed once here instead of at every call.
+        """
+        dtype = self.compute_dtype
+        width = self.n_head * self.d_head
+        zeros = tf.zeros([batch_size, mem_len, self.d_model], dtype)  # [B, M, d]
+        x = self.layer_norm(zeros) if self.pre_lnorm else zeros
+        _, kv_kernel = tf.split(tf.cast(self.qkv_kernel, dtype), [width, 2 * width], axis=1)
+        keys, values = tf.split(_dense(x, kv_kernel), 2, axis=-1)  # [B, M, N*D] each
+        cache = {"key": _split_heads(keys, self.n_head, self.d_head),
+                 "value": _split_heads(values, self.n_head, self.d_head)}  # [N, B, M, D]
+        if self.attn_type in ("xl", "shaw"):
+            cache["position_key"] = self._relative_keys(mem_len + max_len, position_encoding)  # [N, P, D]
+        return cache
+
     def call(
         self,
         inputs,
         memory=None,
+        cache=None,
+        mem_len=0,
+        lengths=None,
         position_encoding=None,
+        memory_positions=None,
+        input_positions=None,
         attention_bias=None,
         content_bias=None,
         position_bias=None,
@@ -197,41 +285,114 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         training=None,
     ):
         dtype = self.compute_dtype
-        h = tf.cast(inputs, dtype)  # [B, L, d]
+        raw = tf.cast(inputs, dtype)  # [B, L, d]: what the recurrent state keeps
+        h = raw if input_positions is None else raw + tf.cast(input_positions, dtype)  # queries and residual
+        width = self.n_head * self.d_head
+        # Split with tf.split rather than strided slices: StridedSliceGrad is slow on CPU.
+        q_kernel, kv_kernel = tf.split(tf.cast(self.qkv_kernel, dtype), [width, 2 * width], axis=1)
+        if cache is not None:
+            if training:
+                raise ValueError("the keys/values cache serves inference; train with the hidden-state memory")
+            return self._call_cached(raw, h, cache, lengths, q_kernel, kv_kernel, memory_positions,
+                                     input_positions, attention_bias, content_bias, position_bias, return_probs)
+        new_memory = keep_last(memory, raw, mem_len, lengths)  # [B, min(mem_len, M + L), d]
         if memory is not None:
             memory = tf.cast(memory, dtype)  # [B, M, d]
+            if memory_positions is not None:
+                memory = memory + tf.cast(memory_positions, dtype)
         if self.pre_lnorm:  # LayerNorm is per position: normalising memory and segment apart is the same
             h_in = self.layer_norm(h)
             memory = None if memory is None else self.layer_norm(memory)
         else:
             h_in = h
         cat = h_in if memory is None else tf.concat([memory, h_in], axis=1)  # [B, K, d]
-        batch, qlen, klen = tf.shape(h)[0], tf.shape(h)[1], tf.shape(cat)[1]
-        width = self.n_head * self.d_head
-        # Split with tf.split rather than strided slices: StridedSliceGrad is slow on CPU.
-        q_kernel, kv_kernel = tf.split(tf.cast(self.qkv_kernel, dtype), [width, 2 * width], axis=1)
+        klen = tf.shape(cat)[1]
         q = _dense(h_in, q_kernel)  # [B, L, N*D]: queries only for the segment
         k, v = tf.split(_dense(cat, kv_kernel), 2, axis=-1)  # [B, K, N*D] each
         # Head-major layout [N, B, T, D]: the position term then needs no broadcast over the batch.
-        q = _split_heads(q, self.n_head, self.d_head) * tf.cast(self.scale, dtype)  # [N, B, L, D]
         k = _split_heads(k, self.n_head, self.d_head)  # [N, B, K, D]
         v = _split_heads(v, self.n_head, self.d_head)  # [N, B, K, D]
+        r = self._relative_keys(klen, position_encoding) if self.attn_type in ("xl", "shaw") else None
+        out = self._attend(h, q, k, v, r, attention_bias, content_bias, position_bias, return_probs, training)
+        return (out[0], new_memory, *out[1:])
 
+    def _call_cached(self, raw, h, cache, lengths, q_kernel, kv_kernel, memory_positions, input_positions,
+                     attention_bias, content_bias, position_bias, return_probs):
+        """Inference with the keys/values of the memory carried in `cache` (see `initial_cache`).
+
+        Only the segment's L positions are projected; the memory's keys/values come from the cache and the
+        position keys from its table. Absolute positions (vaswani's first layer, al_rfou) depend on where a
+        memory position sits in the current window, so the cache keeps keys/values without them and their
+        projection is added per call.
+        """
+        if self.pre_lnorm and (memory_positions is not None or input_positions is not None):
+            raise ValueError("a keys/values cache cannot hold LayerNorm(memory + absolute positions) "
+                             "(pre_lnorm with attn_type 'vaswani' or 'al_rfou'); use the hidden-state memory")
+        dtype = self.compute_dtype
+        heads = lambda x: _split_heads(x, self.n_head, self.d_head)  # noqa: E731  [B, T, N*D] -> [N, B, T, D]
+        keys, values = tf.cast(cache["key"], dtype), tf.cast(cache["value"], dtype)  # [N, B, M, D]
+        mem_len = keys.shape[2] if keys.shape[2] is not None else tf.shape(keys)[2]
+        h_in = self.layer_norm(h) if self.pre_lnorm else h
+        if input_positions is None:
+            q = _dense(h_in, q_kernel)  # [B, L, N*D]
+            k_new, v_new = tf.split(_dense(h_in, kv_kernel), 2, axis=-1)  # [B, L, N*D]: what the cache keeps
+            k_seg, v_seg = k_new, v_new
+        else:  # al_rfou: the cache keeps the keys/values of the inputs without this window's positions
+            q = _dense(h, q_kernel)
+            k_new, v_new = tf.split(_dense(raw, kv_kernel), 2, axis=-1)
+            k_pos, v_pos = tf.split(_dense(tf.cast(input_positions, dtype)[None], kv_kernel), 2, axis=-1)
+            k_seg, v_seg = k_new + k_pos, v_new + v_pos
+        k_new, v_new = heads(k_new), heads(v_new)  # [N, B, L, D]
+        k_cat, v_cat = tf.concat([keys, k_new], axis=2), tf.concat([values, v_new], axis=2)  # [N, B, K, D]
+        qlen = tf.shape(h)[1]
+        new_cache = dict(cache, key=tf.ensure_shape(keep_window(k_cat, qlen, mem_len, lengths, axis=2), keys.shape),
+                         value=tf.ensure_shape(keep_window(v_cat, qlen, mem_len, lengths, axis=2),
+                                               values.shape))  # [N, B, M, D]: the cache keeps its shape
+        k, v = k_cat, v_cat  # the keys/values attended: the cache's own, unless positions are added
+        if memory_positions is not None:  # the window's positions of the memory: [1, M, N*D] -> [N, 1, M, D]
+            k_pos, v_pos = tf.split(_dense(tf.cast(memory_positions, dtype)[None], kv_kernel), 2, axis=-1)
+            keys, values = keys + heads(k_pos), values + heads(v_pos)
+        if memory_positions is not None or input_positions is not None:
+            k = tf.concat([keys, heads(k_seg)], axis=2)  # [N, B, K, D]
+            v = tf.concat([values, heads(v_seg)], axis=2)
+        r = None
+        if self.attn_type in ("xl", "shaw"):
+            table = cache["position_key"]  # [N, P, D], descending distance
+            klen, rows = tf.shape(k)[2], tf.shape(table)[1]
+            tf.debugging.assert_less_equal(klen, rows, message="a call with a cache passes at most the max_len "
+                                           "tokens the cache was made for (its position keys cover mem_len + "
+                                           "max_len distances)")
+            r = tf.cast(table[:, rows - klen:], dtype)  # [N, K, D]: distances K-1 .. 0
+        out = self._attend(h, q, k, v, r, attention_bias, content_bias, position_bias, return_probs, False)
+        return (out[0], new_cache, *out[1:])
+
+    def _attend(self, h, q, k, v, r, attention_bias, content_bias, position_bias, return_probs, training):
+        """Scores, softmax, values, output projection and residual: the part both states share.
+
+        h: residual [B, L, d]; q: [B, L, N*D]; k, v: [N, B, K, D]; r: position keys [N, K, D] (xl, shaw) or None.
+        """
+        dtype = self.compute_dtype
+        batch, qlen, klen = tf.shape(h)[0], tf.shape(h)[1], tf.shape(k)[2]
+        width = self.n_head * self.d_head
+        q = _split_heads(q, self.n_head, self.d_head) * tf.cast(self.scale, dtype)  # [N, B, L, D]
         if self.attn_type == "xl":
             u = tf.cast(content_bias, dtype)[:, None, None, :] * tf.cast(self.scale, dtype)  # [N, 1, 1, D]
             score = tf.matmul(q + u, k, transpose_b=True)  # [N, B, L, K]: (a) + (c)
         else:
             score = tf.matmul(q, k, transpose_b=True)  # [N, B, L, K]: (a)
-        if self.attn_type in ("xl", "shaw"):
-            r = self._relative_keys(klen, position_encoding)  # [N, K, D]
-            r = tf.pad(r, [[0, 0], [1, 0], [0, 0]])  # [N, K+1, D]: a zero row gives shift_padded its column
+        if r is not None:
             q_r = q
             if self.attn_type == "xl":
                 q_r = q + tf.cast(position_bias, dtype)[:, None, None, :] * tf.cast(self.scale, dtype)
             q_r = tf.reshape(q_r, [self.n_head, batch * qlen, self.d_head])  # [N, B*L, D]
-            position_score = tf.matmul(q_r, r, transpose_b=True)  # [N, B*L, K+1]: one matmul per head
-            position_score = tf.reshape(position_score, [self.n_head, batch, qlen, klen + 1])  # [N, B, L, K+1]
-            score += shift_padded(position_score)  # [N, B, L, K]: (b) + (d)
+            if h.shape[1] == 1:  # one query (decoding): rel_shift is the identity, no padding needed
+                position_score = tf.matmul(q_r, r, transpose_b=True)  # [N, B, K]
+                score += tf.reshape(position_score, [self.n_head, batch, 1, klen])
+            else:
+                r = tf.pad(r, [[0, 0], [1, 0], [0, 0]])  # [N, K+1, D]: a zero row gives shift_padded its column
+                position_score = tf.matmul(q_r, r, transpose_b=True)  # [N, B*L, K+1]: one matmul per head
+                position_score = tf.reshape(position_score, [self.n_head, batch, qlen, klen + 1])
+                score += shift_padded(position_score)  # [N, B, L, K]: (b) + (d)
 
         score = tf.cast(score, tf.float32)
         if attention_bias is not None:
@@ -245,7 +406,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         out = h + out if self.pre_lnorm else self.layer_norm(h + out)  # [B, L, d]
         if return_probs:
             return out, tf.transpose(probs, [1, 0, 2, 3])  # [B, N, L, K]
-        return out
+        return (out,)
 
     def get_config(self):
         return {

@@ -75,12 +75,11 @@ class TransformerXLBlock(keras.layers.Layer):
 
     Args: as `RelativeMultiHeadAttention` plus `d_inner` (feed-forward width).
 
-    Call args:
-      inputs: [B, L, d]; memory: [B, M, d] or None; position_encoding: [K, d]; attention_bias: [L, K];
-      content_bias / position_bias: [N, D]; return_probs; training.
+    Call args: as `RelativeMultiHeadAttention` (the recurrent state is the attention's: `memory` or `cache`,
+      `mem_len`, `lengths`), without `input_positions` (al_rfou's come from this block).
 
     Returns:
-      [B, L, d] (and attention probabilities [B, N, L, K] float32 when `return_probs`).
+      (outputs [B, L, d], new state) plus the attention probabilities [B, N, L, K] float32 when `return_probs`.
     """
 
     def __init__(self, d_model, n_head, d_head, d_inner, dropout=0.0, dropatt=0.0, attn_type="xl",
@@ -117,32 +116,36 @@ class TransformerXLBlock(keras.layers.Layer):
         self.feed_forward.build(input_shape)
         super().build(input_shape)
 
-    def _add_absolute_positions(self, inputs, memory):
-        qlen = tf.shape(inputs)[1]
-        mlen = 0 if memory is None else tf.shape(memory)[1]
+    def _absolute_positions(self, qlen, mlen):
+        """Learned positions of the window's keys (al_rfou): ([M, d] for the memory, [L, d] for the segment)."""
         # Key position p gets row min(p, max_position - 1): contexts longer than the table (a vanilla model
         # evaluated with a longer window) share the last learned row, as Shaw's distances do.
         positions = tf.minimum(tf.range(mlen + qlen), self.max_position - 1)  # [K]
         table = tf.gather(tf.cast(self.absolute_positions, self.compute_dtype), positions)  # [K, d]
-        inputs = tf.cast(inputs, self.compute_dtype) + table[mlen:]  # [B, L, d]
-        if memory is not None:
-            memory = tf.cast(memory, self.compute_dtype) + table[:mlen]  # [B, M, d]
-        return inputs, memory
+        return table[:mlen], table[mlen:]
 
-    def call(self, inputs, memory=None, position_encoding=None, attention_bias=None, content_bias=None,
-             position_bias=None, return_probs=False, training=None):
+    def initial_cache(self, batch_size, mem_len, max_len, position_encoding=None):
+        """The attention's keys/values cache of a zero memory (`RelativeMultiHeadAttention.initial_cache`)."""
+        return self.attention.initial_cache(batch_size, mem_len, max_len, position_encoding)
+
+    def call(self, inputs, memory=None, cache=None, mem_len=0, lengths=None, position_encoding=None,
+             memory_positions=None, attention_bias=None, content_bias=None, position_bias=None, return_probs=False,
+             training=None):
+        input_positions = None
         if self.attn_type == "al_rfou":
-            inputs, memory = self._add_absolute_positions(inputs, memory)
+            if cache is not None:
+                mlen = tf.shape(cache["key"])[2]
+            else:
+                mlen = 0 if memory is None else tf.shape(memory)[1]
+            memory_positions, input_positions = self._absolute_positions(tf.shape(inputs)[1], mlen)
         out = self.attention(
-            inputs, memory=memory, position_encoding=position_encoding, attention_bias=attention_bias,
-            content_bias=content_bias, position_bias=position_bias, return_probs=return_probs,
-            training=training,
+            inputs, memory=memory, cache=cache, mem_len=mem_len, lengths=lengths,
+            position_encoding=position_encoding, memory_positions=memory_positions,
+            input_positions=input_positions, attention_bias=attention_bias, content_bias=content_bias,
+            position_bias=position_bias, return_probs=return_probs, training=training,
         )
-        probs = None
-        if return_probs:
-            out, probs = out
-        out = self.feed_forward(out, training=training)  # [B, L, d]
-        return (out, probs) if return_probs else out
+        hidden = self.feed_forward(out[0], training=training)  # [B, L, d]
+        return (hidden, *out[1:])
 
     def get_config(self):
         return {

@@ -26,6 +26,7 @@ from typing import Optional
 import gin
 
 from txl_tf.errors import ConfigError
+from txl_tf.protocol import Protocol
 
 
 @gin.configurable
@@ -151,10 +152,14 @@ class EvalConfig:
     protocol: str = "xl"  # "xl": segments + memory; "vanilla": al_rfou window of tgt_len shifted by one token
     compute_dtype: str = "float32"  # or "mixed_bfloat16" (where bfloat16 is native: docs/performance.md)
     layout: str = "corpus"  # "corpus": every token scored once; "original": the authors' batching
-    kv_cache: bool = True  # carry the memory's keys/values (txl_tf.kv_cache; same numbers, faster; xl only)
+    kv_cache: bool = True  # carry the memory's keys/values (txl_tf.inference; same numbers, faster)
 
     def __post_init__(self):
         validate(self)
+
+    def attention_protocol(self):
+        """The attention lengths as the immutable value evaluation, generation and export hand to the model."""
+        return Protocol(mem_len=self.mem_len, clamp_len=self.clamp_len, same_length=self.same_length)
 
 
 # ---- validation: every field's type and range, checked when a config is made (before anything is written) ----

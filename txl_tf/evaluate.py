@@ -50,9 +50,10 @@ def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_pa
     if protocol.protocol == "vanilla":
         result = evaluation.evaluate_vanilla(model, tokens, window=protocol.tgt_len, **common)
     else:
-        result = evaluation.evaluate_tokens(model, tokens, tgt_len=protocol.tgt_len, mem_len=protocol.mem_len,
-                                            same_length=protocol.same_length, layout=protocol.layout,
-                                            kv_cache=protocol.kv_cache and model.attn_type == "xl", **common)
+        common.pop("clamp_len")
+        result = evaluation.evaluate_tokens(model, tokens, tgt_len=protocol.tgt_len,
+                                            protocol=protocol.attention_protocol(), layout=protocol.layout,
+                                            kv_cache=protocol.kv_cache, **common)
     result.protocol["compute_dtype"] = protocol.compute_dtype
     result.protocol["split"] = split
     evaluation.print_result(result, level)

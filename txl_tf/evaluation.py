@@ -2,9 +2,10 @@
 
 Transformer-XL protocol (section 3.2 of the paper; the authors' TF code, tf/train_gpu.py): the split is cut into `batch_size`
 contiguous streams; each step scores the next `tgt_len` tokens of every stream while the memory (`mem_len`
-long, zeros at the start: the TF original's convention) carries the context across segments. The memory stays
-a TF tensor between the compiled steps (never a host array), and the step is traced at most once per segment
-shape (full segment, the final shorter one, and the 1-stream tail).
+long, zeros at the start: the TF original's convention) carries the context across segments. The state (the
+keys/values cache, or the hidden memory: `txl_tf.inference`) stays a TF tensor between the compiled steps (never a
+host array), and the step is traced at most once per segment shape (full segment, the final shorter one, and the
+1-stream tail). The attention lengths are a `Protocol` value handed to the model's calls.
 
 Every token of the split after the first is scored exactly once: stream b covers predictions
 `b*S + 1 .. b*S + S` (S = (N - 1) // batch_size, so stream b's last target is stream b + 1's first input) and
@@ -19,16 +20,18 @@ Shapes: B streams (batch), L segment length, M = mem_len, n_layer layers, D = d_
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 import numpy as np
 import tensorflow as tf
+
+from txl_tf.inference import Recurrent, run_segments
+from txl_tf.protocol import Protocol
 
 PROTOCOLS = ("xl", "vanilla")
 LAYOUTS = ("corpus", "original")
@@ -73,32 +76,6 @@ class EvalResult:
 
     def protocol_line(self) -> str:
         return "protocol: " + ", ".join(f"{k}={v}" for k, v in self.protocol.items())
-
-
-@contextlib.contextmanager
-def eval_protocol(model, *, mem_len: int, clamp_len: int, same_length: bool) -> Iterator[None]:
-    """Temporarily sets the model's evaluation-time attention lengths (no rebuild: no new weights)."""
-    saved = (model.mem_len, model.clamp_len, model.same_length)
-    model.mem_len, model.clamp_len, model.same_length = int(mem_len), int(clamp_len), bool(same_length)
-    try:
-        yield
-    finally:
-        model.mem_len, model.clamp_len, model.same_length = saved
-
-
-def make_score_step(model, jit_compile: bool = False):
-    """A compiled step: (inputs [B, L] int32, targets [B, L] int32, mems) -> (nll [B, L] f32, new_mems).
-
-    The model's mem_len / clamp_len / same_length are read when the step is traced, so set them first
-    (`eval_protocol`) and make a new step when they change.
-    """
-
-    @tf.function(jit_compile=jit_compile)
-    def step(inputs, targets, mems):
-        hidden, new_mems = model(inputs, mems=mems, training=False)  # [B, L, D], [n_layer, B, M, D]
-        return model.nll(hidden, targets), new_mems  # [B, L]
-
-    return step
 
 
 def corpus_streams(tokens: np.ndarray, batch_size: int, layout: str = "corpus") -> tuple[np.ndarray, np.ndarray]:
@@ -154,43 +131,39 @@ class _Progress:
                 self.lines.close()
 
 
-def _score_streams(step, streams, mems, tgt_len: int, max_steps: int, progress, totals, pieces):
-    """Scores [B, S + 1] streams segment by segment, carrying the memory state; appends [B, L] NLL to `pieces`."""
-    length = streams.shape[1] - 1
-    starts = list(range(0, length, tgt_len))
-    if max_steps:
-        starts = starts[:max_steps]
-    for start in starts:
-        end = min(start + tgt_len, length)
-        nll, mems = step(tf.constant(streams[:, start:end]), tf.constant(streams[:, start + 1:end + 1]), mems)
+def _score_streams(recurrent, streams, state, tgt_len: int, max_steps: int, progress, totals, pieces):
+    """Scores [B, S + 1] streams segment by segment, carrying the state; appends [B, L] NLL to `pieces`."""
+
+    def count(nll):
         totals[0] += float(tf.reduce_sum(tf.cast(nll, tf.float64)))
         totals[1] += int(nll.shape[0] * nll.shape[1])
         pieces.append(nll)
         progress.update(1, totals[0] / totals[1])
-    return mems
+
+    _, state = run_segments(recurrent.score, state, streams[:, :-1], tgt_len, targets=streams[:, 1:],
+                            max_steps=max_steps, on_output=count)
+    return state
 
 
-def evaluate_streams(model, streams: np.ndarray, *, tgt_len: int, mem_len: int, clamp_len: int = -1,
-                     same_length: bool = False, max_steps: int = 0, tail: np.ndarray | None = None,
-                     return_token_losses: bool = False, progress: bool = False,
-                     jit_compile: bool = False, kv_cache: bool = False) -> EvalResult:
-    """Transformer-XL evaluation of explicit streams with memory carried across segments.
+def evaluate_streams(model, streams: np.ndarray, *, tgt_len: int, protocol: Protocol, max_steps: int = 0,
+                     tail: np.ndarray | None = None, return_token_losses: bool = False, progress: bool = False,
+                     jit_compile: bool = False, kv_cache: bool = True) -> EvalResult:
+    """Transformer-XL evaluation of explicit streams with the state carried across segments.
 
     Args:
       model: a `TransformerXL`.
       streams: [B, S + 1] int32 token streams; stream b predicts streams[b, 1:] from streams[b, :-1].
       tgt_len: segment length L; the last segment of a stream may be shorter.
-      mem_len, clamp_len, same_length: the evaluation protocol (set on the model for the duration).
+      protocol: the attention lengths (mem_len, clamp_len, same_length) of every call.
       max_steps: score only the first `max_steps` segments (0 = all).
-      tail: optional [R + 1] tokens continuing the LAST stream (R predictions), scored with that stream's memory.
+      tail: optional [R + 1] tokens continuing the LAST stream (R predictions), scored with that stream's state.
       return_token_losses: keep per-token NLL, in order stream 0, stream 1, ..., then the tail.
       progress: show a progress bar.
       jit_compile: XLA (faster on GPU/TPU, slower for bf16 on CPUs with AMX).
-      kv_cache: carry the memory's keys/values and reuse the position keys (`txl_tf.kv_cache`; same numbers,
-        much faster at long memories). It serves attn_type "xl" only; the other variants recompute the memory.
+      kv_cache: carry the memory's keys/values (same numbers, much faster at long memories); False carries the
+        hidden states and projects them again every segment, as the authors' code does.
     """
     streams = np.asarray(streams, np.int32)
-    kv_cache = kv_cache and model.attn_type == "xl" and mem_len > 0  # the cache serves xl with a memory only
     if streams.ndim != 2 or streams.shape[1] < 2:
         raise ValueError(f"streams must be [batch, length >= 2]; got shape {streams.shape}")
     batch_size, length = streams.shape[0], streams.shape[1] - 1
@@ -198,25 +171,18 @@ def evaluate_streams(model, streams: np.ndarray, *, tgt_len: int, mem_len: int, 
     truncated = bool(max_steps) and max_steps < steps
     steps = max_steps if truncated else steps
     with_tail = tail is not None and len(tail) > 1 and not truncated  # the tail follows the whole last stream
-    settings = dict(protocol="xl", tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
-                    same_length=same_length, batch_size=batch_size, kv_cache=kv_cache)
+    recurrent = Recurrent(model, protocol, max_len=tgt_len, use_cache=kv_cache, jit_compile=jit_compile)
+    settings = dict(protocol="xl", tgt_len=tgt_len, **protocol.as_dict(), batch_size=batch_size,
+                    state=recurrent.state_form)
     start_time = time.perf_counter()
     totals, pieces, tail_pieces = [0.0, 0], [], []
-    with eval_protocol(model, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length):
-        if kv_cache:
-            from txl_tf.kv_cache import CachedScorer
-
-            step = CachedScorer(model, jit_compile=jit_compile)
-            state = step.initial_state(batch_size)  # (keys, values) [n_layer, B, N, M, D]
-        else:
-            step = make_score_step(model, jit_compile=jit_compile)
-            state = model.initial_mems(batch_size)  # [n_layer, B, M, D]
-        bar = _Progress(steps + (math.ceil((len(tail) - 1) / tgt_len) if with_tail else 0), progress)
-        state = _score_streams(step, streams, state, tgt_len, max_steps, bar, totals, pieces)
-        if with_tail:  # the last stream's memory (batch axis 1) continues into the tail
-            tail_state = tf.nest.map_structure(lambda s: s[:, batch_size - 1:batch_size], state)
-            _score_streams(step, np.asarray(tail, np.int32)[None], tail_state, tgt_len, 0, bar, totals,
-                           tail_pieces)
+    bar = _Progress(steps + (math.ceil((len(tail) - 1) / tgt_len) if with_tail else 0), progress)
+    state = _score_streams(recurrent, streams, recurrent.initial_state(batch_size), tgt_len, max_steps, bar,
+                           totals, pieces)
+    if with_tail:  # the last stream's state continues into the tail
+        tail_state = recurrent.select_rows(state, batch_size - 1, batch_size)
+        _score_streams(recurrent, np.asarray(tail, np.int32)[None], tail_state, tgt_len, 0, bar, totals,
+                       tail_pieces)
     seconds = time.perf_counter() - start_time
     token_losses = None
     if return_token_losses:
@@ -227,65 +193,60 @@ def evaluate_streams(model, streams: np.ndarray, *, tgt_len: int, mem_len: int, 
                       token_losses=token_losses)
 
 
-def evaluate_tokens(model, tokens: np.ndarray, *, tgt_len: int, mem_len: int, clamp_len: int = -1,
-                    same_length: bool = False, batch_size: int = 10, max_steps: int = 0,
-                    layout: str = "corpus", return_token_losses: bool = False, progress: bool = False,
-                    jit_compile: bool = False, kv_cache: bool = False) -> EvalResult:
+def evaluate_tokens(model, tokens: np.ndarray, *, tgt_len: int, protocol: Protocol, batch_size: int = 10,
+                    max_steps: int = 0, layout: str = "corpus", return_token_losses: bool = False,
+                    progress: bool = False, jit_compile: bool = False, kv_cache: bool = True) -> EvalResult:
     """Transformer-XL evaluation of a whole split (1-D tokens); with the default layout every token after
     the first is scored exactly once, in corpus order.
 
     See `corpus_streams` for the layouts and `evaluate_streams` for the other arguments.
     """
     streams, tail = corpus_streams(tokens, batch_size, layout)
-    result = evaluate_streams(model, streams, tgt_len=tgt_len, mem_len=mem_len, clamp_len=clamp_len,
-                              same_length=same_length, max_steps=max_steps, tail=tail,
+    result = evaluate_streams(model, streams, tgt_len=tgt_len, protocol=protocol, max_steps=max_steps, tail=tail,
                               return_token_losses=return_token_losses, progress=progress,
                               jit_compile=jit_compile, kv_cache=kv_cache)
     result.protocol["layout"] = layout
     return result
 
 
-def evaluate_dataset(model, dataset: Iterable, *, mem_len: int | None = None, clamp_len: int | None = None,
-                     same_length: bool | None = None, max_steps: int = 0,
-                     progress_total: int | None = None) -> EvalResult:
+def evaluate_dataset(model, dataset: Iterable, *, protocol: Protocol | None = None, max_steps: int = 0,
+                     progress_total: int | None = None, kv_cache: bool = True) -> EvalResult:
     """Evaluates any iterable of (inputs [B, L], targets [B, L]) batches whose rows continue each other.
 
-    Memory starts at zeros and is carried from batch to batch; a batch whose size differs from the previous
-    one restarts it. Protocol settings left as None keep the model's current values (e.g. the trainer's
-    periodic validation with training lengths). Segments are weighted by their token count.
+    The state starts at a zero memory and is carried from batch to batch; a batch whose size differs from the
+    previous one restarts it. `protocol` None keeps the model's training lengths (the trainer's periodic
+    validation). Segments are weighted by their token count.
     """
-    mem_len = model.mem_len if mem_len is None else mem_len
-    clamp_len = model.clamp_len if clamp_len is None else clamp_len
-    same_length = model.same_length if same_length is None else same_length
-    settings = dict(protocol="xl", mem_len=mem_len, clamp_len=clamp_len, same_length=same_length)
+    protocol = protocol or model.protocol
     start_time = time.perf_counter()
-    total, count, batch_size, mems = 0.0, 0, None, None
-    with eval_protocol(model, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length):
-        step = make_score_step(model)
-        bar = _Progress(progress_total or max_steps or 0, progress_total is not None)
-        for index, (inputs, targets) in enumerate(dataset):
-            if max_steps and index >= max_steps:
-                break
-            if inputs.shape[0] != batch_size:
-                batch_size = int(inputs.shape[0])
-                mems = model.initial_mems(batch_size)
-            nll, mems = step(tf.cast(inputs, tf.int32), tf.cast(targets, tf.int32), mems)
-            total += float(tf.reduce_sum(tf.cast(nll, tf.float64)))
-            count += int(nll.shape[0] * nll.shape[1])
-            bar.update(1, total / count)
+    total, count, batch_size, state, recurrent = 0.0, 0, None, None, None
+    bar = _Progress(progress_total or max_steps or 0, progress_total is not None)
+    for index, (inputs, targets) in enumerate(dataset):
+        if max_steps and index >= max_steps:
+            break
+        if recurrent is None or inputs.shape[1] > recurrent.max_len:
+            recurrent = Recurrent(model, protocol, max_len=int(inputs.shape[1]), use_cache=kv_cache)
+            batch_size = None
+        if inputs.shape[0] != batch_size:
+            batch_size = int(inputs.shape[0])
+            state = recurrent.initial_state(batch_size)
+        nll, state = recurrent.score(tf.cast(inputs, tf.int32), tf.cast(targets, tf.int32), state)
+        total += float(tf.reduce_sum(tf.cast(nll, tf.float64)))
+        count += int(nll.shape[0] * nll.shape[1])
+        bar.update(1, total / count)
     if not count:
         raise ValueError("the evaluation dataset yielded no batches")
-    settings["batch_size"] = batch_size
+    settings = dict(protocol="xl", **protocol.as_dict(), batch_size=batch_size, state=recurrent.state_form)
     return EvalResult(loss=total / count, num_tokens=count, seconds=time.perf_counter() - start_time,
                       protocol=settings)
 
 
-def make_window_step(model, jit_compile: bool = False):
+def make_window_step(model, protocol: Protocol, jit_compile: bool = False):
     """A compiled vanilla step: windows [B, W] int32, targets [B] -> NLL [B] of each window's next token."""
 
     @tf.function(jit_compile=jit_compile)
     def step(windows, targets):
-        hidden, _ = model(windows, mems=None, training=False)  # [B, W, D]
+        hidden, _ = model(windows, protocol=protocol, training=False)  # [B, W, D]
         return model.nll(hidden[:, -1:], targets[:, None])[:, 0]  # [B]
 
     return step
@@ -304,25 +265,25 @@ def evaluate_vanilla(model, tokens: np.ndarray, *, window: int, batch_size: int 
     if tokens.shape[0] <= window:
         raise ValueError(f"the split has {tokens.shape[0]} tokens; the vanilla window ({window}) needs more")
     settings = dict(protocol="vanilla", window=window, clamp_len=clamp_len, batch_size=batch_size)
+    protocol = Protocol(mem_len=0, clamp_len=clamp_len, same_length=False)
     start_time = time.perf_counter()
-    with eval_protocol(model, mem_len=0, clamp_len=clamp_len, same_length=False):
-        first = make_score_step(model, jit_compile=jit_compile)
-        nll0, _ = first(tf.constant(tokens[None, :window]), tf.constant(tokens[None, 1:window + 1]), None)
-        pieces = [nll0[0]]
-        total, count = float(tf.reduce_sum(tf.cast(nll0, tf.float64))), window
-        windows = np.lib.stride_tricks.sliding_window_view(tokens, window + 1)[1:]  # [N - W - 1, W + 1]
-        num_batches = math.ceil(windows.shape[0] / batch_size)
-        if max_steps:
-            num_batches = min(num_batches, max_steps)
-        step = make_window_step(model, jit_compile=jit_compile)
-        bar = _Progress(num_batches, progress, unit="batch")
-        for index in range(num_batches):
-            batch = windows[index * batch_size:(index + 1) * batch_size]
-            nll = step(tf.constant(batch[:, :-1]), tf.constant(batch[:, -1]))
-            total += float(tf.reduce_sum(tf.cast(nll, tf.float64)))
-            count += int(nll.shape[0])
-            pieces.append(nll)
-            bar.update(1, total / count)
+    first = Recurrent(model, protocol, max_len=window, use_cache=False, jit_compile=jit_compile)
+    nll0, _ = first.score(tf.constant(tokens[None, :window]), tf.constant(tokens[None, 1:window + 1]), None)
+    pieces = [nll0[0]]
+    total, count = float(tf.reduce_sum(tf.cast(nll0, tf.float64))), window
+    windows = np.lib.stride_tricks.sliding_window_view(tokens, window + 1)[1:]  # [N - W - 1, W + 1]
+    num_batches = math.ceil(windows.shape[0] / batch_size)
+    if max_steps:
+        num_batches = min(num_batches, max_steps)
+    step = make_window_step(model, protocol, jit_compile=jit_compile)
+    bar = _Progress(num_batches, progress, unit="batch")
+    for index in range(num_batches):
+        batch = windows[index * batch_size:(index + 1) * batch_size]
+        nll = step(tf.constant(batch[:, :-1]), tf.constant(batch[:, -1]))
+        total += float(tf.reduce_sum(tf.cast(nll, tf.float64)))
+        count += int(nll.shape[0])
+        pieces.append(nll)
+        bar.update(1, total / count)
     token_losses = tf.concat(pieces, 0).numpy().astype(np.float32) if return_token_losses else None
     return EvalResult(loss=total / count, num_tokens=count, seconds=time.perf_counter() - start_time,
                       protocol=settings, token_losses=token_losses)

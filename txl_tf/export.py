@@ -6,19 +6,26 @@ The SavedModel is a `tf.Module` holding the Keras model, the in-graph tokenizer 
 a byte table for characters) and the vocabulary file as an asset (`assets/vocab.json`). It loads with
 `tf.saved_model.load(dir)` in a process that imports only `tensorflow` and `tensorflow_text`.
 
-Signatures (n_layer layers, B batch, L tokens, M = the exported mem_len, D = d_model, V = vocabulary size;
-`mems` is always float32 [n_layer, B, M, D]; start from `initial_mems` or zeros):
+The model's recurrent state travels through the signatures as named tensors: the keys/values cache (`keys`,
+`values` [n_layer, N, B, M, D] and, for attn_type xl and shaw, `position_keys` [n_layer, N, P, D]), or for the
+models a cache cannot serve (pre_lnorm with vaswani / al_rfou) the hidden memory `mems` [n_layer, B, M, d]. Take
+the state from `initial_state`, pass each tensor back by its name and replace it with the output of the same
+name. It is in the model's compute dtype (float32, or bfloat16 for a mixed_bfloat16 export). Shapes: B batch,
+L tokens (at most `max_len`, the exported EvalConfig.tgt_len), M = mem_len, V = vocabulary size.
 
-    score              tokens int32 [B, L], targets int32 [B, L], mems -> nll float32 [B, L], new_mems
-    next_token_logits  tokens int32 [B, L], mems -> logits float32 [B, V] (log-probabilities of the token
-                       after the last position), new_mems
-    score_text         text string [B], mems -> tokens int32 [B, T] (0-padded), lengths int32 [B],
-                       nll float32 [B, T - 1] (nll[b, t] of tokens[b, t + 1]; 0 past the row's length),
-                       new_mems (meaningful for rows of full length T)
-    initial_mems       batch_size int32 [] -> mems float32 [n_layer, B, M, D] (zeros)
+    initial_state      batch_size int32 [] -> the state of a zero memory
+    next_token_logits  tokens int32 [B, L], lengths int32 [B], state -> logits float32 [B, V] (log-probabilities
+                       of the token after position lengths[b] - 1 of each row), state. Positions past a row's
+                       length are padding: they do not enter its state (prompts of different lengths).
+    score              tokens int32 [B, L], targets int32 [B, L], state -> nll float32 [B, L], state
+    score_text         text string [B], state -> tokens int32 [B, T] (0-padded), lengths int32 [B],
+                       nll float32 [B, T - 1] (nll[b, t] of tokens[b, t + 1]; 0 past the row's length), state
+                       (each row's own: padding never enters it). Any T: scored in segments of max_len.
 
-The evaluation protocol (mem_len, clamp_len, same_length of EvalConfig) is baked in at export time; override
-it with --gin_param, e.g. --gin_param='EvalConfig.mem_len=800'.
+Plain attributes: `mem_len`, `clamp_len`, `same_length`, `max_len` (tf.Variables, read with .numpy()).
+
+The evaluation protocol (mem_len, clamp_len, same_length of EvalConfig) and max_len (EvalConfig.tgt_len) are
+fixed at export time; override them with --gin_param, e.g. --gin_param='EvalConfig.mem_len=800'.
 """
 
 from __future__ import annotations
@@ -29,84 +36,119 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import tensorflow as tf  # noqa: E402
 
-SIGNATURES = ("score", "next_token_logits", "score_text", "initial_mems")
+from txl_tf.inference import Recurrent  # noqa: E402
+from txl_tf.protocol import Protocol  # noqa: E402
+
+SIGNATURES = ("initial_state", "next_token_logits", "score", "score_text")
 
 
 class TransformerXLServing(tf.Module):
     """A tf.Module with the serving functions of a TransformerXL (see the module docstring).
 
     Args:
-      model: a built TransformerXL (weights restored).
-      mem_len, clamp_len, same_length: the attention protocol fixed into the exported functions.
+      model: a built TransformerXL (weights restored). It is not changed.
+      protocol: the attention lengths fixed into the exported functions.
+      max_len: the longest segment a call may pass (score_text cuts texts into segments of it).
       tokenizer: an optional tf.Module with `tf_encode(strings [N]) -> ragged int32 [N, (T)]` (score_text).
       vocab_file: an optional vocabulary file stored as an asset.
     """
 
-    def __init__(self, model, *, mem_len: int, clamp_len: int = -1, same_length: bool = False,
-                 tokenizer=None, vocab_file: str | None = None):
+    def __init__(self, model, *, protocol: Protocol, max_len: int, tokenizer=None, vocab_file: str | None = None):
         super().__init__(name="transformer_xl_serving")
         self.model = model
-        model.mem_len, model.clamp_len, model.same_length = int(mem_len), int(clamp_len), bool(same_length)
-        self.mem_len = int(mem_len)
-        self.n_layer = int(model.n_layer)
-        self.d_model = int(model.d_model)
+        self.recurrent = Recurrent(model, protocol, max_len=max_len)
+        self.mem_len = tf.Variable(protocol.mem_len, trainable=False, name="mem_len")
+        self.clamp_len = tf.Variable(protocol.clamp_len, trainable=False, name="clamp_len")
+        self.same_length = tf.Variable(protocol.same_length, trainable=False, name="same_length")
+        self.max_len = tf.Variable(int(max_len), trainable=False, name="max_len")
         self.tokenizer = tokenizer
         self.vocab_asset = tf.saved_model.Asset(vocab_file) if vocab_file else None
+        example = self.recurrent.initial_state(1)
+        self.state_names = tuple(example) if isinstance(example, dict) else ("mems",)
+        batch_axis = {"keys": 2, "values": 2, "mems": 1}  # position_keys have no batch axis
+        state_specs = {}
+        for name, value in self._as_dict(example).items():
+            shape = value.shape.as_list()
+            if name in batch_axis:
+                shape[batch_axis[name]] = None
+            state_specs[name] = tf.TensorSpec(shape, value.dtype, name=name)
         tokens = tf.TensorSpec([None, None], tf.int32, name="tokens")
-        mems = tf.TensorSpec([self.n_layer, None, self.mem_len, self.d_model], tf.float32, name="mems")
-        self.score = tf.function(self._score, input_signature=[
-            tokens, tf.TensorSpec([None, None], tf.int32, name="targets"), mems])
-        self.next_token_logits = tf.function(self._next_token_logits, input_signature=[tokens, mems])
-        self.initial_mems = tf.function(self._initial_mems, input_signature=[
+        lengths = tf.TensorSpec([None], tf.int32, name="lengths")
+        self.initial_state = tf.function(self._initial_state, input_signature=[
             tf.TensorSpec([], tf.int32, name="batch_size")])
+        # Keyword-only state arguments: tf.function signatures of one dict argument would name its tensors
+        # state, state_1, ...; a wrapper per signature keeps the names "keys", "values", ...
+        self.next_token_logits = tf.function(
+            self._with_state(self._next_token_logits, 2), input_signature=[tokens, lengths, *state_specs.values()])
+        self.score = tf.function(self._with_state(self._score, 2), input_signature=[
+            tokens, tf.TensorSpec([None, None], tf.int32, name="targets"), *state_specs.values()])
         if tokenizer is not None:
-            self.score_text = tf.function(self._score_text, input_signature=[
-                tf.TensorSpec([None], tf.string, name="text"), mems])
+            self.score_text = tf.function(self._with_state(self._score_text, 1), input_signature=[
+                tf.TensorSpec([None], tf.string, name="text"), *state_specs.values()])
 
-    def _forward(self, tokens, mems):
-        mems = tf.cast(mems, self.model.compute_dtype)
-        hidden, new_mems = self.model(tokens, mems=mems, training=False)  # [B, L, D]
-        new_mems = tf.ensure_shape(tf.cast(new_mems, tf.float32), [self.n_layer, None, self.mem_len, self.d_model])
-        return hidden, new_mems
+    def _as_dict(self, state) -> dict:
+        return dict(state) if isinstance(state, dict) else {"mems": state}
 
-    def _score(self, tokens, targets, mems):
-        hidden, new_mems = self._forward(tokens, mems)
-        return {"nll": tf.cast(self.model.nll(hidden, targets), tf.float32), "new_mems": new_mems}
+    def _from_dict(self, state: dict):
+        return state if self.recurrent.use_cache else state["mems"]
 
-    def _next_token_logits(self, tokens, mems):
-        hidden, new_mems = self._forward(tokens, mems)
-        logits = self.model.log_probs(hidden[:, -1:])[:, 0]  # [B, V]
-        return {"logits": tf.cast(logits, tf.float32), "new_mems": new_mems}
+    def _with_state(self, fn, leading: int):
+        """fn(*leading args, state) -> outputs dict, as a function of positional tensors (signature order)."""
+        names = self.state_names
 
-    def _initial_mems(self, batch_size):
-        return {"mems": tf.zeros([self.n_layer, batch_size, self.mem_len, self.d_model], tf.float32)}
+        def wrapped(*args):
+            state = self._from_dict(dict(zip(names, args[leading:], strict=True)))
+            outputs, new_state = fn(*args[:leading], state)
+            return {**outputs, **self._as_dict(new_state)}
 
-    def _score_text(self, text, mems):
+        return wrapped
+
+    def _initial_state(self, batch_size):
+        return self._as_dict(self.recurrent.initial_state(batch_size))
+
+    def _next_token_logits(self, tokens, lengths, state):
+        log_probs, state = self.recurrent.next_log_probs(tokens, state, lengths)  # [B, V]
+        return {"logits": tf.cast(log_probs, tf.float32)}, state
+
+    def _score(self, tokens, targets, state):
+        nll, state = self.recurrent.score(tokens, targets, state)
+        return {"nll": tf.cast(nll, tf.float32)}, state
+
+    def _score_text(self, text, state):
         ragged = self.tokenizer.tf_encode(text)  # [B, (T)]
         lengths = tf.cast(ragged.row_lengths(), tf.int32)  # [B]
         tokens = ragged.to_tensor(default_value=0)  # [B, T]
-        tf.debugging.assert_greater(tf.shape(tokens)[1], 1,
-                                    message="score_text needs texts of at least two tokens")
-        hidden, new_mems = self._forward(tokens[:, :-1], mems)
-        nll = tf.cast(self.model.nll(hidden, tokens[:, 1:]), tf.float32)  # [B, T - 1]
-        valid = tf.sequence_mask(lengths - 1, tf.shape(nll)[1], dtype=tf.float32)
-        return {"tokens": tokens, "lengths": lengths, "nll": nll * valid, "new_mems": new_mems}
+        tf.debugging.assert_greater(tf.shape(tokens)[1], 1, message="score_text needs texts of at least two tokens")
+        predictions = tf.shape(tokens)[1] - 1  # T - 1
+        segment = tf.cast(self.max_len, tf.int32)
+        pieces = tf.TensorArray(tf.float32, size=0, dynamic_size=True, infer_shape=False,
+                                element_shape=tf.TensorShape([None, None]))
+        for index in tf.range((predictions + segment - 1) // segment):
+            start = index * segment
+            end = tf.minimum(start + segment, predictions)
+            counts = tf.clip_by_value(lengths - 1 - start, 0, end - start)  # each row's predictions in it
+            hidden, state = self.recurrent.forward(tokens[:, start:end], state, counts)
+            nll = self.model.nll(hidden, tokens[:, start + 1:end + 1])  # [B, l]
+            pieces = pieces.write(index, tf.transpose(tf.cast(nll, tf.float32)))  # [l, B]
+        nll = tf.transpose(pieces.concat())  # [B, T - 1]
+        valid = tf.sequence_mask(lengths - 1, predictions, dtype=tf.float32)
+        return {"tokens": tokens, "lengths": lengths, "nll": nll * valid}, state
 
     def signatures(self) -> dict:
         names = SIGNATURES if self.tokenizer is not None else tuple(s for s in SIGNATURES if s != "score_text")
         return {name: getattr(self, name).get_concrete_function() for name in names}
 
 
-def export_model(model, export_dir: str, *, mem_len: int, clamp_len: int = -1, same_length: bool = False,
-                 vocab=None, vocab_file: str | None = None) -> TransformerXLServing:
+def export_model(model, export_dir: str, *, protocol: Protocol, max_len: int, vocab=None,
+                 vocab_file: str | None = None) -> TransformerXLServing:
     """Writes the SavedModel; `vocab` (a txl_tf Vocab) adds the in-graph tokenizer and `score_text`."""
     tokenizer = None
     if vocab is not None:
         from txl_tf.data.vocab import tf_tokenizer
 
         tokenizer = tf_tokenizer(vocab)
-    module = TransformerXLServing(model, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length,
-                                  tokenizer=tokenizer, vocab_file=vocab_file)
+    module = TransformerXLServing(model, protocol=protocol, max_len=max_len, tokenizer=tokenizer,
+                                  vocab_file=vocab_file)
     signatures = module.signatures()
     tf.saved_model.save(module, export_dir, signatures=signatures)
     return module
@@ -155,10 +197,11 @@ def _main(argv):
     else:
         print(f"warning: no vocabulary at {data_dir!r}; exporting without score_text")
     write_export(lambda directory: export_model(
-        model, directory, mem_len=protocol.mem_len, clamp_len=protocol.clamp_len,
-        same_length=protocol.same_length, vocab=vocab, vocab_file=vocab_file), cfg.export_dir)
+        model, directory, protocol=protocol.attention_protocol(), max_len=protocol.tgt_len, vocab=vocab,
+        vocab_file=vocab_file), cfg.export_dir)
     print(f"exported {prefix} to {cfg.export_dir} (mem_len={protocol.mem_len}, clamp_len={protocol.clamp_len}, "
-          f"same_length={protocol.same_length}); inspect with: saved_model_cli show --all --dir {cfg.export_dir}")
+          f"same_length={protocol.same_length}, max_len={protocol.tgt_len}); inspect with: saved_model_cli show "
+          f"--all --dir {cfg.export_dir}")
 
 
 def main():

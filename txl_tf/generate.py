@@ -1,16 +1,19 @@
 """Sample text from a trained TransformerXL (a model_dir or an exported SavedModel).
 
     python -m txl_tf.generate --model_dir=runs/sample --prompt='The history of ' --max_tokens=300 \
-        --temperature=0.8 --top_k=40 --seed=7
-    python -m txl_tf.generate --saved_model=exports/sample --prompt='The history of ' --max_tokens=300
+        --temperature=0.8 --top_p=0.9 --seed=7
+    python -m txl_tf.generate --saved_model=exports/sample --prompt='The history of ' --prompt='In 1990, '
 
-The prompt is consumed in segments of EvalConfig.tgt_len with memory; then each new token is one forward pass
-of a single position over the memory (EvalConfig.mem_len long; no recomputation of the context). Sampling uses
-stateless RNG: the same --seed gives the same text. Prints the text and tokens/s.
+Each --prompt is one row of a batch (prompts of different lengths are fine). The prompts are consumed in segments
+of EvalConfig.tgt_len; then each new token is one call of a single position over the keys/values cache
+(EvalConfig.mem_len long; nothing of the context is projected again). Sampling uses stateless RNG: the same
+--seed and the same prompts give the same text, from the model_dir and from its SavedModel. Prints each
+continuation and tokens/s.
 
 Settings are checked against the vocabulary before the model is loaded: --temperature >= 0 (0 is greedy
-decoding, not an error: the most likely token each time), 0 <= --top_k <= vocabulary size, --max_tokens >= 1,
-and every symbol of --prompt in the vocabulary. A bad value stops with one `error:` line (exit status 2).
+decoding, not an error: the most likely token each time), 0 <= --top_k <= vocabulary size, 0 < --top_p <= 1,
+--max_tokens >= 1, and every symbol of every --prompt in the vocabulary. A bad value stops with one `error:` line
+(exit status 2).
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from txl_tf.errors import ConfigError  # noqa: E402
 FLAGS = flags.FLAGS
 restore.define_model_flags()
 flags.DEFINE_string("saved_model", None, "A SavedModel written by `python -m txl_tf.export` (instead).")
-flags.DEFINE_string("prompt", "The ", "Text to continue.")
+flags.DEFINE_multi_string("prompt", ["The "], "Text to continue; repeat the flag for a batch of prompts.")
 flags.DEFINE_integer("max_tokens", 200, "Number of tokens to generate (>= 1).")
 flags.DEFINE_float("temperature", 1.0, "Softmax temperature, >= 0: 0 = greedy (the most likely token), 1 = the "
                    "model's distribution, higher = flatter.")
 flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens (0 = all; at most the vocabulary size).")
+flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: sample among the likeliest tokens that make up this share of "
+                   "the probability, in (0, 1] (1 = all).")
 flags.DEFINE_integer("seed", 0, "Stateless sampling seed.")
 
 
@@ -39,12 +44,15 @@ def _check_flags(vocab) -> list:
     from txl_tf.generation import check_settings
 
     return check_settings(vocab, FLAGS.prompt, max_tokens=FLAGS.max_tokens, temperature=FLAGS.temperature,
-                          top_k=FLAGS.top_k)
+                          top_k=FLAGS.top_k, top_p=FLAGS.top_p)
+
+
+def _sampling() -> dict:
+    return dict(max_tokens=FLAGS.max_tokens, temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p,
+                seed=FLAGS.seed)
 
 
 def _from_model_dir():
-    import numpy as np
-
     from txl_tf import generation
     from txl_tf.data.pipeline import load_vocab
 
@@ -53,10 +61,9 @@ def _from_model_dir():
     ids = _check_flags(vocab)  # before the model is built and restored
     model, configs, prefix = restore.load_model(FLAGS.model_dir, FLAGS.checkpoint, which=FLAGS.which,
                                                 configs=configs)
-    result = generation.generate_from_model(
-        model, np.asarray([ids], np.int32), max_tokens=FLAGS.max_tokens, mem_len=configs.eval.mem_len,
-        clamp_len=configs.eval.clamp_len, temperature=FLAGS.temperature, top_k=FLAGS.top_k, seed=FLAGS.seed,
-        segment_len=configs.eval.tgt_len)
+    # The SavedModel's protocol: EvalConfig's lengths (export fixes the same ones).
+    result = generation.generate_from_model(model, ids, protocol=configs.eval.attention_protocol(),
+                                            segment_len=configs.eval.tgt_len, **_sampling())
     return prefix, vocab, result
 
 
@@ -75,12 +82,16 @@ def _from_saved_model():
                           "data present")
     vocab = Vocab.load(vocab_file)
     _check_flags(vocab)  # before the SavedModel is loaded
+    import tensorflow_text  # noqa: F401  (registers the word tokenizer's ops before the graph loads)
+
     loaded = tf.saved_model.load(FLAGS.saved_model)
-    ids = loaded.tokenizer.tf_encode(tf.constant([FLAGS.prompt])).to_tensor()  # [1, P]
-    mems = loaded.signatures["initial_mems"](batch_size=tf.constant(1))["mems"]
-    result = generation.generate(generation.saved_model_logits_fn(loaded), ids.numpy(), mems,
-                                 max_tokens=FLAGS.max_tokens, temperature=FLAGS.temperature, top_k=FLAGS.top_k,
-                                 seed=FLAGS.seed)
+    if "initial_state" not in loaded.signatures:
+        raise ConfigError(f"--saved_model={FLAGS.saved_model} has no initial_state signature (an export of an "
+                          "older txl_tf); export the model again with `python -m txl_tf.export`")
+    ragged = loaded.tokenizer.tf_encode(tf.constant(FLAGS.prompt))  # the SavedModel's own tokenizer
+    ids = ragged.to_list()
+    step, initial_state, max_len = generation.saved_model_step(loaded)
+    result = generation.generate(step, ids, initial_state(len(ids)), segment_len=max_len, **_sampling())
     return FLAGS.saved_model, vocab, result
 
 
@@ -90,12 +101,14 @@ def main(argv):
     if bool(FLAGS.saved_model) == bool(FLAGS.model_dir or FLAGS.checkpoint):
         raise ConfigError("give exactly one of --model_dir (or --checkpoint with --gin_file) and --saved_model")
     source, vocab, result = _from_saved_model() if FLAGS.saved_model else _from_model_dir()
-    print(f"# {source}: seed {FLAGS.seed}, temperature {FLAGS.temperature}, top_k {FLAGS.top_k}")
-    continuation = vocab.decode(result.tokens[0].tolist())
-    # Word level: decode joins words with spaces, so the prompt's last word and the first new one need one too.
-    joiner = " " if vocab.level == "word" and FLAGS.prompt and not FLAGS.prompt[-1].isspace() and continuation \
-        and not continuation[0].isspace() else ""
-    print(FLAGS.prompt + joiner + continuation)
+    print(f"# {source}: seed {FLAGS.seed}, temperature {FLAGS.temperature}, top_k {FLAGS.top_k}, "
+          f"top_p {FLAGS.top_p}")
+    for prompt, row in zip(FLAGS.prompt, result.tokens, strict=True):
+        continuation = vocab.decode(row.tolist())
+        # Word level: decode joins words with spaces, so the prompt's last word and the first new one need one.
+        joiner = " " if vocab.level == "word" and prompt and not prompt[-1].isspace() and continuation \
+            and not continuation[0].isspace() else ""
+        print(prompt + joiner + continuation)
     print(f"# {result.tokens.size} tokens in {result.decode_seconds:.2f} s: {result.tokens_per_second:.1f} tokens/s "
           f"(prompt: {result.prompt_seconds:.2f} s)")
 

@@ -1,13 +1,16 @@
-"""Autoregressive sampling with Transformer-XL memory.
+"""Autoregressive sampling with the recurrent state: a batch of prompts of different lengths, temperature, top-k
+and nucleus (top-p) sampling.
 
-The prompt is consumed in segments (memory carried), then every new token costs one forward pass of a single
-position that attends to the memory: the context is never recomputed. The decode loop is one `tf.function`
-(a `tf.while_loop` with the memory as a loop variable), sampling with stateless RNG seeded by
-(seed, step): the same seed gives the same text.
+The prompts are consumed in segments (`txl_tf.inference.run_segments`, the loop evaluation uses), right-padded to
+the longest: each call carries every row's own token count, so a short row's padding never enters its state and
+its continuation is the one it would get alone. Then every new token costs one call of a single position over
+the state (the keys/values cache: the context is never projected again). The decode loop is one `tf.function` (a
+`tf.while_loop` with the state as a loop variable), sampling with stateless RNG seeded by (seed, step): the same
+seed gives the same text, from the Python model and from an exported SavedModel alike.
 
-The model is reached through a `logits_fn(tokens [B, L] int32, mems) -> (log_probs [B, V] float32 of the
-last position, new_mems)`, so the same loop drives a Python `TransformerXL` (`model_logits_fn`) and an exported
-SavedModel's `next_token_logits` signature (`saved_model_logits_fn`).
+The model is reached through a `StepFn(tokens [B, L] int32, lengths [B] int32 or None, state) -> (log_probs
+[B, V] float32 of the token after each row's last one, new state)`: `model_step` for a Python `TransformerXL`,
+`saved_model_step` for a SavedModel written by `txl_tf.export`.
 """
 
 from __future__ import annotations
@@ -15,14 +18,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from txl_tf.errors import ConfigError, one_line
+from txl_tf.inference import Recurrent, run_segments
+from txl_tf.protocol import Protocol
 
-LogitsFn = Callable[[tf.Tensor, tf.Tensor], tuple]
+StepFn = Callable[[tf.Tensor, tf.Tensor | None, object], tuple]
 
 
 @dataclasses.dataclass
@@ -30,13 +35,13 @@ class GenerationResult:
     """Generated tokens and speed.
 
     Attributes:
-      tokens: [B, max_tokens] int32 sampled tokens (the prompt excluded).
-      mems: the memory state after the prompt and all generated tokens (to continue generating).
-      prompt_seconds: time to consume the prompt; decode_seconds: time of the sampling loop (traced beforehand).
+      tokens: [B, max_tokens] int32 sampled tokens (the prompts excluded).
+      state: the recurrent state after the prompts and all generated tokens (to continue generating).
+      prompt_seconds: time to consume the prompts; decode_seconds: time of the sampling loop (traced beforehand).
     """
 
     tokens: np.ndarray
-    mems: tf.Tensor
+    state: object
     prompt_seconds: float
     decode_seconds: float
 
@@ -45,120 +50,153 @@ class GenerationResult:
         return self.tokens.size / self.decode_seconds if self.decode_seconds > 0 else float("nan")
 
 
-def model_logits_fn(model) -> LogitsFn:
-    """`logits_fn` of a Python TransformerXL: log-probabilities of the last position."""
+def model_step(recurrent: Recurrent) -> StepFn:
+    """`StepFn` of a Python model bound to a protocol and a state form (`txl_tf.inference.Recurrent`)."""
 
-    def logits_fn(tokens, mems):
-        hidden, new_mems = model(tokens, mems=mems, training=False)  # [B, L, D]
-        return model.log_probs(hidden[:, -1:])[:, 0], new_mems  # [B, V]
+    def step(tokens, lengths, state):
+        return recurrent.next_log_probs(tokens, state, lengths)
 
-    return logits_fn
-
-
-def saved_model_logits_fn(loaded) -> LogitsFn:
-    """`logits_fn` of a SavedModel written by `txl_tf.export` (its `next_token_logits` signature)."""
-    signature = loaded.signatures["next_token_logits"]
-
-    def logits_fn(tokens, mems):
-        out = signature(tokens=tokens, mems=mems)
-        return out["logits"], out["new_mems"]
-
-    return logits_fn
+    return step
 
 
-def sample_next(logits: tf.Tensor, seed: tf.Tensor, temperature: float, top_k: int) -> tf.Tensor:
+def saved_model_step(loaded) -> tuple[StepFn, Callable, int]:
+    """(`StepFn`, initial_state(batch_size), max segment length) of a SavedModel written by `txl_tf.export`."""
+    next_token = loaded.signatures["next_token_logits"]
+
+    def step(tokens, lengths, state):
+        if lengths is None:
+            lengths = tf.fill(tf.shape(tokens)[:1], tf.shape(tokens)[1])
+        out = next_token(tokens=tokens, lengths=lengths, **state)
+        return out["logits"], {name: tf.ensure_shape(out[name], value.shape) for name, value in state.items()}
+
+    def initial_state(batch_size):
+        return dict(loaded.signatures["initial_state"](batch_size=tf.constant(batch_size, tf.int32)))
+
+    return step, initial_state, int(loaded.max_len.numpy())
+
+
+def sample_next(logits: tf.Tensor, seed: tf.Tensor, temperature: float, top_k: int = 0,
+                top_p: float = 1.0) -> tf.Tensor:
     """Samples one token per row of `logits` [B, V]; temperature 0 is greedy. Returns [B] int32.
 
     Args:
       seed: [2] int32 stateless seed.
       top_k: keep only the k most likely tokens (0 = all).
+      top_p: nucleus sampling: keep the most likely tokens whose probabilities (after temperature and top-k)
+        first reach `top_p` in total, the token that crosses it included (1 = all).
     """
     if temperature <= 0.0:
         return tf.argmax(logits, axis=-1, output_type=tf.int32)
     logits = tf.cast(logits, tf.float32) / temperature
+    blocked = tf.fill(tf.shape(logits), -1e30)
     if top_k:
         kth = tf.math.top_k(logits, k=top_k).values[:, -1:]  # [B, 1]
-        logits = tf.where(logits < kth, tf.fill(tf.shape(logits), -1e30), logits)
+        logits = tf.where(logits < kth, blocked, logits)
+    if top_p < 1.0:
+        ordered = tf.sort(logits, axis=-1, direction="DESCENDING")  # [B, V]
+        before = tf.cumsum(tf.nn.softmax(ordered, axis=-1), axis=-1, exclusive=True)  # mass of the likelier ones
+        kept = tf.reduce_sum(tf.cast(before < top_p, tf.int32), axis=-1, keepdims=True)  # [B, 1] >= 1
+        threshold = tf.gather(ordered, kept - 1, batch_dims=1)  # [B, 1]: the least likely kept logit
+        logits = tf.where(logits < threshold, blocked, logits)
     return tf.cast(tf.random.stateless_categorical(logits, 1, seed=seed)[:, 0], tf.int32)
 
 
-def consume_prompt(logits_fn: LogitsFn, prompt: np.ndarray, mems: tf.Tensor, segment_len: int):
-    """Feeds the prompt [B, P] in segments of `segment_len`; returns (log_probs [B, V] of the next token, mems)."""
-    prompt = np.asarray(prompt, np.int32)
-    if prompt.ndim != 2 or prompt.shape[1] < 1:
-        raise ValueError(f"the prompt must be [batch, length >= 1] tokens; got shape {prompt.shape}")
-    step = tf.function(logits_fn)
-    logits = None
-    for start in range(0, prompt.shape[1], segment_len):
-        logits, mems = step(tf.constant(prompt[:, start:start + segment_len]), mems)
-    return logits, mems
+def pad_prompts(prompts: Sequence[Sequence[int]] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pads token sequences to one [B, P] int32 array (P = the longest); returns it and the lengths [B]."""
+    rows = [np.asarray(row, np.int32).reshape(-1) for row in prompts]
+    if not rows or any(row.size == 0 for row in rows):
+        raise ValueError("every prompt needs at least one token")
+    lengths = np.array([row.size for row in rows], np.int32)
+    padded = np.zeros([len(rows), lengths.max()], np.int32)
+    for index, row in enumerate(rows):
+        padded[index, :row.size] = row
+    return padded, lengths
 
 
-def make_decoder(logits_fn: LogitsFn, temperature: float, top_k: int):
-    """A tf.function (first_logits [B, V], mems, seed [] int32, num_tokens [] int32) -> (tokens [B, T], mems)."""
+def consume_prompts(step: StepFn, prompts, state, segment_len: int):
+    """Feeds prompts (token sequences of any lengths) in segments of `segment_len`.
+
+    Returns (log_probs [B, V] of the token after each prompt, state).
+    """
+    tokens, lengths = pad_prompts(prompts)
+    last = {}
+
+    def keep_last_rows(output):
+        log_probs, counts = output
+        active = (counts > 0)[:, None]  # rows with tokens in this segment
+        last["log_probs"] = log_probs if not last else tf.where(active, log_probs, last["log_probs"])
+
+    def prompt_step(segment, counts, current):
+        log_probs, current = step(segment, counts, current)
+        return (log_probs, counts), current
+
+    _, state = run_segments(prompt_step, state, tokens, segment_len, lengths=lengths, on_output=keep_last_rows)
+    return last["log_probs"], state
+
+
+def make_decoder(step: StepFn, temperature: float, top_k: int, top_p: float):
+    """A tf.function (first_log_probs [B, V], state, seed [] int32, num_tokens [] int32) -> (tokens [B, T], state)."""
 
     @tf.function
-    def decode(first_logits, mems, seed, num_tokens):
+    def decode(first_log_probs, state, seed, num_tokens):
         generated = tf.TensorArray(tf.int32, size=num_tokens, element_shape=tf.TensorShape([None]))
-        logits = first_logits
+        log_probs = first_log_probs
         for i in tf.range(num_tokens):
-            token = sample_next(logits, tf.stack([seed, i]), temperature, top_k)  # [B]
+            token = sample_next(log_probs, tf.stack([seed, i]), temperature, top_k, top_p)  # [B]
             generated = generated.write(i, token)
-            logits, mems = logits_fn(token[:, None], mems)  # one position attends to memory
-        return tf.transpose(generated.stack()), mems  # [B, T]
+            log_probs, state = step(token[:, None], None, state)  # one position attends to the state
+        return tf.transpose(generated.stack()), state  # [B, T]
 
     return decode
 
 
-def generate(logits_fn: LogitsFn, prompt: np.ndarray, initial_mems: tf.Tensor, *, max_tokens: int,
-             temperature: float = 1.0, top_k: int = 0, seed: int = 0, segment_len: int = 64) -> GenerationResult:
-    """Samples `max_tokens` tokens after `prompt` [B, P], starting from `initial_mems`.
+def generate(step: StepFn, prompts, initial_state, *, max_tokens: int, temperature: float = 1.0, top_k: int = 0,
+             top_p: float = 1.0, seed: int = 0, segment_len: int = 64) -> GenerationResult:
+    """Samples `max_tokens` tokens after each prompt, starting from `initial_state`.
 
     Args:
-      logits_fn: see the module docstring (`model_logits_fn` / `saved_model_logits_fn`).
-      initial_mems: [n_layer, B, M, D] starting memory (zeros: `model.initial_mems(B)`).
+      step: see the module docstring (`model_step` / `saved_model_step`).
+      prompts: B token sequences (any lengths >= 1) or a [B, P] array.
+      initial_state: the state for B rows (a zero memory: `Recurrent.initial_state(B)`).
       temperature: softmax temperature; 0 = greedy.
       top_k: sample among the k most likely tokens (0 = all).
+      top_p: nucleus sampling (1 = off).
       seed: stateless RNG seed; the same seed gives the same tokens.
-      segment_len: prompt segment length (e.g. the evaluation tgt_len).
+      segment_len: prompt segment length (at most the state's max_len).
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be positive; got {max_tokens}")
     start = time.perf_counter()
-    logits, mems = consume_prompt(logits_fn, prompt, initial_mems, segment_len)
-    logits.numpy()  # wait for the prompt
+    log_probs, state = consume_prompts(step, prompts, initial_state, segment_len)
+    log_probs.numpy()  # wait for the prompt
     prompt_seconds = time.perf_counter() - start
-    decode = make_decoder(logits_fn, float(temperature), int(top_k))
-    args = (logits, mems, tf.constant(seed, tf.int32), tf.constant(max_tokens, tf.int32))
+    decode = make_decoder(step, float(temperature), int(top_k), float(top_p))
+    args = (log_probs, state, tf.constant(seed, tf.int32), tf.constant(max_tokens, tf.int32))
     decode.get_concrete_function(*args)  # trace outside the timed region
     start = time.perf_counter()
-    tokens, mems = decode(*args)
+    tokens, state = decode(*args)
     tokens = tokens.numpy()
-    return GenerationResult(tokens=tokens, mems=mems, prompt_seconds=prompt_seconds,
+    return GenerationResult(tokens=tokens, state=state, prompt_seconds=prompt_seconds,
                             decode_seconds=time.perf_counter() - start)
 
 
-def generate_from_model(model, prompt: np.ndarray, *, max_tokens: int, mem_len: int | None = None,
-                        clamp_len: int | None = None, temperature: float = 1.0, top_k: int = 0, seed: int = 0,
-                        segment_len: int = 64, kv_cache: bool = True) -> GenerationResult:
-    """`generate` with a Python TransformerXL; mem_len / clamp_len (default: the model's) apply during it.
+def generation_protocol(model, protocol: Protocol | None = None) -> Protocol:
+    """The default protocol of generation: the model's lengths without same_length (every token sees the whole
+    state)."""
+    return protocol or model.protocol.replace(same_length=False)
 
-    With `kv_cache` (attn_type "xl" with memory) the memory is carried as keys/values (`txl_tf.kv_cache`):
-    the same tokens, without re-projecting the memory for every new token; `result.mems` is then the
-    (keys, values) state instead of the hidden-state memory.
+
+def generate_from_model(model, prompts, *, max_tokens: int, protocol: Protocol | None = None,
+                        temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                        segment_len: int = 64, use_cache: bool = True) -> GenerationResult:
+    """`generate` with a Python TransformerXL and `protocol` (default: `generation_protocol(model)`).
+
+    `use_cache` carries the keys/values cache (the same tokens as the hidden-state memory, without projecting the
+    memory again for every new token); `result.state` is in that form.
     """
-    from txl_tf import kv_cache as cached
-    from txl_tf.evaluation import eval_protocol
-
-    prompt = np.asarray(prompt, np.int32)
-    with eval_protocol(model, mem_len=model.mem_len if mem_len is None else mem_len,
-                       clamp_len=model.clamp_len if clamp_len is None else clamp_len, same_length=False):
-        if kv_cache and model.attn_type == "xl" and model.mem_len > 0:
-            logits_fn, state = cached.logits_fn(model), cached.initial_state(model, prompt.shape[0])
-        else:
-            logits_fn, state = model_logits_fn(model), model.initial_mems(prompt.shape[0])
-        return generate(logits_fn, prompt, state, max_tokens=max_tokens, temperature=temperature, top_k=top_k,
-                        seed=seed, segment_len=segment_len)
+    recurrent = Recurrent(model, generation_protocol(model, protocol), max_len=segment_len, use_cache=use_cache)
+    return generate(model_step(recurrent), prompts, recurrent.initial_state(len(prompts)), max_tokens=max_tokens,
+                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, segment_len=segment_len)
 
 
 def generate_text(model, vocab, prompt: str, *, max_tokens: int = 200, **kwargs) -> str:
@@ -166,28 +204,39 @@ def generate_text(model, vocab, prompt: str, *, max_tokens: int = 200, **kwargs)
     ids = list(vocab.encode(prompt))
     if not ids:
         raise ValueError(f"the prompt {prompt!r} encodes to no tokens; give a longer prompt")
-    result = generate_from_model(model, np.asarray([ids], np.int32), max_tokens=max_tokens, **kwargs)
+    result = generate_from_model(model, [ids], max_tokens=max_tokens, **kwargs)
     return vocab.decode(result.tokens[0].tolist())
 
 
-def check_settings(vocab, prompt: str, *, max_tokens: int, temperature: float, top_k: int) -> list:
-    """Checks the sampling settings against the vocabulary; returns the prompt's ids (errors.ConfigError).
+def check_settings(vocab, prompts: Sequence[str] | str, *, max_tokens: int, temperature: float, top_k: int,
+                   top_p: float = 1.0) -> list:
+    """Checks the sampling settings against the vocabulary; returns each prompt's ids (errors.ConfigError).
 
     temperature: >= 0 and finite (0 = greedy: always the most likely token; 1 = the model's distribution).
-    top_k: 0 (all tokens) to the vocabulary size. max_tokens: >= 1. Every prompt symbol must be in the
-    vocabulary (a word-level vocabulary with an unknown-word symbol maps unknown words to it).
+    top_k: 0 (all tokens) to the vocabulary size. top_p: in (0, 1] (1 = off). max_tokens: >= 1. Every prompt
+    symbol must be in the vocabulary (a word-level vocabulary with an unknown-word symbol maps unknown words to it).
     """
     if not math.isfinite(temperature) or temperature < 0:
         raise ConfigError(f"--temperature={temperature} must be >= 0 (0 = greedy, 1 = the model's distribution)")
     if not 0 <= top_k <= len(vocab):
         raise ConfigError(f"--top_k={top_k} must be between 0 (all tokens) and the vocabulary size {len(vocab)}")
+    if not (math.isfinite(top_p) and 0 < top_p <= 1):
+        raise ConfigError(f"--top_p={top_p} must be in (0, 1] (1 = off; 0.9 keeps the likeliest tokens that make "
+                          "up 90% of the probability)")
     if max_tokens < 1:
         raise ConfigError(f"--max_tokens={max_tokens} must be >= 1")
-    try:
-        ids = vocab.encode(prompt)
-    except (KeyError, ValueError) as error:
-        raise ConfigError(f"--prompt={prompt!r} has a symbol outside the {vocab.level}-level vocabulary "
-                          f"({one_line(error).strip(chr(34))}); change the prompt") from None
-    if not ids:
-        raise ConfigError(f"--prompt={prompt!r} encodes to no tokens; give some text")
-    return ids
+    if isinstance(prompts, str):  # one prompt
+        prompts = [prompts]
+    if not prompts:
+        raise ConfigError("give at least one --prompt")
+    all_ids = []
+    for prompt in prompts:
+        try:
+            ids = vocab.encode(prompt)
+        except (KeyError, ValueError) as error:
+            raise ConfigError(f"--prompt={prompt!r} has a symbol outside the {vocab.level}-level vocabulary "
+                              f"({one_line(error).strip(chr(34))}); change the prompt") from None
+        if not ids:
+            raise ConfigError(f"--prompt={prompt!r} encodes to no tokens; give some text")
+        all_ids.append(list(ids))
+    return all_ids

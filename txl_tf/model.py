@@ -4,10 +4,16 @@ Shape glossary:
   B batch, L = qlen segment length, M memory length given to a call, K = M + L key length,
   N heads (n_head), D head width (d_head), d = d_model, V = n_token, n = n_layer.
 
-Memory: `mems` [n, B, M, d] holds, for each layer, the hidden states that entered that layer in earlier
-segments. A call returns `new_mems` [n, B, min(mem_len, M + L), d]: per layer the last `mem_len` positions of
-concat([mems[i], input of layer i]) with the gradient stopped (layer 0's input is the embedding after dropout).
-Starting from `initial_mems` (zeros, the TF original's convention) keeps the length at exactly `mem_len`.
+The recurrent state goes in and comes out of every call, in one of two forms:
+  memory (training; the authors' semantics): `mems` [n, B, M, d] holds, for each layer, the hidden states that
+    entered that layer in earlier segments. A call returns `new_mems` [n, B, min(mem_len, M + L), d]: per layer the
+    last `mem_len` positions of concat([mems[i], input of layer i]) with the gradient stopped (layer 0's input is
+    the embedding after dropout). Starting from `initial_mems` (zeros, the TF original's convention) keeps the
+    length at exactly `mem_len`.
+  cache (inference): `initial_cache`'s dict of the memory's keys and values per layer [n, N, B, M, D] and the
+    position keys; each call projects only its own tokens. Same outputs as the memory.
+The attention lengths of a call (mem_len, clamp_len, same_length) are a `Protocol` value passed to it; without
+one the model's own (training) lengths apply.
 """
 
 from __future__ import annotations
@@ -19,17 +25,11 @@ from txl_tf.attention import ATTN_TYPES, attention_bias
 from txl_tf.block import TransformerXLBlock
 from txl_tf.dropout import Dropout
 from txl_tf.embedding import AdaptiveEmbedding, RelativePositionalEncoding
+from txl_tf.protocol import Protocol
 from txl_tf.softmax import AdaptiveSoftmax
 
-
-def update_memory(memory, hidden, mem_len):
-    """Last `mem_len` positions of concat([memory, hidden]) along time, gradient stopped.
-
-    memory: [B, M, d] or None; hidden: [B, L, d]. Returns [B, min(mem_len, M + L), d].
-    """
-    cat = hidden if memory is None else tf.concat([tf.cast(memory, hidden.dtype), hidden], axis=1)  # [B, K, d]
-    start = tf.maximum(tf.shape(cat)[1] - mem_len, 0)
-    return tf.stop_gradient(cat[:, start:])
+# (model-level name [n_layer, ...], layer-level name) of the keys/values cache.
+_CACHE_NAMES = (("keys", "key"), ("values", "value"), ("position_keys", "position_key"))
 
 
 @keras.saving.register_keras_serializable(package="txl_tf")
@@ -52,17 +52,20 @@ class TransformerXL(keras.Model):
       init_std / proj_init_std: N(0, std) initialisers of weights / adaptive embedding and softmax projections.
       max_position: table size of the learned positions of "shaw" (relative) and "al_rfou" (absolute).
 
-    `mem_len`, `clamp_len`, `same_length` are plain attributes: change them after loading weights to evaluate with a
-    longer memory (a `tf.function` traced before the change must be traced again).
+    `mem_len`, `clamp_len`, `same_length` are the training lengths (`protocol`); evaluate with others by passing
+    a `Protocol` to the call, never by changing them.
 
     Call args:
       tokens: [B, L] int.
       mems: [n, B, M, d] or None (no memory).
+      cache: a keys/values cache from `initial_cache` instead of `mems` (inference only).
+      protocol: the attention lengths of this call (default: `self.protocol`).
+      lengths: optional [B] int32 tokens per row (the rest is padding and does not enter the state).
       training: dropout on/off.
 
     Returns:
-      (hidden [B, L, d] after the final dropout, new_mems [n, B, min(mem_len, M + L), d]), both in the compute
-      dtype.
+      (hidden [B, L, d] after the final dropout, new state): the new memory [n, B, min(mem_len, M + L), d] or the
+      new cache, in the compute dtype.
     """
 
     def __init__(self, n_token, n_layer, d_model, n_head, d_head, d_inner, dropout, dropatt, mem_len,
@@ -139,9 +142,52 @@ class TransformerXL(keras.Model):
             self.r_r_bias = self.add_weight(name="r_r_bias", shape=shape, initializer=init)  # v
         self.built = True
 
-    def initial_mems(self, batch_size):
+    @property
+    def protocol(self) -> Protocol:
+        """The attention lengths the model was built (and trains) with."""
+        return Protocol(self.mem_len, self.clamp_len, self.same_length)
+
+    def initial_mems(self, batch_size, protocol: Protocol | None = None):
         """Zero memories [n, B, mem_len, d] in the compute dtype (the TF original's first segment)."""
-        return tf.zeros([self.n_layer, batch_size, self.mem_len, self.d_model], self.compute_dtype)
+        mem_len = (protocol or self.protocol).mem_len
+        return tf.zeros([self.n_layer, batch_size, mem_len, self.d_model], self.compute_dtype)
+
+    def supports_cache(self, protocol: Protocol | None = None) -> bool:
+        """Whether the keys/values cache can carry this model's state (see `initial_cache`)."""
+        absolute = self.attn_type in ("vaswani", "al_rfou")
+        return not (self.pre_lnorm and absolute and (protocol or self.protocol).mem_len > 0)
+
+    def initial_cache(self, batch_size, protocol: Protocol | None = None, *, max_len: int):
+        """The keys/values cache of a zero memory, for calls with segments of up to `max_len` tokens.
+
+        Returns a dict: "keys", "values" [n, N, B, M, D] (M = protocol.mem_len) and, for xl and shaw,
+        "position_keys" [n, N, P, D] (P = M + max_len): each layer's position keys for every distance, computed
+        here once (clamp_len applied) instead of at every call. In the compute dtype.
+
+        Not available (ValueError) for pre_lnorm with attn_type "vaswani" or "al_rfou" and a memory: there the
+        keys are LayerNorm(memory + window positions), which depend on where a memory position sits in the window.
+        """
+        protocol = protocol or self.protocol
+        if not self.supports_cache(protocol):
+            raise ValueError(f"a keys/values cache cannot carry pre_lnorm attn_type={self.attn_type!r} with a "
+                             "memory; use the hidden-state memory (initial_mems)")
+        if max_len < 1:
+            raise ValueError(f"max_len must be >= 1; got {max_len}")
+        position = None
+        if self.attn_type == "xl":
+            position = self.position_encoding(tf.constant(protocol.mem_len + max_len),
+                                              clamp_len=protocol.clamp_len)  # [P, d], descending distance
+        caches = [block.initial_cache(batch_size, protocol.mem_len, max_len, position) for block in self.blocks]
+        return {name: tf.stack([cache[layer_name] for cache in caches]) for name, layer_name in _CACHE_NAMES
+                if layer_name in caches[0]}
+
+    @staticmethod
+    def select_rows(state, start, stop):
+        """Rows start..stop-1 of the batch of a state (memory [n, B, M, d] or a cache dict)."""
+        if isinstance(state, dict):
+            return {name: value[:, :, start:stop] if name in ("keys", "values") else value
+                    for name, value in state.items()}
+        return state[:, start:stop]
 
     def _check_mems(self, tokens, mems):
         if mems is None or len(mems.shape) != 4:
@@ -156,6 +202,18 @@ class TransformerXL(keras.Model):
         if b is not None and tokens.shape[0] is not None and b != tokens.shape[0]:
             raise ValueError(f"mems batch {b} differs from the tokens batch {tokens.shape[0]}")
 
+    def _check_cache(self, cache, protocol):
+        keys = cache.get("keys") if isinstance(cache, dict) else None
+        if keys is None or len(keys.shape) != 5:
+            raise ValueError("cache must be the dict of initial_cache (keys [n_layer, N, B, M, D], ...); got "
+                             f"{type(cache).__name__}")
+        mem_len = keys.shape[3]
+        if mem_len is not None and mem_len != protocol.mem_len:
+            raise ValueError(f"the cache holds {mem_len} positions but the protocol's mem_len is "
+                             f"{protocol.mem_len}; make the cache with the same protocol")
+        if self.attn_type in ("xl", "shaw") and "position_keys" not in cache:
+            raise ValueError("the cache has no position_keys; make it with initial_cache")
+
     def _biases(self, i):
         """(u, v) [N, D] for layer i (xl only)."""
         if self.attn_type != "xl":
@@ -164,52 +222,69 @@ class TransformerXL(keras.Model):
             return self.r_w_bias[i], self.r_r_bias[i]
         return self.r_w_bias, self.r_r_bias
 
-    def _forward(self, tokens, mems, training, return_probs):
+    def _layer_states(self, mems, cache):
+        """Per-layer states: memories [B, M, d] (or None), or per-layer cache dicts."""
+        if cache is not None:
+            unstacked = {layer_name: tf.unstack(cache[name], num=self.n_layer) for name, layer_name in _CACHE_NAMES
+                         if name in cache}
+            return [{key: values[i] for key, values in unstacked.items()} for i in range(self.n_layer)]
+        return [None] * self.n_layer if mems is None else tf.unstack(mems, num=self.n_layer)
+
+    def _forward(self, tokens, mems, cache, protocol, lengths, training, return_probs):
+        protocol = protocol or self.protocol
         tokens = tf.convert_to_tensor(tokens)
-        if mems is not None:
-            mems = tf.cast(tf.convert_to_tensor(mems), self.compute_dtype)
-        self._check_mems(tokens, mems)
+        if cache is not None:
+            self._check_cache(cache, protocol)
+            mlen = tf.shape(cache["keys"])[3]
+        else:
+            if mems is not None:
+                mems = tf.cast(tf.convert_to_tensor(mems), self.compute_dtype)
+            self._check_mems(tokens, mems)
+            mlen = 0 if mems is None else tf.shape(mems)[2]
         qlen = tf.shape(tokens)[1]
-        mlen = 0 if mems is None else tf.shape(mems)[2]
         klen = mlen + qlen
 
         h = self.embedding(tokens)  # [B, L, d]
         pos = None
-        if self.attn_type in ("xl", "vaswani"):
-            pos = self.position_encoding(klen, clamp_len=self.clamp_len)  # [K, d], descending distance
+        if (self.attn_type == "xl" and cache is None) or self.attn_type == "vaswani":
+            pos = self.position_encoding(klen, clamp_len=protocol.clamp_len)  # [K, d], descending distance
         if self.attn_type == "vaswani":
             h = h + pos[mlen:]  # absolute sinusoid of the segment's positions
         h = self.embedding_dropout(h, training=training)
-        if self.attn_type == "xl":
+        if self.attn_type == "xl" and pos is not None:
             pos = self.position_dropout(pos, training=training)
-        bias = attention_bias(qlen, mlen, self.same_length, self.same_length_keys, self.mem_len)  # [L, K]
+        bias = attention_bias(qlen, mlen, protocol.same_length, self.same_length_keys, protocol.mem_len)  # [L, K]
 
-        new_mems, all_probs = [], []
-        layer_mems = [None] * self.n_layer if mems is None else tf.unstack(mems, num=self.n_layer)
-        for i, block in enumerate(self.blocks):
-            mem_i = layer_mems[i]  # [B, M, d]
-            new_mems.append(update_memory(mem_i, h, self.mem_len))
-            if self.attn_type == "vaswani" and i == 0 and mem_i is not None:
-                mem_i = mem_i + pos[:mlen]  # the authors add the positions to the first layer's memory too
+        new_states, all_probs = [], []
+        has_memory = cache is not None or mems is not None
+        for i, (block, state) in enumerate(zip(self.blocks, self._layer_states(mems, cache), strict=True)):
+            # The authors add the positions to the first layer's memory too (vaswani).
+            memory_positions = pos[:mlen] if self.attn_type == "vaswani" and i == 0 and has_memory else None
             u, v = self._biases(i)
-            out = block(h, memory=mem_i, position_encoding=pos, attention_bias=bias, content_bias=u,
-                        position_bias=v, return_probs=return_probs, training=training)
+            out = block(h, memory=None if cache is not None else state, cache=state if cache is not None else None,
+                        mem_len=protocol.mem_len, lengths=lengths, position_encoding=pos,
+                        memory_positions=memory_positions, attention_bias=bias, content_bias=u, position_bias=v,
+                        return_probs=return_probs, training=training)
+            h = out[0]  # [B, L, d]
+            new_states.append(out[1])
             if return_probs:
-                out, probs = out
-                all_probs.append(probs)
-            h = out  # [B, L, d]
+                all_probs.append(out[2])
         hidden = self.output_dropout(h, training=training)  # [B, L, d]
-        new_mems = tf.stack(new_mems)  # [n, B, min(mem_len, K), d]
+        if cache is not None:
+            new_state = dict(cache, keys=tf.stack([s["key"] for s in new_states]),
+                             values=tf.stack([s["value"] for s in new_states]))  # position keys pass through
+        else:
+            new_state = tf.stack(new_states)  # [n, B, min(mem_len, K), d]
         if return_probs:
-            return hidden, new_mems, tf.stack(all_probs)  # probs [n, B, N, L, K]
-        return hidden, new_mems
+            return hidden, new_state, tf.stack(all_probs)  # probs [n, B, N, L, K]
+        return hidden, new_state
 
-    def call(self, tokens, mems=None, training=False):
-        return self._forward(tokens, mems, training, return_probs=False)
+    def call(self, tokens, mems=None, cache=None, protocol=None, lengths=None, training=False):
+        return self._forward(tokens, mems, cache, protocol, lengths, training, return_probs=False)
 
-    def call_with_attention(self, tokens, mems=None):
+    def call_with_attention(self, tokens, mems=None, cache=None, protocol=None):
         """Inference pass that also returns attention probabilities [n, B, N, L, K] float32."""
-        return self._forward(tokens, mems, training=False, return_probs=True)
+        return self._forward(tokens, mems, cache, protocol, None, training=False, return_probs=True)
 
     def nll(self, hidden, targets):
         """Per-token negative log-likelihood [B, L] float32 (natural log), in token order."""

@@ -83,9 +83,9 @@ def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_pa
     rows = []
     for index, protocol in enumerate(points, 1):
         result = evaluation.evaluate_tokens(
-            model, tokens, tgt_len=protocol.tgt_len, mem_len=protocol.mem_len, clamp_len=protocol.clamp_len,
-            same_length=protocol.same_length, batch_size=protocol.batch_size, max_steps=protocol.max_steps,
-            layout=protocol.layout, kv_cache=protocol.kv_cache and protocol.mem_len > 0)  # the cache needs a memory
+            model, tokens, tgt_len=protocol.tgt_len, protocol=protocol.attention_protocol(),
+            batch_size=protocol.batch_size, max_steps=protocol.max_steps, layout=protocol.layout,
+            kv_cache=protocol.kv_cache)
         metric = result.bpc if level == "char" else result.perplexity
         rows.append({**{axis: getattr(protocol, axis) for axis in AXES}, "loss": result.loss, "metric": metric,
                      "tokens": result.num_tokens, "seconds": result.seconds,

@@ -66,6 +66,7 @@ def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=Non
         raise ConfigError("no --gin_file given; pass a setup, e.g. --gin_file=gin/sample.gin")
     model_dir = model_dir or default_model_dir(gin_files)
     saved = run_dir.saved_configs(model_dir)
+    gin.clear_config()  # exactly these files and bindings: nothing left from an earlier call in this process
     parse_gin(gin_files, gin_params)
     made = configs.make_configs()
     if saved is not None:

@@ -376,9 +376,8 @@ class Trainer:
             return evaluation.evaluate_vanilla(self.model, tokens, window=e.tgt_len, batch_size=e.batch_size,
                                                max_steps=steps, clamp_len=e.clamp_len)
         return evaluation.evaluate_tokens(
-            self.model, tokens, tgt_len=e.tgt_len, mem_len=e.mem_len, clamp_len=e.clamp_len,
-            same_length=e.same_length, batch_size=e.batch_size, max_steps=steps, layout=e.layout,
-            kv_cache=e.kv_cache)
+            self.model, tokens, tgt_len=e.tgt_len, protocol=e.attention_protocol(), batch_size=e.batch_size,
+            max_steps=steps, layout=e.layout, kv_cache=e.kv_cache)
 
     def _split_tokens(self, split: str) -> np.ndarray:
         if split not in self._splits:

@@ -22,6 +22,8 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from txl_tf.protocol import Protocol  # noqa: E402
+
 
 def distance_sums(probs: tf.Tensor, max_distance: int) -> tf.Tensor:
     """Sums attention probabilities by query-key distance over batch and queries.
@@ -133,30 +135,35 @@ def write_summary(png: bytes, logdir: str, step: int = 0, name: str = "attention
     writer.close()
 
 
-def make_attention_step(model, max_distance: int):
-    """tf.function (tokens [B, L], mems) -> (sums [n_layer, N, D], new_mems): probabilities stay in the graph."""
+def make_attention_step(recurrent, max_distance: int):
+    """tf.function (tokens [B, L], state) -> (sums [n_layer, N, D], new state): probabilities stay in the graph.
+
+    recurrent: a `txl_tf.inference.Recurrent` (model, protocol, state form).
+    """
 
     @tf.function
-    def step(tokens, mems):
-        _, new_mems, probs = model.call_with_attention(tokens, mems=mems)  # probs [n_layer, B, N, L, K]
-        return distance_sums(probs, max_distance), new_mems
+    def step(tokens, state):
+        _, new_state, probs = recurrent.forward(tokens, state, return_probs=True)  # probs [n_layer, B, N, L, K]
+        return distance_sums(probs, max_distance), new_state
 
     return step
 
 
-def average_attention(model, tokens, *, tgt_len: int, mem_len: int, clamp_len: int = -1,
-                      same_length: bool = False, batch_size: int = 10, max_segments: int = 20,
-                      warmup_segments: int | None = None, max_distance: int | None = None,
+def average_attention(model, tokens, *, tgt_len: int, protocol: Protocol, batch_size: int = 10,
+                      max_segments: int = 20, warmup_segments: int | None = None, max_distance: int | None = None,
                       progress: bool = False) -> np.ndarray:
     """Average attention [n_layer, N, D] by relative distance over `max_segments` segments of a split.
 
-    The split (1-D tokens) is cut into `batch_size` streams as for evaluation. The first `warmup_segments`
-    (default: enough to fill the memory) only fill the memory, so zero-memory keys do not enter the average.
-    `max_distance` defaults to every reachable distance: mem_len + 1 with same_length, else mem_len + tgt_len.
+    The split (1-D tokens) is cut into `batch_size` streams as for evaluation, and fed through the model with
+    `protocol`'s lengths. The first `warmup_segments` (default: enough to fill the memory) only fill the memory,
+    so zero-memory keys do not enter the average. `max_distance` defaults to every reachable distance:
+    mem_len + 1 with same_length, else mem_len + tgt_len.
     """
     from txl_tf import evaluation
+    from txl_tf.inference import Recurrent, run_segments
 
-    max_distance = max_distance or (mem_len + 1 if same_length else mem_len + tgt_len)
+    mem_len = protocol.mem_len
+    max_distance = max_distance or (mem_len + 1 if protocol.same_length else mem_len + tgt_len)
     if warmup_segments is None:
         warmup_segments = -(-mem_len // tgt_len)
     streams, _ = evaluation.corpus_streams(tokens, batch_size)
@@ -165,16 +172,18 @@ def average_attention(model, tokens, *, tgt_len: int, mem_len: int, clamp_len: i
         raise ValueError(f"the split gives {streams.shape[1] - 1} tokens per stream; {warmup_segments} warm-up + "
                          f"{max_segments} segments of {tgt_len} need {needed}: lower max_segments or batch_size")
     acc = AttentionMapAccumulator(max_distance)
-    with evaluation.eval_protocol(model, mem_len=mem_len, clamp_len=clamp_len, same_length=same_length):
-        step = make_attention_step(model, max_distance)
-        mems = model.initial_mems(batch_size)
-        bar = evaluation._Progress(warmup_segments + max_segments, progress)
-        for index in range(warmup_segments + max_segments):
-            segment = tf.constant(streams[:, index * tgt_len:(index + 1) * tgt_len])
-            sums, mems = step(segment, mems)
-            if index >= warmup_segments:
-                acc.add_sums(sums, batch_size * tgt_len)
-            bar.update(1)
+    recurrent = Recurrent(model, protocol, max_len=tgt_len)
+    bar = evaluation._Progress(warmup_segments + max_segments, progress)
+    done = [0]
+
+    def add(sums):
+        if done[0] >= warmup_segments:
+            acc.add_sums(sums, batch_size * tgt_len)
+        done[0] += 1
+        bar.update(1)
+
+    run_segments(make_attention_step(recurrent, max_distance), recurrent.initial_state(batch_size),
+                 streams[:, :needed], tgt_len, on_output=add)
     return acc.result()
 
 
@@ -190,9 +199,9 @@ def _main(argv):
     protocol = configs.eval
     tokens = read_split(configs.data.data_dir, cfg.split)
     attention = average_attention(
-        model, tokens, tgt_len=protocol.tgt_len, mem_len=protocol.mem_len, clamp_len=protocol.clamp_len,
-        same_length=protocol.same_length, batch_size=protocol.batch_size, max_segments=cfg.max_segments,
-        max_distance=cfg.max_distance or None, progress=True)
+        model, tokens, tgt_len=protocol.tgt_len, protocol=protocol.attention_protocol(),
+        batch_size=protocol.batch_size, max_segments=cfg.max_segments, max_distance=cfg.max_distance or None,
+        progress=True)
     title = (f"{os.path.basename(os.path.normpath(cfg.model_dir or cfg.checkpoint))} [{cfg.split}]: average "
              f"attention by distance (mem_len {protocol.mem_len}, {cfg.max_segments} x {protocol.batch_size} x "
              f"{protocol.tgt_len} tokens)")

@@ -29,6 +29,7 @@ import os
 
 import numpy as np
 
+from txl_tf.protocol import Protocol
 from txl_tf.study import runs
 
 LN2 = math.log(2.0)
@@ -117,8 +118,9 @@ def _evaluate(run_dir: str, model, configs, tokens: np.ndarray, length: int, set
                                                  batch_size=settings.vanilla_batch, return_token_losses=True)
         else:
             result = evaluation.evaluate_tokens(
-                model, tokens[: prefix + count + 1], tgt_len=settings.eval_tgt_len, mem_len=length, clamp_len=clamp_len,
-                same_length=True, batch_size=1, return_token_losses=True, kv_cache=True)
+                model, tokens[: prefix + count + 1], tgt_len=settings.eval_tgt_len,
+                protocol=Protocol(mem_len=length, clamp_len=clamp_len, same_length=True), batch_size=1,
+                return_token_losses=True)
         losses = result.token_losses[-count:]
         return losses, {"protocol": result.protocol, "seconds": round(result.seconds, 2), "tokens": count,
                         "bpc": float(np.mean(losses, dtype=np.float64) / LN2)}

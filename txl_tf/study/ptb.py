@@ -74,8 +74,8 @@ def _score(model_dir: str, run_dir: str, key: str, tokens: np.ndarray):
                                                  clamp_len=e.clamp_len, return_token_losses=True)
         else:
             result = evaluation.evaluate_tokens(
-                model, tokens, tgt_len=e.tgt_len, mem_len=e.mem_len, clamp_len=e.clamp_len,
-                same_length=e.same_length, batch_size=e.batch_size, return_token_losses=True, kv_cache=True)
+                model, tokens, tgt_len=e.tgt_len, protocol=e.attention_protocol(), batch_size=e.batch_size,
+                return_token_losses=True)
         losses = result.token_losses
         return losses, {"protocol": result.protocol, "seconds": round(result.seconds, 2), "tokens": int(losses.size),
                         "ppl": float(math.exp(np.mean(losses, dtype=np.float64)))}

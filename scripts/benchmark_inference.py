@@ -1,0 +1,181 @@
+"""Serving latency: per-token generation latency and tokens/s, and per-segment scoring latency, for the Python
+model and its SavedModel, at batch 1 and 32 and at contexts from 100 tokens to the memory length.
+
+    python scripts/benchmark_inference.py --model_dir=runs/sample --mem_len=2000 --contexts=100,500,1000,2000
+    python scripts/benchmark_inference.py --arch=2,64,2,32,128 --n_token=50 --mem_len=64 --contexts=16,64
+
+The model is a trained run (--model_dir: its checkpoint and EvalConfig.tgt_len) or random weights of --arch.
+The protocol is mem_len = --mem_len (or EvalConfig.mem_len), clamp_len from EvalConfig (-1 for --arch),
+same_length off (generation's). The SavedModel is written by `txl_tf.export` into a temporary directory and
+loaded back, so both paths serve the same weights with the same keys/values cache.
+
+For every path, batch and context (a random prompt of that many tokens, consumed first):
+  per-token latency: --tokens single-token calls, each from Python and waited for (the call, then a greedy pick
+    on the host): p50 / p90 / p99 in ms. This is what a serving loop that returns every token sees.
+  tokens/s: `txl_tf.generation`'s decode loop (one tf.function, sampling in the graph) for --tokens tokens.
+Then per-segment scoring latency: --segments calls of `score` with max_len tokens and the state carried.
+Timings are wall times of this process on this machine; only figures from one run compare.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model_dir", None, "A trained run (default: random weights of --arch).")
+flags.DEFINE_string("arch", "4,256,4,64,1024", "n_layer,d_model,n_head,d_head,d_inner of the random model.")
+flags.DEFINE_integer("n_token", 204, "Vocabulary size of the random model.")
+flags.DEFINE_integer("max_len", 128, "Longest segment of the random model's calls (a run uses EvalConfig.tgt_len).")
+flags.DEFINE_integer("mem_len", None, "Memory length (default: the run's EvalConfig.mem_len; 2000 for --arch).")
+flags.DEFINE_list("contexts", ["100", "500", "1000", "2000"], "Context lengths (prompt tokens) to time at.")
+flags.DEFINE_list("batches", ["1", "32"], "Batch sizes.")
+flags.DEFINE_integer("tokens", 64, "Tokens timed per cell (after 3 warm-up tokens).")
+flags.DEFINE_integer("segments", 10, "Scoring segments timed per cell (after one warm-up).")
+flags.DEFINE_enum("dtype", "float32", ["float32", "mixed_bfloat16"], "Compute dtype.")
+
+
+def load_model():
+    """(model, Protocol, max_len, description)."""
+    from txl_tf.protocol import Protocol
+
+    if FLAGS.model_dir:
+        from txl_tf import restore
+
+        dtype = None if FLAGS.dtype == "float32" else FLAGS.dtype
+        model, configs, prefix = restore.load_model(FLAGS.model_dir, dtype=dtype)
+        e = configs.eval
+        protocol = Protocol(FLAGS.mem_len or e.mem_len, e.clamp_len, same_length=False)
+        return model, protocol, e.tgt_len, prefix
+    from txl_tf.model import TransformerXL
+    from txl_tf.restore import dtype_policy
+
+    n_layer, d_model, n_head, d_head, d_inner = (int(x) for x in FLAGS.arch.split(","))
+    with dtype_policy(FLAGS.dtype):
+        model = TransformerXL(n_token=FLAGS.n_token, n_layer=n_layer, d_model=d_model, n_head=n_head, d_head=d_head,
+                              d_inner=d_inner, dropout=0.0, dropatt=0.0, mem_len=FLAGS.mem_len or 2000)
+    return model, Protocol(FLAGS.mem_len or 2000), FLAGS.max_len, f"random weights, arch {FLAGS.arch}"
+
+
+def percentiles(seconds) -> tuple:
+    import numpy as np
+
+    return tuple(float(np.percentile(np.asarray(seconds) * 1000, q)) for q in (50, 90, 99))
+
+
+def token_latency(step, state, log_probs, tokens):
+    """p50/p90/p99 ms of single-token calls from Python (3 warm-up calls first)."""
+    import numpy as np
+    import tensorflow as tf
+
+    token = tf.constant(np.argmax(log_probs.numpy(), axis=-1)[:, None], tf.int32)
+    times = []
+    for index in range(tokens + 3):
+        start = time.perf_counter()
+        log_probs, state = step(token, None, state)
+        token = tf.constant(np.argmax(log_probs.numpy(), axis=-1)[:, None], tf.int32)  # waits for the call
+        if index >= 3:
+            times.append(time.perf_counter() - start)
+    return percentiles(times)
+
+
+def score_latency(score, state, batch, max_len, segments, n_token):
+    """p50/p90/p99 ms of `score` calls of [batch, max_len] tokens with the state carried (one warm-up)."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(2)
+    times = []
+    for index in range(segments + 1):
+        tokens = tf.constant(rng.integers(0, n_token, [batch, max_len + 1]), tf.int32)
+        start = time.perf_counter()
+        nll, state = score(tokens[:, :-1], tokens[:, 1:], state)
+        nll.numpy()
+        if index:
+            times.append(time.perf_counter() - start)
+    return percentiles(times)
+
+
+def main(argv):
+    del argv
+    import numpy as np
+    import tensorflow as tf
+
+    from txl_tf import export, generation
+    from txl_tf.inference import Recurrent
+
+    model, protocol, max_len, source = load_model()
+    contexts, batches = [int(c) for c in FLAGS.contexts], [int(b) for b in FLAGS.batches]
+    print(f"{source}; {model.count_params():,} parameters, {FLAGS.dtype}; protocol {protocol}, max_len {max_len}; "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}", flush=True)
+    recurrent = Recurrent(model, protocol, max_len=max_len)
+    with tempfile.TemporaryDirectory(prefix="txl_tf_bench_") as tmp:  # loaded into memory, then removed
+        export.export_model(model, os.path.join(tmp, "saved"), protocol=protocol, max_len=max_len)
+        loaded = tf.saved_model.load(os.path.join(tmp, "saved"))
+    served_step, served_initial, _ = generation.saved_model_step(loaded)
+    score_signature = loaded.signatures["score"]
+
+    def served_score(tokens, targets, state):
+        out = score_signature(tokens=tokens, targets=targets, **state)
+        return out["nll"], {name: tf.ensure_shape(out[name], value.shape) for name, value in state.items()}
+
+    paths = {
+        "Python": (generation.model_step(recurrent), recurrent.initial_state, recurrent.score),
+        "SavedModel": (served_step, served_initial, served_score),
+    }
+    rng = np.random.default_rng(1)
+    rows, score_rows = [], []
+    for batch in batches:
+        for context in contexts:
+            prompt = rng.integers(0, model.n_token, [batch, context]).astype(np.int32)
+            for name, (step, initial_state, _) in paths.items():
+                log_probs, state = generation.consume_prompts(step, prompt, initial_state(batch), max_len)
+                latency = token_latency(step, state, log_probs, FLAGS.tokens)
+                result = generation.generate(step, prompt, initial_state(batch), max_tokens=FLAGS.tokens,
+                                             temperature=1.0, seed=0, segment_len=max_len)
+                rows.append((name, batch, context, latency, result.tokens_per_second))
+                print(f"{name:10s} batch {batch:3d} context {context:5d}: per token p50 {latency[0]:.2f} / p90 "
+                      f"{latency[1]:.2f} / p99 {latency[2]:.2f} ms; decode loop {result.tokens_per_second:,.0f} "
+                      "tokens/s", flush=True)
+        for name, (_, initial_state, score) in paths.items():
+            latency = score_latency(score, initial_state(batch), batch, max_len, FLAGS.segments, model.n_token)
+            score_rows.append((name, batch, latency))
+            print(f"{name:10s} batch {batch:3d} scoring a segment of {max_len}: p50 {latency[0]:.1f} / p90 "
+                  f"{latency[1]:.1f} / p99 {latency[2]:.1f} ms", flush=True)
+
+    print(f"\nGeneration (mem_len {protocol.mem_len}; per-token latency of single calls, decode-loop throughput):\n")
+    print("| path | batch | context | p50 ms | p90 ms | p99 ms | tokens/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, batch, context, (p50, p90, p99), speed in rows:
+        print(f"| {name} | {batch} | {context} | {p50:.2f} | {p90:.2f} | {p99:.2f} | {speed:,.0f} |")
+    print("\nRatios: SavedModel / Python tokens/s; per-token p50 at the longest context / at the shortest:\n")
+    print("| batch | context | SavedModel / Python tokens/s |")
+    print("|---:|---:|---:|")
+    speeds = {(name, batch, context): speed for name, batch, context, _, speed in rows}
+    p50 = {(name, batch, context): latency[0] for name, batch, context, latency, _ in rows}
+    for batch in batches:
+        for context in contexts:
+            ratio = speeds["SavedModel", batch, context] / speeds["Python", batch, context]
+            print(f"| {batch} | {context} | {ratio:.2f} |")
+    for name in paths:
+        for batch in batches:
+            ratio = p50[name, batch, contexts[-1]] / p50[name, batch, contexts[0]]
+            print(f"{name} batch {batch}: p50 at context {contexts[-1]} / at {contexts[0]} = {ratio:.2f}")
+    print(f"\nScoring a segment of {max_len} tokens with the state carried:\n")
+    print("| path | batch | p50 ms | p90 ms | p99 ms | tokens/s at p50 |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, batch, (p50_ms, p90_ms, p99_ms) in score_rows:
+        print(f"| {name} | {batch} | {p50_ms:.1f} | {p90_ms:.1f} | {p99_ms:.1f} | "
+              f"{batch * max_len / (p50_ms / 1000):,.0f} |")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+    app.run(main)

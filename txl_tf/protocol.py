@@ -1,0 +1,47 @@
+"""The attention protocol: how far back a call of the model looks, as one immutable value.
+
+A `TransformerXL` is built with the lengths it trains with (`mem_len`, `clamp_len`, `same_length`); its
+`protocol` property returns them as a `Protocol`. Evaluation, generation, attention maps and export take a
+`Protocol` of their own (usually from `EvalConfig`) and hand it to every call of the model: nothing is set on the
+model for a while, so a traced function, a SavedModel or a second thread never sees lengths that were meant for
+another caller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+
+
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+    """Attention lengths of one use of a model.
+
+    Attributes:
+      mem_len: positions of memory (hidden states or cached keys/values) kept per layer; 0 turns recurrence off.
+      clamp_len: relative distances above it share one encoding (xl); <= 0 keeps every distance apart.
+      same_length: every query attends the same number of keys (the model's `same_length_keys` says how many).
+    """
+
+    mem_len: int
+    clamp_len: int = -1
+    same_length: bool = False
+
+    def __post_init__(self):
+        for name in ("mem_len", "clamp_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"Protocol.{name} must be an int; got {value!r}")
+            object.__setattr__(self, name, int(value))  # NumPy integers become plain ints (hashable, printable)
+        if self.mem_len < 0:
+            raise ValueError(f"Protocol.mem_len must be >= 0; got {self.mem_len}")
+        if not isinstance(self.same_length, (bool, numbers.Integral)) or self.same_length not in (0, 1):
+            raise ValueError(f"Protocol.same_length must be True or False; got {self.same_length!r}")
+        object.__setattr__(self, "same_length", bool(self.same_length))
+
+    def replace(self, **changes) -> Protocol:
+        """A copy with some fields changed (the value itself never changes)."""
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
