@@ -12,7 +12,8 @@ loaded back, so both paths serve the same weights with the same keys/values cach
 For every path, batch and context (a random prompt of that many tokens, consumed first):
   per-token latency: --tokens single-token calls, each from Python and waited for (the call, then a greedy pick
     on the host): p50 / p90 / p99 in ms. This is what a serving loop that returns every token sees.
-  tokens/s: `txl_tf.generation`'s decode loop (one tf.function, sampling in the graph) for --tokens tokens.
+  tokens/s: the decode loop (one tf.while_loop, sampling in the graph) for --tokens tokens: the Python model's
+    `txl_tf.generation` loop, the SavedModel's `generate` signature (the same loop, traced at export).
 Then per-segment scoring latency: --segments calls of `score` with max_len tokens and the state carried.
 Timings are wall times of this process on this machine; only figures from one run compare.
 """
@@ -120,6 +121,7 @@ def main(argv):
         export.export_model(model, os.path.join(tmp, "saved"), protocol=protocol, max_len=max_len)
         loaded = tf.saved_model.load(os.path.join(tmp, "saved"))
     served_step, served_initial, _ = generation.saved_model_step(loaded)
+    served_decoder = generation.saved_model_decoder(loaded)
     score_signature = loaded.signatures["score"]
 
     def served_score(tokens, targets, state):
@@ -127,24 +129,24 @@ def main(argv):
         return out["nll"], {name: tf.ensure_shape(out[name], value.shape) for name, value in state.items()}
 
     paths = {
-        "Python": (generation.model_step(recurrent), recurrent.initial_state, recurrent.score),
-        "SavedModel": (served_step, served_initial, served_score),
+        "Python": (generation.model_step(recurrent), recurrent.initial_state, recurrent.score, None),
+        "SavedModel": (served_step, served_initial, served_score, served_decoder),
     }
     rng = np.random.default_rng(1)
     rows, score_rows = [], []
     for batch in batches:
         for context in contexts:
             prompt = rng.integers(0, model.n_token, [batch, context]).astype(np.int32)
-            for name, (step, initial_state, _) in paths.items():
+            for name, (step, initial_state, _, decoder) in paths.items():
                 log_probs, state = generation.consume_prompts(step, prompt, initial_state(batch), max_len)
                 latency = token_latency(step, state, log_probs, FLAGS.tokens)
                 result = generation.generate(step, prompt, initial_state(batch), max_tokens=FLAGS.tokens,
-                                             temperature=1.0, seed=0, segment_len=max_len)
+                                             temperature=1.0, seed=0, segment_len=max_len, decoder=decoder)
                 rows.append((name, batch, context, latency, result.tokens_per_second))
                 print(f"{name:10s} batch {batch:3d} context {context:5d}: per token p50 {latency[0]:.2f} / p90 "
                       f"{latency[1]:.2f} / p99 {latency[2]:.2f} ms; decode loop {result.tokens_per_second:,.0f} "
                       "tokens/s", flush=True)
-        for name, (_, initial_state, score) in paths.items():
+        for name, (_, initial_state, score, _) in paths.items():
             latency = score_latency(score, initial_state(batch), batch, max_len, FLAGS.segments, model.n_token)
             score_rows.append((name, batch, latency))
             print(f"{name:10s} batch {batch:3d} scoring a segment of {max_len}: p50 {latency[0]:.1f} / p90 "

@@ -97,7 +97,10 @@ def test_saved_model_gives_the_python_text(model, tmp_path):
     assert max_len == 3
     prompts = [[1, 4, 2, 7, 3], [5, 0]]
     for settings in (dict(temperature=0.0), dict(temperature=1.3, top_k=5, top_p=0.9, seed=4)):
-        served = generation.generate(step, prompts, initial_state(2), max_tokens=7, segment_len=3, **settings)
+        served = generation.generate(step, prompts, initial_state(2), max_tokens=7, segment_len=3,
+                                     decoder=generation.saved_model_decoder(loaded), **settings)
+        per_token = generation.generate(step, prompts, initial_state(2), max_tokens=7, segment_len=3, **settings)
+        np.testing.assert_array_equal(per_token.tokens, served.tokens)  # next_token_logits called per token
         python = generation.generate_from_model(model, prompts, max_tokens=7, protocol=protocol, segment_len=3,
                                                 **settings)
         np.testing.assert_array_equal(served.tokens, python.tokens)

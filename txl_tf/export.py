@@ -17,6 +17,10 @@ L tokens (at most `max_len`, the exported EvalConfig.tgt_len), M = mem_len, V = 
     next_token_logits  tokens int32 [B, L], lengths int32 [B], state -> logits float32 [B, V] (log-probabilities
                        of the token after position lengths[b] - 1 of each row), state. Positions past a row's
                        length are padding: they do not enter its state (prompts of different lengths).
+    generate           logits float32 [B, V] (from next_token_logits), seed int32 [], num_tokens int32 [],
+                       temperature float32 [] (0: greedy), top_k int32 [] (0: all), top_p float32 [] (1: all),
+                       state -> tokens int32 [B, num_tokens], state: the sampling loop of
+                       txl_tf.generation in the graph (the same tokens as the Python model for the same seed).
     score              tokens int32 [B, L], targets int32 [B, L], state -> nll float32 [B, L], state
     score_text         text string [B], state -> tokens int32 [B, T] (0-padded), lengths int32 [B],
                        nll float32 [B, T - 1] (nll[b, t] of tokens[b, t + 1]; 0 past the row's length), state
@@ -36,10 +40,11 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 import tensorflow as tf  # noqa: E402
 
+from txl_tf.generation import decode_loop  # noqa: E402
 from txl_tf.inference import Recurrent  # noqa: E402
 from txl_tf.protocol import Protocol  # noqa: E402
 
-SIGNATURES = ("initial_state", "next_token_logits", "score", "score_text")
+SIGNATURES = ("initial_state", "next_token_logits", "generate", "score", "score_text")
 
 
 class TransformerXLServing(tf.Module):
@@ -80,6 +85,11 @@ class TransformerXLServing(tf.Module):
         # state, state_1, ...; a wrapper per signature keeps the names "keys", "values", ...
         self.next_token_logits = tf.function(
             self._with_state(self._next_token_logits, 2), input_signature=[tokens, lengths, *state_specs.values()])
+        scalar = lambda dtype, name: tf.TensorSpec([], dtype, name=name)  # noqa: E731
+        self.generate = tf.function(self._with_state(self._generate, 6), input_signature=[
+            tf.TensorSpec([None, model.n_token], tf.float32, name="logits"), scalar(tf.int32, "seed"),
+            scalar(tf.int32, "num_tokens"), scalar(tf.float32, "temperature"), scalar(tf.int32, "top_k"),
+            scalar(tf.float32, "top_p"), *state_specs.values()])
         self.score = tf.function(self._with_state(self._score, 2), input_signature=[
             tokens, tf.TensorSpec([None, None], tf.int32, name="targets"), *state_specs.values()])
         if tokenizer is not None:
@@ -106,12 +116,21 @@ class TransformerXLServing(tf.Module):
     def _initial_state(self, batch_size):
         return self._as_dict(self.recurrent.initial_state(batch_size))
 
+    # The uncompiled forms of Recurrent's calls: each signature is then one flat graph, with no nested function
+    # call to instantiate for every token.
     def _next_token_logits(self, tokens, lengths, state):
-        log_probs, state = self.recurrent.next_log_probs(tokens, state, lengths)  # [B, V]
+        log_probs, state = self.recurrent.next_log_probs.python_function(tokens, state, lengths)  # [B, V]
         return {"logits": tf.cast(log_probs, tf.float32)}, state
 
+    def _generate(self, logits, seed, num_tokens, temperature, top_k, top_p, state):
+        def step(tokens, lengths, current):
+            return self.recurrent.next_log_probs.python_function(tokens, current, lengths)
+
+        tokens, state = decode_loop(step, logits, state, seed, num_tokens, temperature, top_k, top_p)
+        return {"tokens": tokens}, state
+
     def _score(self, tokens, targets, state):
-        nll, state = self.recurrent.score(tokens, targets, state)
+        nll, state = self.recurrent.score.python_function(tokens, targets, state)
         return {"nll": tf.cast(nll, tf.float32)}, state
 
     def _score_text(self, text, state):

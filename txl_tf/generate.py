@@ -91,7 +91,8 @@ def _from_saved_model():
     ragged = loaded.tokenizer.tf_encode(tf.constant(FLAGS.prompt))  # the SavedModel's own tokenizer
     ids = ragged.to_list()
     step, initial_state, max_len = generation.saved_model_step(loaded)
-    result = generation.generate(step, ids, initial_state(len(ids)), segment_len=max_len, **_sampling())
+    result = generation.generate(step, ids, initial_state(len(ids)), segment_len=max_len,
+                                 decoder=generation.saved_model_decoder(loaded), **_sampling())
     return FLAGS.saved_model, vocab, result
 
 

@@ -37,7 +37,8 @@ class GenerationResult:
     Attributes:
       tokens: [B, max_tokens] int32 sampled tokens (the prompts excluded).
       state: the recurrent state after the prompts and all generated tokens (to continue generating).
-      prompt_seconds: time to consume the prompts; decode_seconds: time of the sampling loop (traced beforehand).
+      prompt_seconds: time to consume the prompts (tracing included); decode_seconds: time of the sampling loop
+        (traced and run once beforehand).
     """
 
     tokens: np.ndarray
@@ -54,7 +55,9 @@ def model_step(recurrent: Recurrent) -> StepFn:
     """`StepFn` of a Python model bound to a protocol and a state form (`txl_tf.inference.Recurrent`)."""
 
     def step(tokens, lengths, state):
-        return recurrent.next_log_probs(tokens, state, lengths)
+        # Inside a graph (the decode loop) the uncompiled form is traced in: one flat graph, no nested call.
+        call = recurrent.next_log_probs.python_function if tf.inside_function() else recurrent.next_log_probs
+        return call(tokens, state, lengths)
 
     return step
 
@@ -75,30 +78,43 @@ def saved_model_step(loaded) -> tuple[StepFn, Callable, int]:
     return step, initial_state, int(loaded.max_len.numpy())
 
 
-def sample_next(logits: tf.Tensor, seed: tf.Tensor, temperature: float, top_k: int = 0,
-                top_p: float = 1.0) -> tf.Tensor:
+def sample_next(logits: tf.Tensor, seed: tf.Tensor, temperature, top_k=0, top_p=1.0) -> tf.Tensor:
     """Samples one token per row of `logits` [B, V]; temperature 0 is greedy. Returns [B] int32.
+
+    The settings may be Python numbers or scalar tensors (the SavedModel's `generate` signature takes them as
+    inputs), with the same result either way.
 
     Args:
       seed: [2] int32 stateless seed.
+      temperature: softmax temperature; <= 0 picks the most likely token.
       top_k: keep only the k most likely tokens (0 = all).
       top_p: nucleus sampling: keep the most likely tokens whose probabilities (after temperature and top-k)
         first reach `top_p` in total, the token that crosses it included (1 = all).
     """
-    if temperature <= 0.0:
-        return tf.argmax(logits, axis=-1, output_type=tf.int32)
-    logits = tf.cast(logits, tf.float32) / temperature
+    logits = tf.cast(logits, tf.float32)
+    temperature = tf.convert_to_tensor(temperature, tf.float32)
+    top_k = tf.convert_to_tensor(top_k, tf.int32)
+    top_p = tf.convert_to_tensor(top_p, tf.float32)
     blocked = tf.fill(tf.shape(logits), -1e30)
-    if top_k:
-        kth = tf.math.top_k(logits, k=top_k).values[:, -1:]  # [B, 1]
-        logits = tf.where(logits < kth, blocked, logits)
-    if top_p < 1.0:
-        ordered = tf.sort(logits, axis=-1, direction="DESCENDING")  # [B, V]
+
+    def keep_top_k(scaled):
+        kth = tf.math.top_k(scaled, k=top_k).values[:, -1:]  # [B, 1]
+        return tf.where(scaled < kth, blocked, scaled)
+
+    def keep_nucleus(scaled):
+        ordered = tf.sort(scaled, axis=-1, direction="DESCENDING")  # [B, V]
         before = tf.cumsum(tf.nn.softmax(ordered, axis=-1), axis=-1, exclusive=True)  # mass of the likelier ones
         kept = tf.reduce_sum(tf.cast(before < top_p, tf.int32), axis=-1, keepdims=True)  # [B, 1] >= 1
         threshold = tf.gather(ordered, kept - 1, batch_dims=1)  # [B, 1]: the least likely kept logit
-        logits = tf.where(logits < threshold, blocked, logits)
-    return tf.cast(tf.random.stateless_categorical(logits, 1, seed=seed)[:, 0], tf.int32)
+        return tf.where(scaled < threshold, blocked, scaled)
+
+    def sample():
+        scaled = logits / temperature
+        scaled = tf.cond(top_k > 0, lambda: keep_top_k(scaled), lambda: scaled)
+        scaled = tf.cond(top_p < 1.0, lambda: keep_nucleus(scaled), lambda: scaled)
+        return tf.cast(tf.random.stateless_categorical(scaled, 1, seed=seed)[:, 0], tf.int32)
+
+    return tf.cond(temperature > 0, sample, lambda: tf.argmax(logits, axis=-1, output_type=tf.int32))
 
 
 def pad_prompts(prompts: Sequence[Sequence[int]] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -134,24 +150,41 @@ def consume_prompts(step: StepFn, prompts, state, segment_len: int):
     return last["log_probs"], state
 
 
-def make_decoder(step: StepFn, temperature: float, top_k: int, top_p: float):
-    """A tf.function (first_log_probs [B, V], state, seed [] int32, num_tokens [] int32) -> (tokens [B, T], state)."""
+def decode_loop(step: StepFn, first_log_probs, state, seed, num_tokens, temperature, top_k, top_p):
+    """Samples `num_tokens` tokens in one `tf.while_loop` (trace it inside a tf.function): (tokens [B, T], state).
 
-    @tf.function
-    def decode(first_log_probs, state, seed, num_tokens):
-        generated = tf.TensorArray(tf.int32, size=num_tokens, element_shape=tf.TensorShape([None]))
-        log_probs = first_log_probs
-        for i in tf.range(num_tokens):
-            token = sample_next(log_probs, tf.stack([seed, i]), temperature, top_k, top_p)  # [B]
-            generated = generated.write(i, token)
-            log_probs, state = step(token[:, None], None, state)  # one position attends to the state
-        return tf.transpose(generated.stack()), state  # [B, T]
+    The Python path (`make_decoder`) and the SavedModel's `generate` signature trace this same function, so they
+    run the same graph and sample the same tokens.
+    """
+    generated = tf.TensorArray(tf.int32, size=num_tokens, element_shape=tf.TensorShape([None]))
+    log_probs = first_log_probs
+    for i in tf.range(num_tokens):
+        token = sample_next(log_probs, tf.stack([seed, i]), temperature, top_k, top_p)  # [B]
+        generated = generated.write(i, token)
+        log_probs, state = step(token[:, None], None, state)  # one position attends to the state
+    return tf.transpose(generated.stack()), state  # [B, T]
+
+
+def make_decoder(step: StepFn):
+    """A tf.function (first_log_probs [B, V], state, seed, num_tokens, temperature, top_k, top_p) -> (tokens
+    [B, T], state), all scalars as tensors."""
+    return tf.function(lambda *args: decode_loop(step, *args))
+
+
+def saved_model_decoder(loaded):
+    """The decoder of a SavedModel written by `txl_tf.export`: its `generate` signature (the loop in its graph)."""
+    signature = loaded.signatures["generate"]
+
+    def decode(first_log_probs, state, seed, num_tokens, temperature, top_k, top_p):
+        out = signature(logits=first_log_probs, seed=seed, num_tokens=num_tokens, temperature=temperature,
+                        top_k=top_k, top_p=top_p, **state)
+        return out["tokens"], {name: out[name] for name in state}
 
     return decode
 
 
 def generate(step: StepFn, prompts, initial_state, *, max_tokens: int, temperature: float = 1.0, top_k: int = 0,
-             top_p: float = 1.0, seed: int = 0, segment_len: int = 64) -> GenerationResult:
+             top_p: float = 1.0, seed: int = 0, segment_len: int = 64, decoder=None) -> GenerationResult:
     """Samples `max_tokens` tokens after each prompt, starting from `initial_state`.
 
     Args:
@@ -163,6 +196,7 @@ def generate(step: StepFn, prompts, initial_state, *, max_tokens: int, temperatu
       top_p: nucleus sampling (1 = off).
       seed: stateless RNG seed; the same seed gives the same tokens.
       segment_len: prompt segment length (at most the state's max_len).
+      decoder: the sampling loop (default `make_decoder(step)`; a SavedModel's: `saved_model_decoder`).
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be positive; got {max_tokens}")
@@ -170,11 +204,14 @@ def generate(step: StepFn, prompts, initial_state, *, max_tokens: int, temperatu
     log_probs, state = consume_prompts(step, prompts, initial_state, segment_len)
     log_probs.numpy()  # wait for the prompt
     prompt_seconds = time.perf_counter() - start
-    decode = make_decoder(step, float(temperature), int(top_k), float(top_p))
-    args = (log_probs, state, tf.constant(seed, tf.int32), tf.constant(max_tokens, tf.int32))
-    decode.get_concrete_function(*args)  # trace outside the timed region
+    decode = decoder or make_decoder(step)
+    settings = (tf.constant(temperature, tf.float32), tf.constant(top_k, tf.int32), tf.constant(top_p, tf.float32))
+    seed = tf.constant(seed, tf.int32)
+    # Run once first: TF instantiates and optimises a function's graph at its first call, which would otherwise
+    # be timed as decoding.
+    decode(log_probs, state, seed, tf.constant(1, tf.int32), *settings)[0].numpy()
     start = time.perf_counter()
-    tokens, state = decode(*args)
+    tokens, state = decode(log_probs, state, seed, tf.constant(max_tokens, tf.int32), *settings)
     tokens = tokens.numpy()
     return GenerationResult(tokens=tokens, state=state, prompt_seconds=prompt_seconds,
                             decode_seconds=time.perf_counter() - start)
