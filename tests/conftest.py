@@ -14,6 +14,16 @@ SHARED = pathlib.Path(os.environ.get("TXL_SHARED_DIR", REPO_ROOT.parent / "share
 FIXTURE_DIR = SHARED / "fixtures" / "original_tf_char_small"
 
 
+@pytest.fixture(autouse=True)
+def _no_gin_bindings_left_behind():
+    """Clears gin's global configuration after every test: in-process training (`txl_tf.train.run`) leaves its
+    bindings behind, and a later test's `ModelConfig()` would build that model instead of the defaults."""
+    yield
+    import gin
+
+    gin.clear_config()
+
+
 @pytest.fixture
 def fixture_dir():
     if not (FIXTURE_DIR / "golden.npz").exists():
