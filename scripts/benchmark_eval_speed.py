@@ -167,16 +167,11 @@ def format_table(rows, peer=None) -> str:
 
 
 def _machine() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = f.read()
-    except OSError:
-        return "unknown CPU"
-    model = re.search(r"model name\s*:\s*(.*)", info)
-    flags_line = re.search(r"flags\s*:\s*(.*)", info)
-    flags_set = set(flags_line.group(1).split()) if flags_line else set()
-    units = [name for name in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if name in flags_set]
-    return f"{model.group(1).strip() if model else 'unknown CPU'} ({', '.join(units) or 'no AVX2'})"
+    """The CPU and its widest matrix instructions (txl_tf.study.runs.machine, which the study reports use too)."""
+    from txl_tf.study.runs import machine
+
+    info = machine()
+    return f"{info['cpu']} ({info['isa']})"
 
 
 def main(argv):

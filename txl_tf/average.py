@@ -30,7 +30,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from txl_tf import errors, restore  # noqa: E402
+from txl_tf import errors, restore, run_dir  # noqa: E402
 from txl_tf.errors import ConfigError  # noqa: E402
 
 OUTPUT_DIR = "averaged"
@@ -42,15 +42,13 @@ def last_checkpoints(model_dir: str, count: int) -> list[str]:
     """The `count` highest-numbered checkpoint prefixes `model_dir/ckpt-N`, oldest first."""
     if count < 1:
         raise ConfigError(f"--last must be >= 1; got {count}")
-    numbered = sorted((int(m.group(1)), prefix) for prefix in
-                      (path[:-len(".index")] for path in tf.io.gfile.glob(os.path.join(model_dir, "ckpt-*.index")))
-                      if (m := _NUMBERED.search(prefix)))
-    if not numbered:
+    intact = [c.prefix for c in run_dir.candidates(model_dir) if c.problem is None][::-1]  # oldest first
+    if not intact:
         raise FileNotFoundError(f"no ckpt-N checkpoints in {model_dir}")
-    if len(numbered) < count:
-        print(f"{model_dir} has {len(numbered)} checkpoints, fewer than --last={count}: averaging them all",
+    if len(intact) < count:
+        print(f"{model_dir} has {len(intact)} checkpoints, fewer than --last={count}: averaging them all",
               file=sys.stderr)
-    return [prefix for _, prefix in numbered[-count:]]
+    return intact[-count:]
 
 
 def is_float(variable) -> bool:

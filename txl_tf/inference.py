@@ -73,10 +73,6 @@ class Recurrent:
             last = tf.gather(hidden, tf.maximum(tf.cast(lengths, tf.int32) - 1, 0), batch_dims=1)  # [B, d]
         return self.model.log_probs(last[:, None])[:, 0], state
 
-    def select_rows(self, state, start: int, stop: int):
-        """Rows start..stop-1 of a state (e.g. one stream's memory that continues into the tail)."""
-        return self.model.select_rows(state, start, stop)
-
 
 def segment_bounds(length: int, seg_len: int, max_steps: int = 0) -> list[tuple[int, int]]:
     """(start, end) of each segment of `seg_len` covering `length` positions (the last may be shorter)."""
