@@ -57,7 +57,7 @@ PEER_LINE = re.compile(r"A=(\d+): vanilla ([\d.]+) s/token, XL ([\d.]+) ms/token
 def build_models(attn_lens, arch, n_token, dtype):
     """(vanilla al_rfou model with positions for the longest window, Transformer-XL model)."""
     from txl_tf.model import TransformerXL
-    from txl_tf.restore import dtype_policy
+    from txl_tf.run_dir import dtype_policy
 
     n_layer, d_model, n_head, d_head, d_inner = arch
     common = dict(n_token=n_token, n_layer=n_layer, d_model=d_model, n_head=n_head, d_head=d_head,

@@ -50,15 +50,15 @@ def load_model():
     from txl_tf.protocol import Protocol
 
     if FLAGS.model_dir:
-        from txl_tf import restore
+        from txl_tf import run_dir
 
         dtype = None if FLAGS.dtype == "float32" else FLAGS.dtype
-        model, configs, prefix = restore.load_model(FLAGS.model_dir, dtype=dtype)
+        model, configs, prefix = run_dir.load_model(FLAGS.model_dir, dtype=dtype)
         e = configs.eval
         protocol = Protocol(FLAGS.mem_len or e.mem_len, e.clamp_len, same_length=False)
         return model, protocol, e.tgt_len, prefix
     from txl_tf.model import TransformerXL
-    from txl_tf.restore import dtype_policy
+    from txl_tf.run_dir import dtype_policy
 
     n_layer, d_model, n_head, d_head, d_inner = (int(x) for x in FLAGS.arch.split(","))
     with dtype_policy(FLAGS.dtype):

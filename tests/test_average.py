@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from txl_tf import average, restore
+from txl_tf import average, run_dir
 from txl_tf.configs import ModelConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -23,16 +23,16 @@ def _clean_gin():
     gin.clear_config()
 
 
-def make_run(run_dir, offsets):
+def make_run(directory, offsets):
     """A run directory with config.gin and one checkpoint per offset: the same model, every float weight + offset
     (saved like the trainer's: model, optimizer-like extras, numbered by step). Returns the float weights."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.gin").write_text("".join(f"ModelConfig.{k} = {v!r}\n" for k, v in CONFIG.items()))
-    model = restore.build_model(ModelConfig(**CONFIG))
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.gin").write_text("".join(f"ModelConfig.{k} = {v!r}\n" for k, v in CONFIG.items()))
+    model = run_dir.build_model(ModelConfig(**CONFIG))
     base = [v.numpy() for v in model.weights]
     step = tf.Variable(0, dtype=tf.int64)
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model, step=step, extra=tf.Variable(1.0)),
-                                         str(run_dir), max_to_keep=None, step_counter=step)
+                                         str(directory), max_to_keep=None, step_counter=step)
     saved = []
     for i, offset in enumerate(offsets):
         for variable, value in zip(model.weights, base, strict=True):
@@ -50,7 +50,7 @@ def float_weights(model):
 
 def test_identical_checkpoints_average_to_the_same_weights(tmp_path):
     saved = make_run(tmp_path / "run", [0.0, 0.0])
-    model = restore.build_model(ModelConfig(**CONFIG))
+    model = run_dir.build_model(ModelConfig(**CONFIG))
     average.average_weights(model, average.last_checkpoints(str(tmp_path / "run"), 2))
     for got, want in zip(float_weights(model), saved[0], strict=True):
         np.testing.assert_array_equal(got, want)
@@ -61,7 +61,7 @@ def test_different_checkpoints_average_to_their_mean(tmp_path):
     prefix = average.average(average.last_checkpoints(str(tmp_path / "run"), 2), str(tmp_path / "avg"),
                              model_dir=str(tmp_path / "run"))
     assert os.path.basename(prefix) == "ckpt-30"
-    model, _, found = restore.load_model(str(tmp_path / "avg"))  # what evaluate / export / generate do
+    model, _, found = run_dir.load_model(str(tmp_path / "avg"))  # what evaluate / export / generate do
     assert found == prefix
     for got, second, third in zip(float_weights(model), saved[1], saved[2], strict=True):
         np.testing.assert_allclose(got, (second + third) / 2, rtol=0, atol=1e-6)
@@ -79,7 +79,7 @@ def test_command_writes_into_the_run_without_touching_its_checkpoints(tmp_path):
     assert "averaged 2 checkpoints (ckpt-10, ckpt-20) -> " in proc.stdout
     assert {name: os.path.getmtime(run / name) for name in before} == before
     assert tf.train.latest_checkpoint(str(run)).endswith("ckpt-20")  # the run still resumes from its own
-    model, _, prefix = restore.load_model(str(run / "averaged"))
+    model, _, prefix = run_dir.load_model(str(run / "averaged"))
     assert prefix == str(run / "averaged" / "ckpt-20")
     for got, first, second in zip(float_weights(model), saved[0], saved[1], strict=True):
         np.testing.assert_allclose(got, (first + second) / 2, rtol=0, atol=1e-6)

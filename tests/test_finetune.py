@@ -10,6 +10,7 @@ from train_utils import tiny_text
 
 from txl_tf import distribute, evaluation
 from txl_tf.configs import DataConfig, EvalConfig, ModelConfig, TrainConfig
+from txl_tf.controller import Controller, default_actions
 from txl_tf.data import corpora, pipeline, prepare
 from txl_tf.data.sources import SourceError
 from txl_tf.data.vocab import Vocab
@@ -35,15 +36,16 @@ def setup(tmp_path_factory):
     return converted, base, data
 
 
-def make_trainer(data_dir, model_dir, lines=None, **train):
+def make_run(data_dir, model_dir, lines=None, **train):
+    """A Controller (the loop) around a Trainer (the step) of the golden architecture."""
     settings = dict(batch_size=3, tgt_len=5, train_steps=20, warmup_steps=0, learning_rate=3e-3, steps_per_loop=5,
                     log_every=5, eval_every=0, checkpoint_every=0, sample_tokens=0, measure_mfu=False)
     settings.update(train)
-    return Trainer(ModelConfig(**ARCHITECTURE, mem_len=MEM_LEN, dropout=0.0, dropatt=0.0),
-                   DataConfig(dataset="text", data_dir=data_dir), TrainConfig(**settings),
-                   EvalConfig(**PROTOCOL),
-                   strategy=distribute.make_strategy("default"), model_dir=str(model_dir),
-                   log=(lines.append if lines is not None else lambda line: None))
+    trainer = Trainer(ModelConfig(**ARCHITECTURE, mem_len=MEM_LEN, dropout=0.0, dropatt=0.0),
+                      DataConfig(dataset="text", data_dir=data_dir), TrainConfig(**settings),
+                      strategy=distribute.make_strategy("default"))
+    return Controller(trainer, model_dir=str(model_dir), actions=default_actions(trainer, EvalConfig(**PROTOCOL)),
+                      log=(lines.append if lines is not None else lambda line: None))
 
 
 def valid_loss(model, data_dir):
@@ -60,8 +62,9 @@ def test_vocab_from_gives_the_base_vocabulary(setup):
 
 def test_init_checkpoint_sets_the_weights_only(setup, tmp_path):
     converted, _, data = setup
-    trainer = make_trainer(data, tmp_path / "run", init_checkpoint=str(converted))
-    assert trainer.init_weights(str(converted)).endswith("ckpt-1")
+    run = make_run(data, tmp_path / "run", init_checkpoint=str(converted))
+    trainer = run.trainer
+    assert run.init_weights(str(converted)).endswith("ckpt-1")
     for mine, theirs in zip(trainer.model.trainable_variables, golden_model().trainable_variables, strict=True):
         np.testing.assert_array_equal(mine.numpy(), theirs.numpy(), err_msg=mine.path)
     assert int(trainer.optimizer.iterations.numpy()) == 0 and int(trainer.step_var.numpy()) == 0
@@ -70,10 +73,10 @@ def test_init_checkpoint_sets_the_weights_only(setup, tmp_path):
 def test_finetuning_the_converted_fixture_lowers_the_loss(setup, tmp_path):
     converted, _, data = setup
     lines = []
-    trainer = make_trainer(data, tmp_path / "run", lines, init_checkpoint=str(converted))
+    run = make_run(data, tmp_path / "run", lines, init_checkpoint=str(converted))
     before = valid_loss(golden_model(), data)
-    trainer.train()
-    after = valid_loss(trainer.model, data)
+    run.train()
+    after = valid_loss(run.trainer.model, data)
     assert any(line.startswith("fine-tuning: weights from") and "ckpt-1" in line for line in lines), lines
     train_losses = [float(m.group(1)) for line in lines if (m := re.search(r"\| loss ([\d.]+)", line))]
     assert len(train_losses) == 4 and train_losses[-1] < train_losses[0], lines
@@ -82,9 +85,9 @@ def test_finetuning_the_converted_fixture_lowers_the_loss(setup, tmp_path):
 
 def test_a_resumed_run_ignores_init_checkpoint(setup, tmp_path):
     converted, _, data = setup
-    make_trainer(data, tmp_path / "run", train_steps=2, steps_per_loop=2, log_every=2).train()
+    make_run(data, tmp_path / "run", train_steps=2, steps_per_loop=2, log_every=2).train()
     lines = []
-    make_trainer(data, tmp_path / "run", lines, train_steps=4, steps_per_loop=2, log_every=2,
+    make_run(data, tmp_path / "run", lines, train_steps=4, steps_per_loop=2, log_every=2,
                  init_checkpoint=str(converted)).train()
     assert any("init_checkpoint" in line and "ignored: resuming" in line for line in lines), lines
     assert not any(line.startswith("fine-tuning") for line in lines)

@@ -1,6 +1,6 @@
 """Every shipped gin file (gin/**/*.gin, found by glob so new files are covered) parses, trains one step and runs its
 own evaluation protocol for one segment, with a tiny model on tiny data prepared by the real data pipeline; the
-config.gin it writes rebuilds the same configuration through txl_tf.restore."""
+config.gin it writes rebuilds the same configuration through txl_tf.run_dir."""
 
 import glob
 import math
@@ -10,7 +10,7 @@ import gin
 import pytest
 from train_utils import REPO_ROOT, prepare_tiny_corpus
 
-from txl_tf import restore, train
+from txl_tf import run_dir, train
 from txl_tf.configs import DataConfig, EvalConfig, ModelConfig
 
 GIN_FILES = sorted(glob.glob(os.path.join(REPO_ROOT, "gin", "**", "*.gin"), recursive=True))  # gin/study too
@@ -69,6 +69,6 @@ def test_gin_file_trains_one_step_and_evaluates(path, tiny_corpora, tmp_path, cl
     assert metrics["step"] == 1
     assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["valid_loss"])
     expected = (ModelConfig(), EvalConfig())
-    configs = restore.parse_configs(str(tmp_path))  # the written config.gin alone
+    configs = run_dir.parse_configs(str(tmp_path))  # the written config.gin alone
     assert (configs.model, configs.eval) == expected
     assert configs.data.data_dir == data_dir

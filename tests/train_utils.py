@@ -1,4 +1,5 @@
-"""Helpers shared by the training tests: tiny corpora prepared by the real data pipeline, tiny gin overrides."""
+"""Helpers shared by the training tests: tiny corpora prepared by the real data pipeline, tiny gin overrides, tiny
+in-process trainers and controllers."""
 
 from __future__ import annotations
 
@@ -84,3 +85,32 @@ def checkpoint_weights(prefix: str) -> dict:
     reader = tf.train.load_checkpoint(prefix)
     return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(prefix)
             if name.startswith("model/") and "OPTIMIZER_SLOT" not in name}
+
+
+B, L, M = 4, 5, 6  # global batch, tgt_len, mem_len of `tiny_trainer` (pairwise distinct)
+TINY_EVAL = dict(tgt_len=4, mem_len=7, clamp_len=-1, same_length=True, batch_size=3, max_steps=3)
+
+
+def tiny_trainer(data_dir: str, strategy: str = "default", model: dict | None = None, **train):
+    """A txl_tf.trainer.Trainer of a 1-layer model on `data_dir`; TrainConfig fields as keywords."""
+    from txl_tf import distribute
+    from txl_tf.configs import DataConfig, ModelConfig, TrainConfig
+    from txl_tf.trainer import Trainer
+
+    model_config = ModelConfig(n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=24, mem_len=M, dropout=0.0,
+                               dropatt=0.0, **(model or {}))
+    settings = dict(batch_size=B, tgt_len=L, train_steps=3, warmup_steps=0, learning_rate=1e-3, steps_per_loop=2,
+                    log_every=1, eval_every=0, checkpoint_every=0, sample_tokens=0, measure_mfu=False)
+    settings.update(train)
+    return Trainer(model_config, DataConfig(dataset="text", data_dir=data_dir), TrainConfig(**settings),
+                   strategy=distribute.make_strategy(strategy))
+
+
+def tiny_controller(trainer, model_dir, evaluation: dict | None = None, **kwargs):
+    """A txl_tf.controller.Controller of `trainer` in `model_dir` with the default actions (evaluation with
+    TINY_EVAL updated by `evaluation`, samples) and no console output unless `log` is given."""
+    from txl_tf.configs import EvalConfig
+    from txl_tf.controller import Controller, default_actions
+
+    actions = default_actions(trainer, EvalConfig(**{**TINY_EVAL, **(evaluation or {})}))
+    return Controller(trainer, model_dir=str(model_dir), actions=actions, **{"log": lambda line: None, **kwargs})

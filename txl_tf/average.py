@@ -30,7 +30,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from txl_tf import errors, restore, run_dir  # noqa: E402
+from txl_tf import errors, run_dir  # noqa: E402
 from txl_tf.errors import ConfigError  # noqa: E402
 
 OUTPUT_DIR = "averaged"
@@ -61,7 +61,7 @@ def average_weights(model, prefixes: Sequence[str]) -> None:
         raise ConfigError("no checkpoints to average")
     sums = None
     for prefix in prefixes:
-        restore.restore_weights(model, prefix)
+        run_dir.restore_weights(model, prefix)
         values = [np.asarray(v.numpy(), np.float64) if is_float(v) else None for v in model.weights]
         sums = values if sums is None else [s if s is None else s + x for s, x in zip(sums, values, strict=True)]
     for variable, total in zip(model.weights, sums, strict=True):
@@ -93,23 +93,22 @@ def average(prefixes: Sequence[str], output_dir: str, *, model_dir: str | None =
     """
     import gin
 
-    prefixes = [restore.find_checkpoint(p) for p in prefixes]
+    prefixes = [run_dir.find_checkpoint(p) for p in prefixes]
     _check_output_dir(output_dir, prefixes, overwrite)
-    configs = restore.parse_configs(model_dir, gin_files, gin_params, checkpoint=prefixes[-1])
-    n_token = configs.model.n_token or restore.vocab_size(configs.data)
+    configs = run_dir.parse_configs(model_dir, gin_files, gin_params, checkpoint=prefixes[-1])
+    n_token = configs.model.n_token or run_dir.vocab_size(configs.data)
     if n_token is None:
         raise ConfigError("the vocabulary size is unknown: bind ModelConfig.n_token or prepare the data in "
                          f"DataConfig.data_dir={configs.data.data_dir!r}")
-    model = restore.build_model(configs.model, n_token)
+    model = run_dir.build_model(configs.model, n_token)
     average_weights(model, prefixes)
     match = _NUMBERED.search(prefixes[-1])
     step = int(match.group(1)) if match else 1
     os.makedirs(output_dir, exist_ok=True)
     checkpoint = tf.train.Checkpoint(model=model)
     prefix = tf.train.CheckpointManager(checkpoint, output_dir, max_to_keep=None).save(checkpoint_number=step)
-    with open(os.path.join(output_dir, restore.CONFIG_FILE), "w") as f:
-        f.write("# The configuration of the averaged checkpoints (written by txl_tf.average).\n")
-        f.write(gin.config_str())
+    run_dir.write_config(output_dir, gin.config_str(),
+                         "The configuration of the averaged checkpoints (written by txl_tf.average).")
     with open(os.path.join(output_dir, RECORD_FILE), "w") as f:
         json.dump({"checkpoints": list(prefixes), "mean_of": len(prefixes)}, f, indent=1)
         f.write("\n")

@@ -196,6 +196,8 @@ def main(argv):
     del argv
     from absl import flags
 
+    from txl_tf import run_dir
+
     flag_values = flags.FLAGS
     reader_shapes = _read_checkpoint(flag_values.checkpoint)[1]
     config, kwargs = _model_config_from_flags(reader_shapes, flag_values.gin_file, flag_values.gin_param)
@@ -204,8 +206,7 @@ def main(argv):
     path = tf.train.Checkpoint(model=model).save(os.path.join(flag_values.output_dir, "ckpt"))
     with open(os.path.join(flag_values.output_dir, "model_config.json"), "w") as f:
         json.dump({k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}, f, indent=1)
-    with open(os.path.join(flag_values.output_dir, "model.gin"), "w") as f:
-        f.write(_gin_text(config))
+    run_dir.write_config(flag_values.output_dir, _gin_text(config), name=run_dir.CONVERTED_CONFIG_FILE)
     n_params = sum(int(np.prod(v.shape)) for v in model.weights)
     print(f"converted {flag_values.checkpoint} ({n_params:,} parameters) -> {path}")
 

@@ -19,11 +19,11 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from absl import flags  # noqa: E402
 
-from txl_tf import errors, restore  # noqa: E402
+from txl_tf import errors, run_dir  # noqa: E402
 from txl_tf.errors import ConfigError  # noqa: E402
 
 FLAGS = flags.FLAGS
-restore.define_model_flags()
+run_dir.define_model_flags()
 flags.DEFINE_string("split", "test", "Split of the prepared data to evaluate (train, valid, test).")
 flags.DEFINE_string("token_losses", None, "Write per-token NLL in corpus order (.npy, or text otherwise).")
 flags.DEFINE_bool("progress", True, "Show progress (a bar on a terminal, a line every few seconds otherwise).")
@@ -35,12 +35,12 @@ def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_pa
     from txl_tf import evaluation
     from txl_tf.data.pipeline import load_vocab, read_split
 
-    configs = restore.parse_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
+    configs = run_dir.parse_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
     protocol = configs.eval
     if protocol.protocol not in evaluation.PROTOCOLS:
         raise ConfigError(f"EvalConfig.protocol must be one of {evaluation.PROTOCOLS}; got {protocol.protocol!r}")
     dtype = None if protocol.compute_dtype == "float32" else protocol.compute_dtype
-    model, configs, prefix = restore.load_model(model_dir, checkpoint, which=which, dtype=dtype, configs=configs)
+    model, configs, prefix = run_dir.load_model(model_dir, checkpoint, which=which, dtype=dtype, configs=configs)
     data_dir = configs.data.data_dir
     tokens = read_split(data_dir, split)
     level = load_vocab(data_dir).level

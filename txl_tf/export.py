@@ -198,7 +198,7 @@ def write_export(module_fn, export_dir: str) -> None:
 def _main(argv):
     from absl import flags
 
-    from txl_tf import restore
+    from txl_tf import run_dir
     from txl_tf.data.pipeline import load_vocab
     from txl_tf.data.vocab import VOCAB_FILE
     from txl_tf.errors import ConfigError
@@ -207,7 +207,7 @@ def _main(argv):
         raise ConfigError(f"unexpected arguments {argv[1:]}; see --helpshort")
     cfg = flags.FLAGS
     check_export_dir(cfg.export_dir, cfg.overwrite)  # before the model is loaded
-    model, configs, prefix = restore.load_model_from_flags(cfg)
+    model, configs, prefix = run_dir.load_model_from_flags(cfg)
     protocol = configs.eval
     vocab, vocab_file = None, None
     data_dir = configs.data.data_dir
@@ -226,9 +226,9 @@ def _main(argv):
 def main():
     from absl import flags
 
-    from txl_tf import errors, restore
+    from txl_tf import errors, run_dir
 
-    restore.define_model_flags()
+    run_dir.define_model_flags()
     flags.DEFINE_string("export_dir", None, "Where to write the SavedModel (a new or empty directory, or one "
                         "holding an export with --overwrite).")
     flags.DEFINE_bool("overwrite", False, "Replace an existing export in --export_dir (never another directory).")

@@ -24,11 +24,11 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 from absl import flags  # noqa: E402
 
-from txl_tf import errors, restore  # noqa: E402
+from txl_tf import errors, run_dir  # noqa: E402
 from txl_tf.errors import ConfigError  # noqa: E402
 
 FLAGS = flags.FLAGS
-restore.define_model_flags()
+run_dir.define_model_flags()
 flags.DEFINE_string("saved_model", None, "A SavedModel written by `python -m txl_tf.export` (instead).")
 flags.DEFINE_multi_string("prompt", ["The "], "Text to continue; repeat the flag for a batch of prompts.")
 flags.DEFINE_integer("max_tokens", 200, "Number of tokens to generate (>= 1).")
@@ -56,10 +56,10 @@ def _from_model_dir():
     from txl_tf import generation
     from txl_tf.data.pipeline import load_vocab
 
-    configs = restore.parse_configs(FLAGS.model_dir, FLAGS.gin_file, FLAGS.gin_param, checkpoint=FLAGS.checkpoint)
+    configs = run_dir.parse_configs(FLAGS.model_dir, FLAGS.gin_file, FLAGS.gin_param, checkpoint=FLAGS.checkpoint)
     vocab = load_vocab(configs.data.data_dir)
     ids = _check_flags(vocab)  # before the model is built and restored
-    model, configs, prefix = restore.load_model(FLAGS.model_dir, FLAGS.checkpoint, which=FLAGS.which,
+    model, configs, prefix = run_dir.load_model(FLAGS.model_dir, FLAGS.checkpoint, which=FLAGS.which,
                                                 configs=configs)
     # The SavedModel's protocol: EvalConfig's lengths (export fixes the same ones).
     result = generation.generate_from_model(model, ids, protocol=configs.eval.attention_protocol(),

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from txl_tf import errors, restore  # noqa: E402
+from txl_tf import errors, run_dir  # noqa: E402
 from txl_tf.errors import ConfigError  # noqa: E402
 
 AXES = ("tgt_len", "mem_len", "clamp_len", "same_length", "batch_size")
@@ -70,12 +70,12 @@ def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_pa
     from txl_tf.data.pipeline import load_vocab, read_split
 
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    configs = restore.parse_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
+    configs = run_dir.parse_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
     base = configs.eval
     if base.protocol != "xl":
         raise ConfigError(f"the sweep varies the Transformer-XL protocol; EvalConfig.protocol={base.protocol!r}")
     dtype = None if base.compute_dtype == "float32" else base.compute_dtype
-    model, configs, prefix = restore.load_model(model_dir, checkpoint, which=which, gin_files=gin_files,
+    model, configs, prefix = run_dir.load_model(model_dir, checkpoint, which=which, gin_files=gin_files,
                                                 gin_params=gin_params, dtype=dtype)
     tokens = read_split(configs.data.data_dir, split)
     level = load_vocab(configs.data.data_dir).level
@@ -121,7 +121,7 @@ def markdown(sweep: dict) -> str:
 def define_flags() -> None:
     from absl import flags
 
-    restore.define_model_flags()
+    run_dir.define_model_flags()
     flags.DEFINE_string("split", "test", "Split of the prepared data to evaluate.")
     flags.DEFINE_multi_string("grid", [], "FIELD=v1,v2,... for an EvalConfig field in " + ", ".join(AXES) + ".")
     flags.DEFINE_string("markdown", None, "Also write the table to this markdown file.")

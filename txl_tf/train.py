@@ -53,13 +53,15 @@ def default_model_dir(gin_files) -> str:
 
 
 def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=None) -> dict:
-    """Checks the configuration (and a run directory's saved one), builds the strategy and trains.
+    """Checks the configuration (and a run directory's saved one), builds the strategy, the trainer (the step)
+    and the controller (the loop, with the evaluation and sample actions) and trains.
 
     Returns the last metrics. Expected user errors raise txl_tf.errors.UserError before anything is written.
     """
     import gin
 
     from txl_tf import configs, distribute, run_dir
+    from txl_tf.controller import Controller, default_actions
     from txl_tf.trainer import Trainer
 
     if not gin_files:
@@ -81,11 +83,12 @@ def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=Non
             f"`python -m txl_tf.data.prepare --dataset={data_config.dataset} --data_dir={data_config.data_dir}` "
             "or set --gin_param=\"DATA_DIR='...'\"")
     strategy_obj = distribute.make_strategy(strategy, tpu)
-    trainer = Trainer(made["ModelConfig"], data_config, made["TrainConfig"], made["EvalConfig"],
-                      strategy=strategy_obj, model_dir=model_dir, config_str=gin.operative_config_str())
+    trainer = Trainer(made["ModelConfig"], data_config, made["TrainConfig"], strategy=strategy_obj)
+    controller = Controller(trainer, model_dir=model_dir, actions=default_actions(trainer, made["EvalConfig"]),
+                            config_str=gin.operative_config_str())
     print(f"training in {model_dir} with strategy {strategy} ({strategy_obj.num_replicas_in_sync} replica(s))",
           flush=True)
-    return trainer.train()
+    return controller.train()
 
 
 def main(argv):

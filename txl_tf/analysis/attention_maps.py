@@ -191,11 +191,11 @@ def _main(argv):
     del argv
     from absl import flags
 
-    from txl_tf import restore
+    from txl_tf import run_dir
     from txl_tf.data.pipeline import read_split
 
     cfg = flags.FLAGS
-    model, configs, prefix = restore.load_model_from_flags(cfg)
+    model, configs, prefix = run_dir.load_model_from_flags(cfg)
     protocol = configs.eval
     tokens = read_split(configs.data.data_dir, cfg.split)
     attention = average_attention(
@@ -220,9 +220,9 @@ def _main(argv):
 def main():
     from absl import flags
 
-    from txl_tf import errors, restore
+    from txl_tf import errors, run_dir
 
-    restore.define_model_flags()
+    run_dir.define_model_flags()
     flags.DEFINE_string("split", "valid", "Split to average over.")
     flags.DEFINE_integer("max_segments", 20, "Segments averaged (after the memory is filled).")
     flags.DEFINE_integer("max_distance", 0, "Distances plotted (0: every reachable one, mem_len + 1 with "

@@ -1,0 +1,145 @@
+"""txl_tf.controller (the loop and its actions): cadence, actions at their steps, checkpoints (latest and best/),
+resume, summaries, the non-finite stop and a stop request, with real trainers on real TFRecords."""
+
+import glob
+import os
+import signal
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from train_utils import prepare_tiny_corpus, tiny_controller, tiny_trainer
+
+from txl_tf import run_dir
+from txl_tf.controller import Action, Controller
+from txl_tf.trainer import NonFiniteLossError
+
+
+@pytest.fixture(scope="module")
+def char_data(tmp_path_factory):
+    return prepare_tiny_corpus(str(tmp_path_factory.mktemp("data")), "char")
+
+
+class Recorder(Action):
+    """Records (name, step, optimizer steps done, latest checkpoint) at each call; returns {name: step}."""
+
+    def __init__(self, name, every, calls):
+        super().__init__(every)
+        self.name, self.calls = name, calls
+
+    def __call__(self, controller, step):
+        latest = tf.train.latest_checkpoint(controller.model_dir)
+        done = int(controller.trainer.optimizer.iterations.numpy())
+        self.calls.append((self.name, step, done, latest and os.path.basename(latest)))
+        return {self.name: step}
+
+
+def weights(trainer):
+    return [v.numpy() for v in trainer.model.trainable_variables]
+
+
+def test_host_loops_end_at_every_cadence_boundary(char_data, tmp_path):
+    trainer = tiny_trainer(char_data, train_steps=20, steps_per_loop=5, log_every=3, checkpoint_every=4)
+    controller = Controller(trainer, model_dir=str(tmp_path), actions=[Recorder("a", 7, [])])
+    step, ends = 0, []
+    while step < 20:
+        step = controller.next_boundary(step)
+        ends.append(step)
+    assert ends == [3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 15, 16, 18, 20]
+    controller.actions.append(Recorder("b", 11, []))
+    assert controller.next_boundary(10) == 11 and controller.next_boundary(18) == 20  # never past train_steps
+
+
+def test_actions_run_at_their_steps_in_order_before_the_checkpoint(char_data, tmp_path):
+    calls = []
+    trainer = tiny_trainer(char_data, train_steps=7, steps_per_loop=4, log_every=7, checkpoint_every=3)
+    controller = Controller(trainer, model_dir=str(tmp_path), log=lambda line: None,
+                            actions=[Recorder("a", 3, calls), Recorder("b", 2, calls)])
+    metrics = controller.train()
+    assert calls == [("b", 2, 2, None), ("a", 3, 3, None), ("b", 4, 4, "ckpt-3"), ("a", 6, 6, "ckpt-3"),
+                     ("b", 6, 6, "ckpt-3"), ("a", 7, 7, "ckpt-6"), ("b", 7, 7, "ckpt-6")]
+    assert metrics["a"] == metrics["b"] == metrics["step"] == 7 and np.isfinite(metrics["loss"])
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-7")
+
+
+def _event_tags(directory):
+    tags = set()
+    for path in glob.glob(os.path.join(directory, "events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            tags.update(value.tag for value in event.summary.value)
+    return tags
+
+
+def test_default_actions_evaluate_keep_the_best_and_sample_and_the_list_extends(char_data, tmp_path):
+    lines, calls = [], []
+    config_str = "ModelConfig.n_layer = 2\n"
+    trainer = tiny_trainer(char_data, train_steps=4, eval_every=2, checkpoint_every=2, sample_tokens=5)
+    controller = tiny_controller(trainer, tmp_path, config_str=config_str, log=lines.append)
+    controller.actions.append(Recorder("extra", 4, calls))
+    metrics = controller.train()
+    assert metrics["step"] == 4 and np.isfinite(metrics["valid_bpc"]) and calls == [("extra", 4, 4, "ckpt-2")]
+    valid = [line for line in lines if line.startswith("valid step")]
+    assert [line.split(":")[0] for line in valid] == ["valid step 2", "valid step 4"] and "new best" in valid[0]
+    assert len([line for line in lines if line.startswith("sample: '[")]) == 2
+    with open(tmp_path / "config.gin") as f:
+        assert config_str in f.read()
+    assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-4")
+    best = run_dir.find_checkpoint(str(tmp_path), "best")
+    assert os.path.dirname(best) == str(tmp_path / "best")
+    reader = tf.train.load_checkpoint(best)
+    assert reader.get_tensor("best_valid_loss/.ATTRIBUTES/VARIABLE_VALUE") == float(trainer.best_loss.numpy())
+    # The pinned key `model`: evaluate's restore rebuilds the model and gets the trained weights.
+    model = run_dir.build_model(trainer.model_config, trainer.n_token)
+    run_dir.restore_weights(model, tf.train.latest_checkpoint(str(tmp_path)))
+    for a, b in zip(model.trainable_variables, trainer.model.trainable_variables, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert {"loss", "bpc", "learning_rate", "grad_norm", "tokens_per_second", "step_time", "config"} <= \
+        _event_tags(str(tmp_path / "train"))
+    assert {"loss", "bpc", "sample"} <= _event_tags(str(tmp_path / "valid"))
+
+
+def test_resume_restores_step_memory_and_optimizer(char_data, tmp_path):
+    first = tiny_trainer(char_data, train_steps=2, checkpoint_every=2)
+    tiny_controller(first, tmp_path).train()
+    saved = (first.saved_mems.numpy(), weights(first), int(first.optimizer.iterations.numpy()))
+    second = tiny_trainer(char_data, train_steps=2)
+    assert tiny_controller(second, tmp_path).restore() == 2
+    np.testing.assert_array_equal(second.saved_mems.numpy(), saved[0])
+    for a, b in zip(weights(second), saved[1], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert int(second.optimizer.iterations.numpy()) == saved[2] == 2
+
+
+def test_nonfinite_stop_raises_and_writes_no_checkpoint(char_data, tmp_path):
+    trainer = tiny_trainer(char_data, model=dict(init_std=1e30, proj_init_std=1e30), checkpoint_every=1)
+    with pytest.raises(NonFiniteLossError, match="nonfinite='skip'"):
+        tiny_controller(trainer, tmp_path).train()
+    assert tf.train.latest_checkpoint(str(tmp_path)) is None
+
+
+class Terminate(Action):
+    """Sends this process SIGTERM once (as a preemption would), after checking the controller handles it."""
+
+    def __init__(self, every, before):
+        super().__init__(every)
+        self.before = before
+
+    def __call__(self, controller, step):
+        if signal.getsignal(signal.SIGTERM) is self.before:  # not installed: SIGTERM would end pytest
+            raise AssertionError("the controller's SIGTERM handler is not installed")
+        if step == self.every:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return {}
+
+
+def test_sigterm_saves_at_the_host_loop_boundary_and_puts_the_handler_back(char_data, tmp_path):
+    lines = []
+    before = signal.getsignal(signal.SIGTERM)
+    trainer = tiny_trainer(char_data, train_steps=50, steps_per_loop=1)
+    metrics = Controller(trainer, model_dir=str(tmp_path), actions=[Terminate(2, before)],
+                         log=lines.append).train()
+    assert metrics["step"] == 2 and tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-2")
+    assert lines[-1].startswith("stopped at step 2 on request") and "Re-run the same command" in lines[-1]
+    assert signal.getsignal(signal.SIGTERM) is before
+    resumed = tiny_trainer(char_data, train_steps=50)
+    assert tiny_controller(resumed, tmp_path).restore() == 2
