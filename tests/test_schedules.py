@@ -48,3 +48,85 @@ def test_optimizer_is_adam_with_the_configured_moments():
 def test_bad_schedule_settings_name_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
         learning_rate_schedule(TrainConfig(**{field: value}))
+
+
+def _adam_run(optimizer_class, strategy, indices, steps=4):
+    """`steps` Adam updates of a dense weight and of an embedding read with tf.gather (IndexedSlices gradient)."""
+    import tensorflow as tf
+
+    with strategy.scope():
+        weight = keras.Variable(np.arange(6, dtype=np.float32).reshape(2, 3) / 7, name="weight")
+        table = keras.Variable(np.linspace(-1, 1, 15, dtype=np.float32).reshape(5, 3), name="table")
+        optimizer = optimizer_class(learning_rate=0.01, beta_1=0.8, beta_2=0.95, epsilon=1e-6)
+        optimizer.build([weight, table])
+
+    @tf.function
+    def step(i):
+        def replica():
+            with tf.GradientTape() as tape:
+                scale = tf.cast(i + 1, tf.float32)
+                loss = tf.reduce_sum(tf.sin(weight.value * scale)) + tf.reduce_sum(
+                    tf.gather(table.value, indices) ** 2 * scale)
+            grads = tape.gradient(loss, [weight.value, table.value])
+            optimizer.apply_gradients(zip(grads, [weight, table], strict=True))
+        strategy.run(replica)
+
+    for i in range(steps):
+        step(i)
+    return weight.numpy(), table.numpy(), int(optimizer.iterations.numpy())
+
+
+def _numpy_adam(indices, replicas=1, steps=4, lr=0.01, b1=0.8, b2=0.95, eps=1e-6):
+    """The same updates written out with dense gradients (repeated rows summed, as tf.compat.v1 Adam does),
+    summed over `replicas` that each compute the same loss."""
+    weight = np.arange(6, dtype=np.float64).reshape(2, 3) / 7
+    table = np.linspace(-1, 1, 15).reshape(5, 3)
+    state = {name: [0.0, 0.0] for name in ("weight", "table")}
+    for i in range(steps):
+        scale = i + 1
+        grads = {"weight": replicas * np.cos(weight * scale) * scale, "table": np.zeros_like(table)}
+        for row in indices:
+            grads["table"][row] += replicas * 2 * table[row] * scale
+        for name, value in (("weight", weight), ("table", table)):
+            m, v = state[name]
+            m = m + (grads[name] - m) * (1 - b1)
+            v = v + (grads[name] ** 2 - v) * (1 - b2)
+            state[name] = [m, v]
+            t = i + 1
+            value -= lr * np.sqrt(1 - b2**t) / (1 - b1**t) * m / (np.sqrt(v) + eps)
+    return weight, table
+
+
+def test_fused_adam_is_keras_adam_in_one_kernel():
+    import tensorflow as tf
+
+    from txl_tf.schedules import FusedAdam
+
+    strategy = tf.distribute.get_strategy()
+    keras_weight, keras_table, keras_steps = _adam_run(keras.optimizers.Adam, strategy, [0, 2, 3])
+    fused_weight, fused_table, fused_steps = _adam_run(FusedAdam, strategy, [0, 2, 3])
+    np.testing.assert_allclose(fused_weight, keras_weight, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(fused_table, keras_table, rtol=0, atol=1e-6)
+    assert fused_steps == keras_steps == 4
+    assert isinstance(make_optimizer(TrainConfig()), FusedAdam)
+
+
+def test_fused_adam_sums_repeated_rows_before_squaring_on_one_or_two_replicas():
+    """A gathered row used twice (or by two replicas) gets the update of its summed gradient, as tf.compat.v1's
+    Adam and a dense gradient give; Keras's own Adam squares each occurrence of an IndexedSlices row apart."""
+    import tensorflow as tf
+
+    from txl_tf.schedules import FusedAdam
+
+    expected_weight, expected_table = _numpy_adam([0, 2, 2])
+    weight, table, _ = _adam_run(FusedAdam, tf.distribute.get_strategy(), [0, 2, 2])
+    np.testing.assert_allclose(weight, expected_weight, rtol=0, atol=2e-6)
+    np.testing.assert_allclose(table, expected_table, rtol=0, atol=2e-6)
+    cpus = tf.config.list_logical_devices("CPU")
+    if len(cpus) >= 2:  # tests/conftest.py splits the CPU into logical devices
+        mirrored = tf.distribute.MirroredStrategy([d.name for d in cpus[:2]])
+        two_weight, two_table, _ = _adam_run(FusedAdam, mirrored, [0, 2, 3])
+        # Each replica adds its gradient (the all-reduce concatenates the IndexedSlices of both).
+        expected_weight, expected_table = _numpy_adam([0, 2, 3], replicas=2)
+        np.testing.assert_allclose(two_weight, expected_weight, rtol=0, atol=2e-6)
+        np.testing.assert_allclose(two_table, expected_table, rtol=0, atol=2e-6)

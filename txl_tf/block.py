@@ -49,8 +49,12 @@ class PositionwiseFeedForward(keras.layers.Layer):
 
     def call(self, inputs, training=None):
         x = self.layer_norm(inputs) if self.pre_lnorm else inputs  # [B, L, d]
-        hidden = self.inner_dropout(self.inner(x), training=training)  # [B, L, F]
-        out = self.output_dropout(self.outer(hidden), training=training)  # [B, L, d]
+        # On [B*L, d] rows the dense layers are plain 2-D matmuls, which TensorFlow's grappler fuses with the
+        # bias and ReLU into one oneDNN kernel (a rank-3 input goes through Tensordot's reshapes, which it cannot).
+        rows = tf.reshape(x, [-1, self.d_model])  # [B*L, d]
+        hidden = self.inner_dropout(self.inner(rows), training=training)  # [B*L, F]
+        out = self.output_dropout(self.outer(hidden), training=training)  # [B*L, d]
+        out = tf.reshape(out, tf.shape(inputs))  # [B, L, d]
         return inputs + out if self.pre_lnorm else self.layer_norm(inputs + out)
 
     def get_config(self):

