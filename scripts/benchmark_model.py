@@ -1,11 +1,24 @@
-"""Training throughput of TransformerXL on this machine (a benchmark, not a test).
+"""Training throughput of TransformerXL on this machine, beside the authors' code (a benchmark, not a test).
 
-    python scripts/benchmark_model.py [--batch=2 --tgt_len=512 --mem_len=512 --steps=5 --modes=f32,bf16,...]
+    python scripts/benchmark_model.py [--batch=2,8 --tgt_len=512 --mem_len=512 --steps=5 --modes=f32,bf16,...]
+        [--peer=DIR] [--profile]
 
 Times one training step (forward, per-token NLL, backward, Adam update) of the enwik8 base architecture
 (12 layers, d_model 512, 8x64 heads, d_inner 2048, vocab 204) with memory carried between steps, in each mode
-(float32 / mixed_bfloat16, with / without XLA), and reports tokens/s and model FLOPs utilisation (MFU) against
-the best square-matmul peak it measures itself in `tf.function` for the same precision (with or without XLA).
+(float32 / mixed_bfloat16, with / without XLA) and batch, each in a fresh process, and reports tokens/s and model
+FLOPs utilisation (MFU) against two peaks measured in the same run: TensorFlow's best square-matmul peak of the
+mode's precision (`tf.function`, with or without XLA), and the best bfloat16 peak of the CPU (the larger of
+TensorFlow's and, with --peer, PyTorch's).
+
+--peer=DIR: also times the authors' PyTorch code (a directory made by `../shared/peer/setup.sh`; it runs
+`DIR/code/train_step.py BATCH` with `DIR/venv/bin/python` right after our modes of that batch, and measures
+PyTorch's square-matmul peaks), and prints its tokens/s beside ours and the ratio. Its script supports only
+tgt_len = mem_len = 512.
+
+--profile: each mode's child also records three steps with TensorFlow's profiler (`tf.profiler.experimental`)
+and prints where the op time goes (matmuls, attention elementwise work, dropout, layer norm, casts, optimizer,
+other) and the share of the step's wall time in which no op runs (host: Python, tf.function dispatch, the
+executor between ops).
 
 FLOP count: `txl_tf.flops` (matmul FLOPs as executed, attention and the memory's key/value projections included,
 training = 3 x forward), the same count the trainer's start-up MFU line uses.
@@ -13,10 +26,14 @@ training = 3 x forward), the same count the trainer's start-up MFU line uses.
 
 from __future__ import annotations
 
+import collections
+import glob
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -26,20 +43,26 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from txl_tf import TransformerXL  # noqa: E402
+from txl_tf import TransformerXL, schedules  # noqa: E402
+from txl_tf.configs import TrainConfig  # noqa: E402
 from txl_tf.flops import measure_matmul_peak, model_flops_per_token  # noqa: E402
 
-flags.DEFINE_integer("batch", 2, "batch size")
+flags.DEFINE_list("batch", ["2"], "batch sizes (comma-separated)")
 flags.DEFINE_integer("tgt_len", 512, "segment length")
 flags.DEFINE_integer("mem_len", 512, "memory length")
 flags.DEFINE_integer("n_layer", 12, "layers (enwik8 base: 12)")
-flags.DEFINE_integer("steps", 5, "timed steps per mode (after 2 warm-up steps)")
+flags.DEFINE_integer("steps", 5, "timed steps per mode (after 2 warm-up steps); the median counts")
 flags.DEFINE_list("modes", ["f32", "bf16", "f32_xla", "bf16_xla"], "modes to time")
 flags.DEFINE_integer("matmul_size", 4096, "square matmul size for the peak measurement")
+flags.DEFINE_string("peer", None, "directory made by ../shared/peer/setup.sh: also time the authors' PyTorch code")
+flags.DEFINE_bool("profile", False, "record 3 steps per mode with TensorFlow's profiler and print the breakdown")
 flags.DEFINE_string("child_mode", None, "internal: time only this mode and print the result as JSON")
 FLAGS = flags.FLAGS
 
 ARCH = dict(n_token=204, d_model=512, n_head=8, d_head=64, d_inner=2048, dropout=0.1, dropatt=0.0)
+PEER_LENGTH = 512  # the peer's train_step.py runs tgt_len = mem_len = 512
+CATEGORIES = ("matmul", "attention elementwise", "dropout", "layer norm", "feed-forward elementwise", "casts",
+              "optimizer", "embedding and softmax", "other")
 
 
 def train_flops_per_step(batch, qlen, mlen, n_layer, n_token, d_model, n_head, d_head, d_inner, **_):
@@ -50,21 +73,22 @@ def train_flops_per_step(batch, qlen, mlen, n_layer, n_token, d_model, n_head, d
     return per_token * batch * qlen
 
 
-def matmul_peak(dtype, size, jit_compile=False, repeats=10):
-    """Best FLOP/s of a square matmul in a tf.function (txl_tf.flops.measure_matmul_peak)."""
-    return measure_matmul_peak(dtype, size=size, repeats=repeats, jit_compile=jit_compile)
-
-
-def time_training(mode, batch, qlen, mlen, n_layer, steps):
-    """Seconds per training step (median of `steps`) in `mode`."""
+def build(mode, mlen, n_layer):
+    """The model and the trainer's optimizer (txl_tf.schedules.make_optimizer, TrainConfig defaults)."""
     keras.config.set_dtype_policy("mixed_bfloat16" if mode.startswith("bf16") else "float32")
     try:
         keras.utils.set_random_seed(0)
         model = TransformerXL(n_layer=n_layer, mem_len=mlen, **ARCH)
-        optimizer = keras.optimizers.Adam(2.5e-4)
+        optimizer = schedules.make_optimizer(TrainConfig(), 2.5e-4)
         optimizer.build(model.trainable_variables)
     finally:
         keras.config.set_dtype_policy("float32")
+    return model, optimizer
+
+
+def time_training(mode, batch, qlen, mlen, n_layer, steps, profile_dir=None):
+    """Seconds per training step (median of `steps`) in `mode`, and the profile breakdown when asked."""
+    model, optimizer = build(mode, mlen, n_layer)
 
     @tf.function(jit_compile=mode.endswith("xla"))
     def train_step(tokens, targets, mems):
@@ -84,54 +108,202 @@ def time_training(mode, batch, qlen, mlen, n_layer, steps):
         loss.numpy()
         if step >= 2:
             times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+    breakdown = None
+    if profile_dir:
+        profiled = 3
+        tf.profiler.experimental.start(profile_dir)
+        start = time.perf_counter()
+        for _ in range(profiled):
+            loss, mems = train_step(data[:, :-1], data[:, 1:], mems)
+            loss.numpy()
+        wall = time.perf_counter() - start
+        tf.profiler.experimental.stop()
+        breakdown = profile_breakdown(profile_dir, profiled, wall)
+    return sorted(times)[len(times) // 2], breakdown
 
 
-def time_in_subprocess(mode):
+def _category(scope: str, op: str) -> str:
+    scope = scope.lower()
+    if "adam" in scope or "optimizer" in scope or "Apply" in op:
+        return "optimizer"
+    if "MatMul" in op:
+        return "matmul"
+    if "dropout" in scope or "Random" in op:
+        return "dropout"
+    if op == "Cast":
+        return "casts"
+    if "layer_norm" in scope:
+        return "layer norm"
+    if "attention" in scope:
+        return "attention elementwise"
+    if "feed_forward" in scope:
+        return "feed-forward elementwise"
+    if "embedding" in scope or "softmax" in scope or "nll" in scope or "sparse" in scope:
+        return "embedding and softmax"
+    return "other"
+
+
+def profile_breakdown(logdir: str, steps: int, wall: float) -> dict:
+    """Per-step op time by category (ms, summed over TF's concurrent executor threads) and the idle share.
+
+    Reads the XSpace the profiler wrote: every TF op executed on the host's `tf_Compute` threads is one event named
+    "scope:OpType". `busy` is the union of those events over time; wall - busy is time no op ran (host).
+    """
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    paths = sorted(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True))
+    space = xplane_pb2.XSpace()
+    with open(paths[-1], "rb") as f:
+        space.ParseFromString(f.read())
+    sums, intervals = collections.Counter(), []
+    for plane in space.planes:
+        names = plane.event_metadata
+        for line in plane.lines:
+            if not line.name.startswith("tf_Compute"):
+                continue
+            for event in line.events:
+                name = names[event.metadata_id].name
+                scope, _, op = name.rpartition(":")
+                if not scope or "::" in name:
+                    continue  # executor bookkeeping (ExecutorState::Process, ParallelFor), not an op
+                sums[_category(scope, op)] += event.duration_ps
+                begin = line.timestamp_ns * 1000 + event.offset_ps
+                intervals.append((begin, begin + event.duration_ps))
+    busy, end = 0, None
+    for begin, finish in sorted(intervals):
+        if end is None or begin > end:
+            busy += finish - begin
+            end = finish
+        elif finish > end:
+            busy += finish - end
+            end = finish
+    return {"ms": {k: sums[k] / 1e9 / steps for k in CATEGORIES}, "busy_ms": busy / 1e9 / steps,
+            "wall_ms": wall * 1e3 / steps}
+
+
+def time_in_subprocess(mode, batch):
     """Times `mode` in a fresh process, so modes do not share thread pools, caches or Keras global state."""
-    result = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), f"--child_mode={mode}", f"--batch={FLAGS.batch}",
-         f"--tgt_len={FLAGS.tgt_len}", f"--mem_len={FLAGS.mem_len}", f"--n_layer={FLAGS.n_layer}",
-         f"--steps={FLAGS.steps}"],
-        capture_output=True, text=True, check=False,
-    )
+    args = [sys.executable, os.path.abspath(__file__), f"--child_mode={mode}", f"--batch={batch}",
+            f"--tgt_len={FLAGS.tgt_len}", f"--mem_len={FLAGS.mem_len}", f"--n_layer={FLAGS.n_layer}",
+            f"--steps={FLAGS.steps}", f"--profile={FLAGS.profile}"]
+    result = subprocess.run(args, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"timing {mode} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])["seconds"]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+PEER_PEAK = """
+import sys, time, torch
+n = int(sys.argv[1])
+for name, dtype in (("f32", torch.float32), ("bf16", torch.bfloat16)):
+    a = torch.randn(n, n).to(dtype)
+    torch.matmul(a, a)
+    best = min((lambda t: (torch.matmul(a, a), time.perf_counter() - t)[1])(time.perf_counter()) for _ in range(10))
+    print(name, 2 * n ** 3 / best)
+"""
+
+
+def _peer_python(peer: str) -> tuple[str, str]:
+    python, code = os.path.join(peer, "venv", "bin", "python"), os.path.join(peer, "code")
+    if not os.path.exists(python) or not os.path.exists(os.path.join(code, "train_step.py")):
+        raise app.UsageError(f"--peer={peer} is not a directory made by ../shared/peer/setup.sh (no venv/bin/python "
+                             "or code/train_step.py); run `../shared/peer/setup.sh GIT_DIR DIR` first")
+    return python, code
+
+
+def peer_peaks(peer: str, size: int) -> dict:
+    """PyTorch's best square-matmul FLOP/s in float32 and bfloat16 (the peer's virtualenv)."""
+    python, code = _peer_python(peer)
+    out = subprocess.run([python, "-c", PEER_PEAK, str(size)], capture_output=True, text=True, check=True,
+                         cwd=code).stdout
+    return {line.split()[0]: float(line.split()[1]) for line in out.strip().splitlines()}
+
+
+def peer_tokens_per_second(peer: str, batch: int) -> dict:
+    """The authors' PyTorch train step (fp32 and bf16 autocast) at `batch`: {"f32": tokens/s, "bf16": tokens/s}."""
+    python, code = _peer_python(peer)
+    result = subprocess.run([python, "train_step.py", str(batch)], capture_output=True, text=True, check=False,
+                            cwd=code)
+    if result.returncode != 0:
+        raise RuntimeError(f"the peer's train_step.py failed:\n{result.stderr[-3000:]}")
+    found = re.findall(r"PyTorch (fp32|bf16): ([\d.]+) s/step, (\d+) tokens/s", result.stdout)
+    return {("f32" if mode == "fp32" else "bf16"): batch * PEER_LENGTH / float(seconds)
+            for mode, seconds, _ in found}
+
+
+def print_breakdown(mode: str, batch: int, breakdown: dict) -> None:
+    total = sum(breakdown["ms"].values())
+    wall, busy = breakdown["wall_ms"], breakdown["busy_ms"]
+    print(f"profile {mode} batch {batch}: {wall:.0f} ms/step wall, ops running {busy / wall:.0%} of it "
+          f"(host/idle {wall - busy:.0f} ms); op time {total:.0f} ms/step summed over executor threads:")
+    for name in CATEGORIES:
+        ms = breakdown["ms"][name]
+        print(f"  {name:26s} {ms:8.1f} ms {ms / total:6.1%}")
 
 
 def main(argv):
     del argv
     if FLAGS.child_mode:
-        seconds = time_training(FLAGS.child_mode, FLAGS.batch, FLAGS.tgt_len, FLAGS.mem_len, FLAGS.n_layer,
-                                FLAGS.steps)
-        print(json.dumps({"mode": FLAGS.child_mode, "seconds": seconds}))
+        batch = int(FLAGS.batch[0])
+        with tempfile.TemporaryDirectory() as logdir:
+            seconds, breakdown = time_training(FLAGS.child_mode, batch, FLAGS.tgt_len, FLAGS.mem_len,
+                                               FLAGS.n_layer, FLAGS.steps, logdir if FLAGS.profile else None)
+        print(json.dumps({"mode": FLAGS.child_mode, "seconds": seconds, "breakdown": breakdown}))
         return
+    if FLAGS.peer and (FLAGS.tgt_len != PEER_LENGTH or FLAGS.mem_len != PEER_LENGTH):
+        raise app.UsageError(f"--peer times the authors' code at tgt_len = mem_len = {PEER_LENGTH} only; got "
+                             f"--tgt_len={FLAGS.tgt_len} --mem_len={FLAGS.mem_len}")
+    batches = [int(b) for b in FLAGS.batch]
     print(f"load average before: {os.getloadavg()}")
     peaks = {
-        "f32": matmul_peak(tf.float32, FLAGS.matmul_size),
-        "bf16": matmul_peak(tf.bfloat16, FLAGS.matmul_size),
-        "f32_xla": matmul_peak(tf.float32, FLAGS.matmul_size, jit_compile=True),
-        "bf16_xla": matmul_peak(tf.bfloat16, FLAGS.matmul_size, jit_compile=True),
+        "f32": measure_matmul_peak(tf.float32, FLAGS.matmul_size),
+        "bf16": measure_matmul_peak(tf.bfloat16, FLAGS.matmul_size),
+        "f32_xla": measure_matmul_peak(tf.float32, FLAGS.matmul_size, jit_compile=True),
+        "bf16_xla": measure_matmul_peak(tf.bfloat16, FLAGS.matmul_size, jit_compile=True),
     }
     for name, peak in peaks.items():
-        print(f"matmul peak {name:9s} {peak / 1e9:7.1f} GFLOP/s ({FLAGS.matmul_size}^3, tf.function)")
-    flops = train_flops_per_step(FLAGS.batch, FLAGS.tgt_len, FLAGS.mem_len, FLAGS.n_layer, **ARCH)
-    tokens = FLAGS.batch * FLAGS.tgt_len
-    print(f"model: {FLAGS.n_layer} layers, batch {FLAGS.batch}, tgt_len {FLAGS.tgt_len}, mem_len {FLAGS.mem_len}; "
-          f"{flops / tokens / 1e6:.0f} MFLOP per trained token")
-    # MFU against the best measured peak of the precision, with or without XLA (XLA's matmuls are the faster
-    # ones on some CPUs, e.g. AVX2-only ones, and the slower ones where oneDNN uses AMX).
+        print(f"TensorFlow matmul peak {name:9s} {peak / 1e9:7.1f} GFLOP/s ({FLAGS.matmul_size}^3, tf.function)")
+    torch_peaks = peer_peaks(FLAGS.peer, FLAGS.matmul_size) if FLAGS.peer else {}
+    for name, peak in torch_peaks.items():
+        print(f"PyTorch matmul peak    {name:9s} {peak / 1e9:7.1f} GFLOP/s ({FLAGS.matmul_size}^3, the peer's venv)")
+    # MFU against TensorFlow's best measured peak of the precision, with or without XLA (XLA's matmuls are the
+    # faster ones on some CPUs, e.g. AVX2-only ones, and the slower ones where oneDNN uses AMX), and against the
+    # best bfloat16 peak any framework reached on this CPU.
     best = {precision: max(peaks[precision], peaks[f"{precision}_xla"]) for precision in ("f32", "bf16")}
-    print(f"MFU against the best peak of each precision: f32 {best['f32'] / 1e9:.1f}, "
-          f"bf16 {best['bf16'] / 1e9:.1f} GFLOP/s")
-    print(f"{'mode':9s} {'s/step':>8s} {'tokens/s':>9s} {'GFLOP/s':>8s} {'MFU(prec. peak)':>16s} {'MFU(bf16 peak)':>15s}")
-    for mode in FLAGS.modes:
-        seconds = time_in_subprocess(mode)
-        rate = flops / seconds
-        precision_peak = best["bf16" if mode.startswith("bf16") else "f32"]
-        print(f"{mode:9s} {seconds:8.3f} {tokens / seconds:9.1f} {rate / 1e9:8.1f} {rate / precision_peak:15.1%} "
-              f"{rate / best['bf16']:14.1%}", flush=True)
+    cpu_bf16 = max([best["bf16"], *torch_peaks.values()])
+    print(f"MFU against TensorFlow's best peak of each precision (f32 {best['f32'] / 1e9:.1f}, bf16 "
+          f"{best['bf16'] / 1e9:.1f} GFLOP/s) and against the CPU's best bf16 peak ({cpu_bf16 / 1e9:.1f} GFLOP/s)")
+    header = (f"{'mode':9s} {'batch':>5s} {'s/step':>8s} {'tokens/s':>9s} {'GFLOP/s':>8s} {'MFU(TF peak)':>13s} "
+              f"{'MFU(CPU bf16)':>14s}" + (f" {'peer tokens/s':>14s} {'ratio':>6s}" if FLAGS.peer else ""))
+    rows, profiles = [], []
+    for batch in batches:
+        flops = train_flops_per_step(batch, FLAGS.tgt_len, FLAGS.mem_len, FLAGS.n_layer, **ARCH)
+        tokens = batch * FLAGS.tgt_len
+        print(f"model: {FLAGS.n_layer} layers, batch {batch}, tgt_len {FLAGS.tgt_len}, mem_len {FLAGS.mem_len}; "
+              f"{flops / tokens / 1e6:.0f} MFLOP per trained token", flush=True)
+        ours = {}
+        for mode in FLAGS.modes:
+            result = time_in_subprocess(mode, batch)
+            ours[mode] = result["seconds"]
+            if result["breakdown"]:
+                profiles.append((mode, batch, result["breakdown"]))
+        peer = peer_tokens_per_second(FLAGS.peer, batch) if FLAGS.peer else {}
+        for mode, seconds in ours.items():
+            rate = flops / seconds
+            precision = "bf16" if mode.startswith("bf16") else "f32"
+            line = (f"{mode:9s} {batch:5d} {seconds:8.3f} {tokens / seconds:9.1f} {rate / 1e9:8.1f} "
+                    f"{rate / best[precision]:12.1%} {rate / cpu_bf16:13.1%}")
+            if FLAGS.peer:
+                theirs = peer.get(precision, float("nan"))
+                line += f" {theirs:14.1f} {tokens / seconds / theirs:5.2f}x"
+            rows.append(line)
+    print(header)
+    print("\n".join(rows))
+    if FLAGS.peer:
+        print("peer: the authors' PyTorch MemTransformerLM (torch.optim.Adam, clip_grad_norm_), fp32 and bf16 "
+              "autocast, compared with our mode of the same precision; ratio = ours / theirs")
+    for mode, batch, breakdown in profiles:
+        print_breakdown(mode, batch, breakdown)
     print(f"load average after: {os.getloadavg()}")
 
 
