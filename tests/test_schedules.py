@@ -122,9 +122,12 @@ def test_fused_adam_sums_repeated_rows_before_squaring_on_one_or_two_replicas():
     weight, table, _ = _adam_run(FusedAdam, tf.distribute.get_strategy(), [0, 2, 2])
     np.testing.assert_allclose(weight, expected_weight, rtol=0, atol=2e-6)
     np.testing.assert_allclose(table, expected_table, rtol=0, atol=2e-6)
-    cpus = tf.config.list_logical_devices("CPU")
-    if len(cpus) >= 2:  # tests/conftest.py splits the CPU into logical devices
-        mirrored = tf.distribute.MirroredStrategy([d.name for d in cpus[:2]])
+    from txl_tf import distribute
+
+    # tests/conftest.py splits the CPU into 2 logical devices; make_strategy keeps one MirroredStrategy per device
+    # set (separate instances number their collectives alike and break each other's all-reduces).
+    mirrored = distribute.make_strategy("mirrored")
+    if mirrored.num_replicas_in_sync == 2:
         two_weight, two_table, _ = _adam_run(FusedAdam, mirrored, [0, 2, 3])
         # Each replica adds its gradient (the all-reduce concatenates the IndexedSlices of both).
         expected_weight, expected_table = _numpy_adam([0, 2, 3], replicas=2)
