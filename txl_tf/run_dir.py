@@ -329,13 +329,19 @@ def parse_configs(model_dir: str | None = None, gin_files: Sequence[str] = (), g
 
 
 def write_config(directory: str, text: str, comment: str | None = None, name: str = CONFIG_FILE) -> str:
-    """Writes a gin config into `directory` (config.gin, or the converter's model.gin); returns its path."""
+    """Writes a gin config into `directory` (config.gin, or the converter's model.gin); returns its path.
+
+    The file is written beside it and renamed into place, so a crash while writing (a resumed run rewrites its
+    config.gin) leaves the previous file whole.
+    """
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, name)
-    with open(path, "w") as f:
+    partial = f"{path}.partial"
+    with open(partial, "w") as f:
         if comment:
             f.write(f"# {comment}\n")
         f.write(text)
+    os.replace(partial, path)
     return path
 
 
