@@ -43,7 +43,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from txl_tf import TransformerXL, schedules  # noqa: E402
+from txl_tf import TransformerXL, run_dir, schedules  # noqa: E402
 from txl_tf.configs import TrainConfig  # noqa: E402
 from txl_tf.flops import measure_matmul_peak, model_flops_per_token  # noqa: E402
 
@@ -75,14 +75,11 @@ def train_flops_per_step(batch, qlen, mlen, n_layer, n_token, d_model, n_head, d
 
 def build(mode, mlen, n_layer):
     """The model and the trainer's optimizer (txl_tf.schedules.make_optimizer, TrainConfig defaults)."""
-    keras.config.set_dtype_policy("mixed_bfloat16" if mode.startswith("bf16") else "float32")
-    try:
+    with run_dir.dtype_policy("mixed_bfloat16" if mode.startswith("bf16") else "float32"):
         keras.utils.set_random_seed(0)
         model = TransformerXL(n_layer=n_layer, mem_len=mlen, **ARCH)
         optimizer = schedules.make_optimizer(TrainConfig(), 2.5e-4)
         optimizer.build(model.trainable_variables)
-    finally:
-        keras.config.set_dtype_policy("float32")
     return model, optimizer
 
 
@@ -197,8 +194,12 @@ import sys, time, torch
 n = int(sys.argv[1])
 for name, dtype in (("f32", torch.float32), ("bf16", torch.bfloat16)):
     a = torch.randn(n, n).to(dtype)
-    torch.matmul(a, a)
-    best = min((lambda t: (torch.matmul(a, a), time.perf_counter() - t)[1])(time.perf_counter()) for _ in range(10))
+    torch.matmul(a, a)  # warm-up
+    best = float("inf")
+    for _ in range(10):
+        start = time.perf_counter()
+        torch.matmul(a, a)
+        best = min(best, time.perf_counter() - start)
     print(name, 2 * n ** 3 / best)
 """
 

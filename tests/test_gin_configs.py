@@ -11,7 +11,7 @@ import pytest
 from train_utils import REPO_ROOT, prepare_tiny_corpus
 
 from txl_tf import run_dir, train
-from txl_tf.configs import DataConfig, EvalConfig, ModelConfig
+from txl_tf.configs import DataConfig, EvalConfig, ModelConfig, parse_gin
 
 GIN_FILES = sorted(glob.glob(os.path.join(REPO_ROOT, "gin", "**", "*.gin"), recursive=True))  # gin/study too
 WORD_DATASETS = ("wt103", "wt2", "ptb", "lm1b")
@@ -39,7 +39,7 @@ def test_every_published_setup_has_a_file():
 
 def _setup(path):
     """(dataset, cutoffs) the file binds, read with a placeholder DATA_DIR."""
-    train.parse_gin([path], ["DATA_DIR = 'unused'", "DataConfig.dataset = 'text'"] if path.endswith("common.gin")
+    parse_gin([path], ["DATA_DIR = 'unused'", "DataConfig.dataset = 'text'"] if path.endswith("common.gin")
                     else ["DATA_DIR = 'unused'"])
     dataset, cutoffs = DataConfig().dataset, ModelConfig().cutoffs
     gin.clear_config()

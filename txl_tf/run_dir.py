@@ -293,6 +293,15 @@ class Configs:
     eval: EvalConfig
     files: tuple = ()
 
+    def values(self) -> dict:
+        """{"ModelConfig.n_layer": 12, ...}: every field of the four configs by its gin name."""
+        values = {}
+        for config in (self.model, self.data, self.train, self.eval):
+            for field in dataclasses.fields(config):
+                value = getattr(config, field.name)
+                values[f"{type(config).__name__}.{field.name}"] = tuple(value) if isinstance(value, list) else value
+        return values
+
 
 def _base_config_files(model_dir: str | None, checkpoint: str | None) -> list:
     """model_dir/config.gin, else the converter's model.gin beside a converted checkpoint, when present."""
@@ -345,22 +354,12 @@ def write_config(directory: str, text: str, comment: str | None = None, name: st
     return path
 
 
-def config_values(configs: dict) -> dict:
-    """{"ModelConfig.n_layer": 12, ...} of {"ModelConfig": ModelConfig(...), ...}."""
-    values = {}
-    for class_name, config in configs.items():
-        for field in dataclasses.fields(config):
-            value = getattr(config, field.name)
-            values[f"{class_name}.{field.name}"] = tuple(value) if isinstance(value, list) else value
-    return values
-
-
-def compare_configs(model_dir: str, saved: dict, new: dict) -> list[str]:
+def compare_configs(model_dir: str, saved: Configs, new: Configs) -> list[str]:
     """Checks a new configuration against the one saved in model_dir/config.gin; returns the changed bindings.
 
     Raises RunDirError when a field in ARCHITECTURE or SAVED_STATE differs (the checkpoints cannot be restored).
     """
-    old_values, new_values = config_values(saved), config_values(new)
+    old_values, new_values = saved.values(), new.values()
     changed = [name for name in new_values if name in old_values and old_values[name] != new_values[name]]
     fixed = [name for name in changed if name in ARCHITECTURE + SAVED_STATE]
     if fixed:
@@ -373,17 +372,13 @@ def compare_configs(model_dir: str, saved: dict, new: dict) -> list[str]:
     return [f"{name}: {old_values[name]!r} -> {new_values[name]!r}" for name in changed]
 
 
-def saved_configs(model_dir: str) -> dict | None:
-    """The configs of model_dir/config.gin ({"ModelConfig": ..., ...}), or None without one; clears gin."""
-    from txl_tf import configs
-
+def saved_configs(model_dir: str) -> Configs | None:
+    """The configs of model_dir/config.gin, or None without one; clears gin."""
     path = os.path.join(model_dir, CONFIG_FILE)
     if not tf.io.gfile.exists(path):
         return None
-    gin.clear_config()
     try:
-        configs.parse_gin(lenient_files=[path])
-        return configs.make_configs()
+        return parse_configs(model_dir)
     except errors.ConfigError as error:
         raise RunDirError(f"{path} (the saved configuration of this run) does not parse: {errors.one_line(error)}; "
                           "repair it or pass another --model_dir") from None
@@ -439,13 +434,13 @@ def restore_weights(model, checkpoint_prefix: str) -> None:
                           f"({errors.one_line(error)}); check ModelConfig in the gin config") from error
 
 
-def restore_newest(model, source: str, which: str = "latest", log=None) -> str:
+def restore_newest(model, source: str, which: str = "latest", log=None, found=None) -> str:
     """Restores the newest checkpoint of `source` (prefix or model_dir) that restores intact; returns its prefix.
 
-    Broken newer checkpoints are skipped with one line each on `log` (stderr); errors.UserError when none
-    restores.
+    `found`: `find_checkpoints(source, which)` when the caller has it already. Broken newer checkpoints are
+    skipped with one line each on `log` (stderr); errors.UserError when none restores.
     """
-    found = find_checkpoints(source, which)
+    found = find_checkpoints(source, which) if found is None else found
     restored = restore_first(found, functools.partial(restore_weights, model))
     if restored.prefix is None:
         raise RunDirError(f"no checkpoint of {source} restores intact ({restored.skipped_text()}); restore "
@@ -482,9 +477,9 @@ def load_model(model_dir: str | None = None, checkpoint: str | None = None, *, w
     if n_token is None:
         raise ConfigError(f"the vocabulary size is unknown: bind ModelConfig.n_token or prepare the data in "
                           f"DataConfig.data_dir={configs.data.data_dir!r}")
-    find_checkpoints(source, which)  # a missing checkpoint is reported before the model is built
+    found = find_checkpoints(source, which)  # a missing checkpoint is reported before the model is built
     model = build_model(configs.model, n_token, dtype=dtype)
-    prefix = restore_newest(model, source, which)
+    prefix = restore_newest(model, source, which, found=found)
     return model, configs, prefix
 
 

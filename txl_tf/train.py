@@ -38,15 +38,6 @@ def define_flags() -> None:
     flags.DEFINE_enum("strategy", "default", list(STRATEGIES), "tf.distribute strategy.")
     flags.DEFINE_string("tpu", None, "TPU name or address for --strategy=tpu.")
 
-def parse_gin(gin_files, gin_params) -> list:
-    """Parses the files (includes resolved against each file's folder and gin/) and bindings; returns paths.
-
-    Unknown configurables or parameters raise a one-line errors.ConfigError (txl_tf.configs.parse_gin)."""
-    from txl_tf import configs
-
-    return configs.parse_gin(gin_files, gin_params)
-
-
 def default_model_dir(gin_files) -> str:
     name = os.path.splitext(os.path.basename(gin_files[-1]))[0] if gin_files else "run"
     return os.path.join("runs", name)
@@ -60,7 +51,7 @@ def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=Non
     """
     import gin
 
-    from txl_tf import configs, distribute, run_dir
+    from txl_tf import distribute, run_dir
     from txl_tf.controller import Controller, default_actions
     from txl_tf.trainer import Trainer
 
@@ -68,23 +59,21 @@ def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=Non
         raise ConfigError("no --gin_file given; pass a setup, e.g. --gin_file=gin/sample.gin")
     model_dir = model_dir or default_model_dir(gin_files)
     saved = run_dir.saved_configs(model_dir)
-    gin.clear_config()  # exactly these files and bindings: nothing left from an earlier call in this process
-    parse_gin(gin_files, gin_params)
-    made = configs.make_configs()
+    made = run_dir.parse_configs(gin_files=gin_files, gin_params=gin_params)  # exactly these files and bindings
     if saved is not None:
         changes = run_dir.compare_configs(model_dir, saved, made)
         if changes:
             print(f"{len(changes)} binding(s) differ from {os.path.join(model_dir, run_dir.CONFIG_FILE)} "
                   f"(this command's values are used): {'; '.join(changes)}", flush=True)
-    data_config = made["DataConfig"]
+    data_config = made.data
     if not os.path.isdir(data_config.data_dir):
         raise ConfigError(
             f"DataConfig.data_dir={data_config.data_dir!r} does not exist; prepare it with "
             f"`python -m txl_tf.data.prepare --dataset={data_config.dataset} --data_dir={data_config.data_dir}` "
             "or set --gin_param=\"DATA_DIR='...'\"")
     strategy_obj = distribute.make_strategy(strategy, tpu)
-    trainer = Trainer(made["ModelConfig"], data_config, made["TrainConfig"], strategy=strategy_obj)
-    controller = Controller(trainer, model_dir=model_dir, actions=default_actions(trainer, made["EvalConfig"]),
+    trainer = Trainer(made.model, data_config, made.train, strategy=strategy_obj)
+    controller = Controller(trainer, model_dir=model_dir, actions=default_actions(trainer, made.eval),
                             config_str=gin.operative_config_str())
     print(f"training in {model_dir} with strategy {strategy} ({strategy_obj.num_replicas_in_sync} replica(s))",
           flush=True)
