@@ -205,6 +205,7 @@ for name, dtype in (("f32", torch.float32), ("bf16", torch.bfloat16)):
 
 
 def _peer_python(peer: str) -> tuple[str, str]:
+    peer = os.path.abspath(peer)  # the peer's scripts run with their code directory as the working directory
     python, code = os.path.join(peer, "venv", "bin", "python"), os.path.join(peer, "code")
     if not os.path.exists(python) or not os.path.exists(os.path.join(code, "train_step.py")):
         raise app.UsageError(f"--peer={peer} is not a directory made by ../shared/peer/setup.sh (no venv/bin/python "
