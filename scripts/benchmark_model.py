@@ -145,6 +145,9 @@ def profile_breakdown(logdir: str, steps: int, wall: float) -> dict:
 
     Reads the XSpace the profiler wrote: every TF op executed on the host's `tf_Compute` threads is one event named
     "scope:OpType". `busy` is the union of those events over time; wall - busy is time no op ran (host).
+    `matmul_busy` is the union of the matmul events alone: op times overlap (TF runs independent ops side by side),
+    so the categories do not say what the step waits for; wall - matmul_busy is the wall time in which no matmul
+    runs, the most that speeding up everything but the matmuls can save.
     """
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
@@ -152,7 +155,7 @@ def profile_breakdown(logdir: str, steps: int, wall: float) -> dict:
     space = xplane_pb2.XSpace()
     with open(paths[-1], "rb") as f:
         space.ParseFromString(f.read())
-    sums, intervals = collections.Counter(), []
+    sums, intervals, matmuls = collections.Counter(), [], []
     for plane in space.planes:
         names = plane.event_metadata
         for line in plane.lines:
@@ -166,16 +169,23 @@ def profile_breakdown(logdir: str, steps: int, wall: float) -> dict:
                 sums[_category(scope, op)] += event.duration_ps
                 begin = line.timestamp_ns * 1000 + event.offset_ps
                 intervals.append((begin, begin + event.duration_ps))
-    busy, end = 0, None
+                if "MatMul" in op:
+                    matmuls.append(intervals[-1])
+    return {"ms": {k: sums[k] / 1e9 / steps for k in CATEGORIES}, "busy_ms": _covered_ps(intervals) / 1e9 / steps,
+            "matmul_busy_ms": _covered_ps(matmuls) / 1e9 / steps, "wall_ms": wall * 1e3 / steps}
+
+
+def _covered_ps(intervals: list) -> int:
+    """Length of the union of (begin, end) intervals."""
+    covered, end = 0, None
     for begin, finish in sorted(intervals):
         if end is None or begin > end:
-            busy += finish - begin
+            covered += finish - begin
             end = finish
         elif finish > end:
-            busy += finish - end
+            covered += finish - end
             end = finish
-    return {"ms": {k: sums[k] / 1e9 / steps for k in CATEGORIES}, "busy_ms": busy / 1e9 / steps,
-            "wall_ms": wall * 1e3 / steps}
+    return covered
 
 
 def time_in_subprocess(mode, batch):
@@ -233,11 +243,15 @@ def peer_tokens_per_second(peer: str, batch: int) -> dict:
             for mode, seconds, _ in found}
 
 
-def print_breakdown(mode: str, batch: int, breakdown: dict) -> None:
+def print_breakdown(mode: str, batch: int, breakdown: dict, flops: float, peak: float) -> None:
+    """The profile of one mode: the wall time's split into matmul-running and matmul-free time, then op time."""
     total = sum(breakdown["ms"].values())
-    wall, busy = breakdown["wall_ms"], breakdown["busy_ms"]
-    print(f"profile {mode} batch {batch}: {wall:.0f} ms/step wall, ops running {busy / wall:.0%} of it "
-          f"(host/idle {wall - busy:.0f} ms); op time {total:.0f} ms/step summed over executor threads:")
+    wall, busy, matmul = breakdown["wall_ms"], breakdown["busy_ms"], breakdown["matmul_busy_ms"]
+    rate = flops / (matmul / 1e3)
+    print(f"profile {mode} batch {batch}: {wall:.0f} ms/step wall; a matmul runs during {matmul:.0f} ms of it "
+          f"({rate / 1e9:.0f} GFLOP/s then, {rate / peak:.0%} of the peak); no matmul runs for {wall - matmul:.0f} ms "
+          f"({(wall - matmul) / wall:.0%}: the other ops and {wall - busy:.0f} ms of host/idle)")
+    print(f"  op time {total:.0f} ms/step, summed over executor threads (ops overlap):")
     for name in CATEGORIES:
         ms = breakdown["ms"][name]
         print(f"  {name:26s} {ms:8.1f} ms {ms / total:6.1%}")
@@ -305,7 +319,8 @@ def main(argv):
         print("peer: the authors' PyTorch MemTransformerLM (torch.optim.Adam, clip_grad_norm_), fp32 and bf16 "
               "autocast, compared with our mode of the same precision; ratio = ours / theirs")
     for mode, batch, breakdown in profiles:
-        print_breakdown(mode, batch, breakdown)
+        flops = train_flops_per_step(batch, FLAGS.tgt_len, FLAGS.mem_len, FLAGS.n_layer, **ARCH)
+        print_breakdown(mode, batch, breakdown, flops, best["bf16" if mode.startswith("bf16") else "f32"])
     print(f"load average after: {os.getloadavg()}")
 
 

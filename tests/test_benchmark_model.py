@@ -1,0 +1,40 @@
+"""The training benchmark runs end to end on a one-layer model: its table, and the profile read back from the XSpace
+that TensorFlow's profiler writes (matmul-running time within the wall time, op time by kind)."""
+
+import os
+import re
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(REPO, "scripts", "benchmark_model.py")
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def run(*args):
+    return subprocess.run([sys.executable, SCRIPT, *args], cwd=REPO, env=ENV, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_tiny_benchmark_prints_speed_and_profile():
+    proc = run("--n_layer=1", "--tgt_len=16", "--mem_len=16", "--batch=1", "--modes=f32", "--steps=1", "--profile",
+               "--matmul_size=128")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = re.search(r"^f32\s+1\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%", proc.stdout, re.M)
+    assert row, proc.stdout
+    seconds, tokens_per_second = float(row.group(1)), float(row.group(2))
+    assert seconds > 0 and abs(tokens_per_second - 16 / seconds) < 0.01 * tokens_per_second
+    profile = re.search(r"profile f32 batch 1: (\d+) ms/step wall; a matmul runs during (\d+) ms of it .* no matmul "
+                        r"runs for (\d+) ms .* (\d+) ms of host/idle", proc.stdout)
+    assert profile, proc.stdout
+    wall, matmul, rest, idle = map(int, profile.groups())
+    assert 0 < matmul <= wall and abs(wall - matmul - rest) <= 1 and idle <= rest
+    kinds = dict(re.findall(r"^  ([a-z -]+?)\s+([\d.]+) ms", proc.stdout, re.M))
+    assert float(kinds["matmul"]) > 0 and float(kinds["optimizer"]) > 0 and float(kinds["layer norm"]) > 0
+
+
+def test_peer_directory_without_the_setup_is_a_one_line_error(tmp_path):
+    proc = run(f"--peer={tmp_path}", "--modes=f32", "--matmul_size=64")
+    assert proc.returncode != 0
+    assert f"--peer={tmp_path} is not a directory made by ../shared/peer/setup.sh" in proc.stderr
+    assert "Traceback" not in proc.stderr
