@@ -247,6 +247,9 @@ def print_breakdown(mode: str, batch: int, breakdown: dict, flops: float, peak: 
     """The profile of one mode: the wall time's split into matmul-running and matmul-free time, then op time."""
     total = sum(breakdown["ms"].values())
     wall, busy, matmul = breakdown["wall_ms"], breakdown["busy_ms"], breakdown["matmul_busy_ms"]
+    if matmul <= 0:
+        raise RuntimeError(f"the profile of {mode} at batch {batch} holds no MatMul op events: TensorFlow's op "
+                           "names in the XSpace changed; update profile_breakdown")
     rate = flops / (matmul / 1e3)
     print(f"profile {mode} batch {batch}: {wall:.0f} ms/step wall; a matmul runs during {matmul:.0f} ms of it "
           f"({rate / 1e9:.0f} GFLOP/s then, {rate / peak:.0%} of the peak); no matmul runs for {wall - matmul:.0f} ms "
