@@ -16,9 +16,10 @@ PyTorch's square-matmul peaks), and prints its tokens/s beside ours and the rati
 tgt_len = mem_len = 512.
 
 --profile: each mode's child also records three steps with TensorFlow's profiler (`tf.profiler.experimental`)
-and prints where the op time goes (matmuls, attention elementwise work, dropout, layer norm, casts, optimizer,
-other) and the share of the step's wall time in which no op runs (host: Python, tf.function dispatch, the
-executor between ops).
+and prints how the step's wall time splits into time in which a matmul runs (and the matmul GFLOP/s over it) and
+time in which none runs, of which host/idle is the part with no op at all (Python, tf.function dispatch, the
+executor between ops); then where the op time goes (matmuls, attention elementwise work, dropout, layer norm,
+casts, optimizer, other), summed over the executor threads.
 
 FLOP count: `txl_tf.flops` (matmul FLOPs as executed, attention and the memory's key/value projections included,
 training = 3 x forward), the same count the trainer's start-up MFU line uses.
@@ -188,6 +189,11 @@ def _covered_ps(intervals: list) -> int:
     return covered
 
 
+def precision_of(mode: str) -> str:
+    """"bf16" or "f32": the precision whose matmul peak a mode's MFU is taken against."""
+    return "bf16" if mode.startswith("bf16") else "f32"
+
+
 def time_in_subprocess(mode, batch):
     """Times `mode` in a fresh process, so modes do not share thread pools, caches or Keras global state."""
     args = [sys.executable, os.path.abspath(__file__), f"--child_mode={mode}", f"--batch={batch}",
@@ -305,11 +311,11 @@ def main(argv):
             result = time_in_subprocess(mode, batch)
             ours[mode] = result["seconds"]
             if result["breakdown"]:
-                profiles.append((mode, batch, result["breakdown"]))
+                profiles.append((mode, batch, result["breakdown"], flops, best[precision_of(mode)]))
         peer = peer_tokens_per_second(FLAGS.peer, batch) if FLAGS.peer else {}
         for mode, seconds in ours.items():
             rate = flops / seconds
-            precision = "bf16" if mode.startswith("bf16") else "f32"
+            precision = precision_of(mode)
             line = (f"{mode:9s} {batch:5d} {seconds:8.3f} {tokens / seconds:9.1f} {rate / 1e9:8.1f} "
                     f"{rate / best[precision]:12.1%} {rate / cpu_bf16:13.1%}")
             if FLAGS.peer:
@@ -321,9 +327,8 @@ def main(argv):
     if FLAGS.peer:
         print("peer: the authors' PyTorch MemTransformerLM (torch.optim.Adam, clip_grad_norm_), fp32 and bf16 "
               "autocast, compared with our mode of the same precision; ratio = ours / theirs")
-    for mode, batch, breakdown in profiles:
-        flops = train_flops_per_step(batch, FLAGS.tgt_len, FLAGS.mem_len, FLAGS.n_layer, **ARCH)
-        print_breakdown(mode, batch, breakdown, flops, best["bf16" if mode.startswith("bf16") else "f32"])
+    for profile in profiles:
+        print_breakdown(*profile)
     print(f"load average after: {os.getloadavg()}")
 
 
