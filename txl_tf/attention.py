@@ -20,6 +20,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from txl_tf import fused
 from txl_tf.dropout import Dropout
 
 ATTN_TYPES = ("xl", "shaw", "vaswani", "al_rfou")
@@ -373,7 +374,6 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         """
         dtype = self.compute_dtype
         batch, qlen, klen = tf.shape(h)[0], tf.shape(h)[1], tf.shape(k)[2]
-        width = self.n_head * self.d_head
         q = _split_heads(q, self.n_head, self.d_head) * tf.cast(self.scale, dtype)  # [N, B, L, D]
         if self.attn_type == "xl":
             u = tf.cast(content_bias, dtype)[:, None, None, :] * tf.cast(self.scale, dtype)  # [N, 1, 1, D]
@@ -392,20 +392,32 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 r = tf.pad(r, [[0, 0], [1, 0], [0, 0]])  # [N, K+1, D]: a zero row gives shift_padded its column
                 position_score = tf.matmul(q_r, r, transpose_b=True)  # [N, B*L, K+1]: one matmul per head
                 position_score = tf.reshape(position_score, [self.n_head, batch, qlen, klen + 1])
+                if (not return_probs and (attention_bias is None or len(attention_bias.shape) == 2)
+                        and fused.usable(dtype, training)):
+                    # Training on CPU: shift, add, mask and softmax (and their gradient) in one kernel each way.
+                    probs = fused.rel_softmax(score, position_score, attention_bias)  # [N, B, L, K]
+                    return self._output(h, probs, v, batch, qlen, training)
                 score += shift_padded(position_score)  # [N, B, L, K]: (b) + (d)
 
         score = tf.cast(score, tf.float32)
         if attention_bias is not None:
             score += tf.cast(attention_bias, tf.float32)  # [L, K] broadcast
         probs = tf.nn.softmax(score, axis=-1)  # [N, B, L, K] float32
-        dropped = self.attention_dropout(tf.cast(probs, dtype), training=training)
+        out = self._output(h, tf.cast(probs, dtype), v, batch, qlen, training)
+        if return_probs:
+            return out[0], tf.transpose(probs, [1, 0, 2, 3])  # [B, N, L, K]
+        return out
+
+    def _output(self, h, probs, v, batch, qlen, training):
+        """Attention dropout, values, output projection, output dropout and the residual (with LayerNorm)."""
+        dtype = self.compute_dtype
+        width = self.n_head * self.d_head
+        dropped = self.attention_dropout(probs, training=training)
         attn = tf.matmul(dropped, v)  # [N, B, L, D]
         attn = tf.reshape(tf.transpose(attn, [1, 2, 0, 3]), [batch, qlen, width])  # [B, L, N*D]
         out = _dense(attn, tf.cast(self.o_kernel, dtype))  # [B, L, d]
         out = self.output_dropout(out, training=training)
         out = h + out if self.pre_lnorm else self.layer_norm(h + out)  # [B, L, d]
-        if return_probs:
-            return out, tf.transpose(probs, [1, 0, 2, 3])  # [B, N, L, K]
         return (out,)
 
     def get_config(self):

@@ -5,12 +5,18 @@ passes; on CPU that costs about 3x more than the matmuls it follows in the feed-
 Here one 32-bit Philox draw serves two elements (bitcast to two uint16), an element is dropped when its 16
 bits fall below round(rate * 65536) (drop probability within 1e-5 of `rate`), and kept elements are scaled by
 1 / (1 - rate), so the expectation is unchanged.
+
+Training steps on CPU run the same rule as one kernel (`txl_tf.fused`: `TxlDropout`, which draws the mask again
+in the backward pass instead of keeping it); its bits come from another Philox stream, so the masks differ from
+the TensorFlow ops' ones, with the same drop probability.
 """
 
 from __future__ import annotations
 
 import keras
 import tensorflow as tf
+
+from txl_tf import fused
 
 _LEVELS = 1 << 16
 
@@ -42,9 +48,11 @@ class Dropout(keras.layers.Layer):
     def call(self, inputs, training=False):
         if not training or self.seed_generator is None:
             return inputs
+        seed = tf.cast(self.seed_generator.next(), tf.int32)  # [2]
+        if fused.usable(inputs.dtype, training):  # training on CPU: draw, compare and scale in one pass
+            return fused.dropout(inputs, seed, self.threshold, 1.0 / (1.0 - self.rate))
         shape = tf.shape(inputs)
         size = tf.size(inputs)
-        seed = tf.cast(self.seed_generator.next(), tf.int32)  # [2]
         bits = tf.random.stateless_uniform([(size + 1) // 2], seed, dtype=tf.int32, minval=None, maxval=None)
         bits = tf.slice(tf.reshape(tf.bitcast(bits, tf.uint16), [-1]), [0], [size])  # [size] uint16
         keep = tf.reshape(bits >= self.threshold, shape)

@@ -1,0 +1,238 @@
+"""The fused CPU kernels, built and loaded for real: the attention's softmax chain checked against TensorFlow's
+ops (values and gradients, float32 and bfloat16), dropout's rate, scale, reproducibility and gradient, and where
+they are used (training steps on CPU; never inference or XLA)."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from txl_tf import fused as fused_mod
+from txl_tf.attention import RelativeMultiHeadAttention, attention_bias, shift_padded
+from txl_tf.dropout import Dropout
+
+if fused_mod._compiler() is None and not os.environ.get("CI"):
+    pytest.skip("no C++ compiler to build the kernels (CI installs g++)", allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def _auto_mode(monkeypatch):
+    monkeypatch.setenv(fused_mod.ENV, "auto")
+
+
+def test_builds_and_loads():
+    library, reason = fused_mod._load()
+    assert library is not None, reason
+    assert fused_mod.library() is library
+
+
+def _reference(content, position, bias):
+    """TensorFlow's chain in float32: shift, add, mask, softmax."""
+    score = tf.cast(content, tf.float32) + tf.cast(shift_padded(position), tf.float32)
+    return tf.nn.softmax(score if bias is None else score + bias, axis=-1)
+
+
+def _value_and_grads(fn, content, position, weights):
+    with tf.GradientTape() as tape:
+        tape.watch([content, position])
+        probs = tf.cast(fn(content, position), tf.float32)
+        loss = tf.reduce_sum(probs * weights)
+    return [probs.numpy()] + [tf.cast(g, tf.float32).numpy() for g in tape.gradient(loss, [content, position])]
+
+
+@pytest.mark.parametrize("heads,batch,qlen,mlen", [(2, 3, 5, 4), (1, 1, 7, 0), (3, 2, 1, 6), (2, 2, 16, 16)])
+@pytest.mark.parametrize("masked", [True, False])
+def test_float32_equals_tensorflow_chain(heads, batch, qlen, mlen, masked):
+    rng = np.random.default_rng(qlen + mlen)
+    klen = qlen + mlen
+    content = tf.constant(rng.normal(0, 3, [heads, batch, qlen, klen]), tf.float32)
+    position = tf.constant(rng.normal(0, 3, [heads, batch, qlen, klen + 1]), tf.float32)
+    weights = tf.constant(rng.normal(size=[heads, batch, qlen, klen]), tf.float32)
+    bias = attention_bias(qlen, mlen) if masked else None
+    fused = _value_and_grads(lambda c, p: fused_mod.rel_softmax(c, p, bias), content, position, weights)
+    reference = _value_and_grads(lambda c, p: _reference(c, p, bias), content, position, weights)
+    for got, want, name in zip(fused, reference, ["probs", "d_content", "d_position"], strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-5, err_msg=name)
+    # The padded column of the position scores is not read: its gradient is exactly zero.
+    d_position = fused[2].reshape(heads * batch, -1)
+    assert not d_position[:, :qlen].any()
+
+
+def test_bfloat16_within_rounding_of_float32():
+    rng = np.random.default_rng(1)
+    heads, batch, qlen, mlen = 2, 2, 12, 12
+    klen = qlen + mlen
+    content = tf.constant(rng.normal(0, 3, [heads, batch, qlen, klen]), tf.float32)
+    position = tf.constant(rng.normal(0, 3, [heads, batch, qlen, klen + 1]), tf.float32)
+    weights = tf.constant(rng.normal(size=[heads, batch, qlen, klen]), tf.float32)
+    bias = attention_bias(qlen, mlen)
+    half = _value_and_grads(lambda c, p: fused_mod.rel_softmax(c, p, bias),
+                            tf.cast(content, tf.bfloat16), tf.cast(position, tf.bfloat16), weights)
+    # The float32 reference of the same bfloat16 inputs: the kernel adds them in float32, then rounds the output.
+    full = _value_and_grads(lambda c, p: _reference(c, p, bias),
+                            tf.cast(tf.cast(content, tf.bfloat16), tf.float32),
+                            tf.cast(tf.cast(position, tf.bfloat16), tf.float32), weights)
+    np.testing.assert_allclose(half[0], full[0], atol=2 ** -8)  # probabilities <= 1: bfloat16's 8 bits
+    for got, want in zip(half[1:], full[1:], strict=True):
+        # The incoming gradient is rounded to bfloat16 before the kernel sees it (probs are bfloat16).
+        np.testing.assert_allclose(got, want, atol=0.02 * np.abs(want).max())
+
+
+def test_bad_shapes_name_the_tensor():
+    library = fused_mod._library_or_raise()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="position must be"):
+        library.txl_rel_softmax(tf.zeros([2, 3, 4]), tf.zeros([2, 3, 4]), tf.zeros([3, 4]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="bias must be"):
+        library.txl_rel_softmax(tf.zeros([2, 3, 4]), tf.zeros([2, 3, 5]), tf.zeros([4, 3]))
+
+
+def _layer(seed=0):
+    tf.random.set_seed(seed)
+    layer = RelativeMultiHeadAttention(d_model=16, n_head=2, d_head=8)
+    layer.build((None, None, 16))
+    return layer
+
+
+def _attention_step(layer, training):
+    rng = np.random.default_rng(2)
+    x = tf.constant(rng.normal(size=[2, 6, 16]), tf.float32)
+    memory = tf.constant(rng.normal(size=[2, 5, 16]), tf.float32)
+    pos = tf.constant(rng.normal(size=[11, 16]), tf.float32)
+    u = tf.constant(rng.normal(size=[2, 8]), tf.float32)
+    v = tf.constant(rng.normal(size=[2, 8]), tf.float32)
+    with tf.GradientTape() as tape:
+        out = layer(x, memory=memory, mem_len=5, position_encoding=pos, attention_bias=attention_bias(6, 5),
+                    content_bias=u, position_bias=v, training=training)[0]
+        loss = tf.reduce_sum(out * out)
+    return [out.numpy()] + [g.numpy() for g in tape.gradient(loss, layer.trainable_weights)]
+
+
+def test_training_layer_equals_tensorflow_ops(monkeypatch):
+    """A training call of the attention layer (no dropout) gives TensorFlow's outputs and weight gradients."""
+    layer = _layer()
+    fused = _attention_step(layer, training=True)
+    monkeypatch.setenv(fused_mod.ENV, "0")
+    plain = _attention_step(layer, training=True)
+    for got, want in zip(fused, plain, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def _op_types(training):
+    layer = _layer()
+    fn = tf.function(lambda: _attention_step_graph(layer, training))
+    return {op.type for op in fn.get_concrete_function().graph.get_operations()}
+
+
+def _attention_step_graph(layer, training):
+    x = tf.ones([1, 4, 16])
+    out = layer(x, memory=tf.ones([1, 3, 16]), mem_len=3, position_encoding=tf.ones([7, 16]),
+                attention_bias=attention_bias(4, 3), content_bias=tf.ones([2, 8]), position_bias=tf.ones([2, 8]),
+                training=training)[0]
+    return out
+
+
+def test_used_for_training_only(monkeypatch):
+    assert "TxlRelSoftmax" in _op_types(training=True)
+    assert "TxlRelSoftmax" not in _op_types(training=False)  # inference and SavedModels keep TensorFlow's ops
+    monkeypatch.setenv(fused_mod.ENV, "0")
+    assert "TxlRelSoftmax" not in _op_types(training=True)
+
+
+def test_mode_is_checked(monkeypatch):
+    monkeypatch.setenv(fused_mod.ENV, "yes")
+    with pytest.raises(ValueError, match="TXL_TF_FUSED_KERNELS='yes'"):
+        fused_mod.library()
+
+
+def test_failed_build_falls_back_or_stops(tmp_path):
+    """A broken compiler: `auto` warns once and trains with TensorFlow's ops; `1` stops with the log's path."""
+    script = (
+        "import tensorflow as tf\n"
+        "from txl_tf import fused\n"
+        "print('usable', fused.usable(tf.float32, True))\n"
+    )
+    env = {**os.environ, "CXX": "false", "TXL_TF_CACHE": str(tmp_path), fused_mod.ENV: "auto"}
+    auto = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert auto.returncode == 0, auto.stderr
+    assert "usable False" in auto.stdout
+    assert auto.stderr.count("fused CPU kernels unavailable") == 1
+    assert "output is in" in auto.stderr
+    env[fused_mod.ENV] = "1"
+    required = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert required.returncode != 0
+    assert "TXL_TF_FUSED_KERNELS=1 but the fused CPU kernels are unavailable" in required.stderr
+    log = next(tmp_path.rglob("*.log"))
+    assert "false" in log.read_text()
+
+
+def test_not_used_under_xla():
+    layer = _layer()
+    graph = tf.function(lambda: _attention_step_graph(layer, True), jit_compile=True).get_concrete_function().graph
+    assert "TxlRelSoftmax" not in {op.type for op in graph.get_operations()}
+
+
+def test_dropout_rate_scale_and_gradient():
+    """The kernel drops round(rate * 65536) / 65536 of the elements, scales the rest by 1 / (1 - rate), and its
+    gradient uses the same mask."""
+    x = tf.random.normal([64, 1001], seed=1) + 3.0  # no exact zeros in the input
+    seed = tf.constant([7, 11], tf.int32)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = fused_mod.dropout(x, seed, round(0.1 * 65536), 1 / 0.9)
+        loss = tf.reduce_sum(y * 2.0)
+    grad, y, x = tape.gradient(loss, x).numpy(), y.numpy(), x.numpy()
+    kept = y != 0
+    assert abs(1 - kept.mean() - 0.1) < 0.004, kept.mean()  # 64,064 elements: std of the rate ~0.0012
+    np.testing.assert_allclose(y[kept], x[kept] / 0.9, rtol=1e-6)
+    np.testing.assert_array_equal(grad != 0, kept)
+    np.testing.assert_allclose(grad[kept], 2.0 / 0.9, rtol=1e-6)
+    # Same seed, same mask; another seed, another mask; a mask that does not repeat across the tensor's rows.
+    np.testing.assert_array_equal(fused_mod.dropout(x, seed, 6554, 1 / 0.9).numpy(), y)
+    assert not np.array_equal(fused_mod.dropout(x, seed + 1, 6554, 1 / 0.9).numpy() != 0, kept)
+    assert not np.array_equal(kept[0], kept[1])
+
+
+def test_dropout_bfloat16_and_layer(monkeypatch):
+    x = tf.ones([3, 5, 40], tf.bfloat16)
+    y = fused_mod.dropout(x, tf.constant([1, 2]), 32768, 2.0)
+    assert y.dtype == tf.bfloat16
+    assert set(np.unique(y.numpy().astype(np.float32))) == {0.0, 2.0}
+    # The layer takes the kernel when training on CPU, and TensorFlow's ops when the kernels are off; both
+    # reproducible from the Keras seed and with the rate's drop probability.
+    for setting in ("auto", "0"):
+        monkeypatch.setenv(fused_mod.ENV, setting)
+        outs = []
+        for _ in range(2):
+            layer = Dropout(0.25, seed=3)
+            outs.append(layer(tf.ones([50, 200]), training=True).numpy())
+        np.testing.assert_array_equal(outs[0], outs[1])
+        assert abs((outs[0] == 0).mean() - 0.25) < 0.01
+    layer = Dropout(0.2)
+    graph = tf.function(lambda: layer(tf.ones([4, 4]), training=True)).get_concrete_function().graph
+    assert "TxlDropout" not in {op.type for op in graph.get_operations()}  # kernels off (setting "0")
+    monkeypatch.setenv(fused_mod.ENV, "auto")
+    graph = tf.function(lambda: layer(tf.ones([4, 4]), training=True)).get_concrete_function().graph
+    assert "TxlDropout" in {op.type for op in graph.get_operations()}
+
+
+def test_dropout_bad_input():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="seed must be"):
+        fused_mod.dropout(tf.ones([4]), tf.constant([1, 2, 3]), 10, 1.0)
+
+
+def test_dropout_draws_tensorflows_philox_stream():
+    """The kernel's Philox4x32-10 is TensorFlow's: its mask is the one TensorFlow's own Philox op's 16-bit halves
+    give for the same key and counter (a reimplementation error would change the bits)."""
+    n = 8 * 64 * 3 + 5  # three of the kernel's chunks and a partial block
+    seed = tf.constant([123456, -7], tf.int32)
+    key = (np.uint64(np.int32(-7).view(np.uint32)) | (np.uint64(123456) << np.uint64(32)))
+    words = tf.raw_ops.StatelessRandomUniformFullIntV2(
+        shape=[4 * ((n + 7) // 8)], key=tf.constant([key], tf.uint64), counter=tf.constant([0, 0x74786C5F], tf.uint64),
+        alg=1, dtype=tf.uint32).numpy()  # alg 1: Philox
+    bits = np.stack([words & 0xFFFF, words >> 16], axis=1).reshape(-1)[:n]
+    for threshold in (1, 6554, 32768, 65535):
+        kept = fused_mod.dropout(tf.ones([n]), seed, threshold, 1.0).numpy() != 0
+        np.testing.assert_array_equal(kept, bits >= threshold)

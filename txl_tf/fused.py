@@ -1,0 +1,226 @@
+"""Fused CPU kernels for training steps: the attention's score chain and dropout, one pass each way.
+
+`txl_tf/kernels/fused_ops.cc` holds TensorFlow custom ops: `TxlRelSoftmax` / `TxlRelSoftmaxGrad` (relative
+shift, add, mask and softmax of the attention scores, and its gradient) and `TxlDropout` (draw, compare and scale
+in one pass; the backward pass draws the same mask again). This module compiles the file on first use with the C++
+compiler and TensorFlow's own flags (`tf.sysconfig`), caches the shared library per source, TensorFlow version,
+compiler and CPU, loads it with `tf.load_op_library`, and registers the gradients.
+
+`RelativeMultiHeadAttention` and `txl_tf.dropout.Dropout` use the kernels for training steps on CPU. Inference,
+export, XLA (`jit_compile`) and any process with a GPU or TPU keep TensorFlow's ops, so SavedModels never depend
+on the library.
+
+Environment:
+  TXL_TF_FUSED_KERNELS  `auto` (default): use the kernels when they build, else TensorFlow's ops with one warning;
+                        `0`: never use them; `1`: require them (an error names the compiler's log when they fail).
+  TXL_TF_CACHE          the cache the data downloads use too (default `~/.cache/txl_tf`); compiled libraries
+                        go to its `kernels/` folder.
+  CXX                   the compiler (default: the first of g++, c++, clang++ on PATH).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import pathlib
+import platform
+import shutil
+import subprocess
+import tempfile
+
+import tensorflow as tf
+
+# TensorFlow has no public way to ask whether a trace is for XLA (tf.function(jit_compile=True)).
+from tensorflow.python.framework import ops
+from tensorflow.python.ops import control_flow_util
+
+SOURCE = pathlib.Path(__file__).resolve().parent / "kernels" / "fused_ops.cc"
+MODES = ("auto", "0", "1")
+_BASE_FLAGS = ["-shared", "-fPIC", "-O3", "-fno-math-errno", "-Wno-deprecated-declarations"]
+ENV = "TXL_TF_FUSED_KERNELS"
+
+
+def mode():
+    """`TXL_TF_FUSED_KERNELS`, checked: one of MODES."""
+    value = os.environ.get(ENV, "auto").strip().lower()
+    if value not in MODES:
+        raise ValueError(f"{ENV}={value!r}: use auto, 0 (off) or 1 (required)")
+    return value
+
+
+def cache_dir():
+    """Where compiled kernels are kept (created on demand): `kernels/` of $TXL_TF_CACHE, else of ~/.cache/txl_tf
+    (the data downloads' cache, `txl_tf.data.sources`)."""
+    base = os.environ.get("TXL_TF_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "txl_tf")
+    return pathlib.Path(base) / "kernels"
+
+
+def _compiler():
+    if os.environ.get("CXX"):
+        return shutil.which(os.environ["CXX"]) or os.environ["CXX"]
+    for name in ("g++", "c++", "clang++"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_signature():
+    """What -march=native compiles for: the CPU's model and feature flags (a library built on one CPU may use
+    instructions another lacks, so each CPU gets its own build)."""
+    parts = [platform.machine(), platform.processor()]
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features", "model name")):
+                    parts.append(line.strip())
+                if len(parts) >= 5:
+                    break
+    except OSError:
+        pass
+    return "\n".join(parts)
+
+
+def _build(compiler, target):
+    """Compiles SOURCE into `target` (atomically); returns None or the reason it failed."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log = target.with_suffix(".log")
+    tf_flags = tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()
+    errors = []
+    # -march=native first (AVX-512 / AMX-era vector units for exp and the bfloat16 conversions); without it if
+    # the compiler does not know the flag for this CPU.
+    for arch in (["-march=native"], []):
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        cmd = [compiler, *_BASE_FLAGS, *arch, str(SOURCE), "-o", tmp, *tf_flags]
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as e:  # the compiler named by $CXX does not run at all
+            os.unlink(tmp)
+            return f"cannot run the compiler {compiler!r}: {e} (install g++, or set CXX)"
+        if result.returncode == 0:
+            os.replace(tmp, target)  # atomic: a concurrent process sees the old state or the whole library
+            return None
+        os.unlink(tmp)
+        errors.append(f"$ {' '.join(cmd)}\n{result.stderr}")
+    log.write_text("\n\n".join(errors))
+    return f"{compiler} failed; its output is in {log}"
+
+
+@functools.cache
+def _load():
+    """(library module, None) or (None, reason)."""
+    if not SOURCE.exists():
+        return None, f"{SOURCE} is missing"
+    compiler = _compiler()
+    if compiler is None:
+        return None, "no C++ compiler (install g++, or set CXX)"
+    key = hashlib.sha256(
+        "\0".join([SOURCE.read_text(), tf.__version__, compiler, " ".join(_BASE_FLAGS), _cpu_signature()]).encode()
+    ).hexdigest()[:16]
+    target = cache_dir() / key / "fused_ops.so"
+    if not target.exists():
+        logging.info("txl_tf: compiling the fused CPU kernels into %s (once per machine and version, ~10 s)",
+                     target.parent)
+        try:
+            reason = _build(compiler, target)
+        except OSError as e:
+            reason = f"cannot build in {target.parent}: {e} (set TXL_TF_CACHE to a writable directory)"
+        if reason:
+            return None, reason
+    try:
+        library = tf.load_op_library(str(target))
+    except (tf.errors.NotFoundError, OSError) as e:
+        return None, f"cannot load {target}: {e}"
+    _register_gradients()
+    return library, None
+
+
+@functools.cache
+def _register_gradients():
+    @tf.RegisterGradient("TxlRelSoftmax")
+    def _rel_softmax_grad(op, grad_probs, grad_lse):
+        del grad_lse  # lse is for the backward pass only; nothing differentiates through it
+        content, position, bias = op.inputs
+        d_content, d_position = _load()[0].txl_rel_softmax_grad(grad_probs, content, position, bias, op.outputs[1])
+        return d_content, d_position, None
+
+    @tf.RegisterGradient("TxlDropout")
+    def _dropout_grad(op, grad):
+        # The same seed draws the same mask: the gradient is dropped and scaled exactly as the input was.
+        return (_load()[0].txl_dropout(grad, op.inputs[1], threshold=op.get_attr("threshold"),
+                                       scale=op.get_attr("scale")), None)
+
+
+@functools.cache
+def _warn_once(reason):
+    logging.warning("txl_tf: fused CPU kernels unavailable (%s); using TensorFlow ops (%s=0 silences this)",
+                    reason, ENV)
+
+
+def library():
+    """The loaded op library, or None when off or unavailable (warned once; an error when required)."""
+    wanted = mode()
+    if wanted == "0":
+        return None
+    library_, reason = _load()
+    if library_ is None:
+        if wanted == "1":
+            raise RuntimeError(f"{ENV}=1 but the fused CPU kernels are unavailable: {reason}")
+        _warn_once(reason)
+    return library_
+
+
+def usable(dtype, training):
+    """Whether a training step of this compute dtype should use the kernels: training (inference and export keep
+    TensorFlow's ops), float32 or bfloat16, no GPU or TPU in the process, not traced for XLA (`jit_compile`:
+    XLA compiles only its own ops), and the library builds."""
+    if training is not True or tf.as_dtype(dtype) not in (tf.float32, tf.bfloat16):
+        return False
+    if tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"):
+        return False
+    if control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()):
+        return False
+    return library() is not None
+
+
+def rel_softmax(content, position, bias):
+    """softmax(content + shift_padded(position) + bias) over the last axis, as one kernel each way.
+
+    Args:
+      content: [..., L, K] float32 or bfloat16, the content scores (a) + (c).
+      position: [..., L, K+1] of content's dtype, the position scores (b) + (d) against the zero-padded R, in
+        the layout `attention.shift_padded` takes.
+      bias: [L, K] additive mask (any float dtype; None for none).
+
+    Returns:
+      [..., L, K] probabilities in content's dtype (computed in float32).
+    """
+    shape = tf.shape(content)
+    qlen, klen = shape[-2], shape[-1]
+    if bias is None:
+        bias = tf.zeros([qlen, klen], tf.float32)
+    probs, _ = _library_or_raise().txl_rel_softmax(
+        tf.reshape(content, [-1, qlen, klen]), tf.reshape(position, [-1, qlen, klen + 1]), tf.cast(bias, tf.float32)
+    )
+    return tf.reshape(probs, shape)
+
+
+def dropout(x, seed, threshold, scale):
+    """Inverted dropout in one pass: zero where 16 Philox bits keyed by `seed` fall below `threshold` (of 65536),
+    else `x * scale`; the gradient draws the same mask again.
+
+    Args:
+      x: any shape, float32 or bfloat16.
+      seed: [2] int32.
+      threshold: int in [0, 65536); scale: the factor of kept elements (1 / (1 - rate)).
+    """
+    return _library_or_raise().txl_dropout(x, tf.cast(seed, tf.int32), threshold=threshold, scale=scale)
+
+
+def _library_or_raise():
+    library_, reason = _load()
+    if library_ is None:
+        raise RuntimeError(f"the fused CPU kernels are unavailable: {reason}")
+    return library_
