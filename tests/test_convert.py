@@ -19,7 +19,7 @@ def _golden(fixture_dir):
     return golden, info
 
 
-def _run_segments(model, golden, tgt_len):
+def _run_segments(model, golden, tgt_len, training=False):
     """Per-segment (nll [L, B], [mem_i [M, B, d]]) time-major like the fixture, starting from zero memory."""
     tokens = golden["tokens"].T  # [B, T] batch-major
     mems = model.initial_mems(tokens.shape[0])
@@ -27,18 +27,22 @@ def _run_segments(model, golden, tgt_len):
     for s in range(SEGMENTS):
         inputs = tokens[:, s * tgt_len : (s + 1) * tgt_len]
         targets = tokens[:, s * tgt_len + 1 : (s + 1) * tgt_len + 1]
-        hidden, mems = model(inputs, mems)
+        hidden, mems = model(inputs, mems, training=training)
         nll = model.nll(hidden, targets).numpy().T  # [L, B]
         outputs.append((nll, [np.transpose(m, (1, 0, 2)) for m in mems.numpy()]))
     return outputs
 
 
-def test_parity_with_original_tf(fixture_dir):
+# training=True: the pass of a training step (no dropout in this model), which on CPU runs the fused softmax kernel
+# (txl_tf/fused.py) in place of TensorFlow's ops; it must meet the authors' numbers as closely.
+@pytest.mark.parametrize("training", [False, True])
+def test_parity_with_original_tf(fixture_dir, training):
     golden, info = _golden(fixture_dir)
     model = convert.from_original_tf(str(fixture_dir / "model.ckpt"), mem_len=info["mem_len"])
     assert (model.n_layer, model.d_model, model.n_head, model.d_head, model.d_inner, model.n_token) == (
         info["n_layer"], info["d_model"], info["n_head"], info["d_head"], info["d_inner"], info["n_token"])
-    for s, (nll, mems) in enumerate(_run_segments(model, golden, info["tgt_len"])):
+    assert model.dropout == 0 and model.dropatt == 0
+    for s, (nll, mems) in enumerate(_run_segments(model, golden, info["tgt_len"], training)):
         np.testing.assert_allclose(nll, golden[f"nll_{s}"], atol=1e-5, rtol=0)
         for i, mem in enumerate(mems):
             np.testing.assert_allclose(mem, golden[f"mem_{s}_{i}"], atol=1e-5, rtol=0)

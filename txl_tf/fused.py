@@ -14,7 +14,7 @@ Environment:
   TXL_TF_FUSED_KERNELS  `auto` (default): use the kernels when they build, else TensorFlow's ops with one warning;
                         `0`: never use them; `1`: require them (an error names the compiler's log when they fail).
   TXL_TF_CACHE          the cache the data downloads use too (default `~/.cache/txl_tf`); compiled libraries
-                        go to its `kernels/` folder.
+                        go to its `kernels/` folder (to the temporary directory when that cannot be created).
   CXX                   the compiler (default: the first of g++, c++, clang++ on PATH).
 """
 
@@ -120,6 +120,12 @@ def _load():
         "\0".join([SOURCE.read_text(), tf.__version__, compiler, " ".join(_BASE_FLAGS), _cpu_signature()]).encode()
     ).hexdigest()[:16]
     target = cache_dir() / key / "fused_ops.so"
+    if not target.exists():
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError:  # a read-only home (a sandbox, a shared account): the temporary directory instead
+            user = os.getuid() if hasattr(os, "getuid") else 0
+            target = pathlib.Path(tempfile.gettempdir()) / f"txl_tf-kernels-{user}" / key / "fused_ops.so"
     if not target.exists():
         logging.info("txl_tf: compiling the fused CPU kernels into %s (once per machine and version, ~10 s)",
                      target.parent)
