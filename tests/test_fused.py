@@ -236,3 +236,13 @@ def test_dropout_draws_tensorflows_philox_stream():
     for threshold in (1, 6554, 32768, 65535):
         kept = fused_mod.dropout(tf.ones([n]), seed, threshold, 1.0).numpy() != 0
         np.testing.assert_array_equal(kept, bits >= threshold)
+
+
+def test_bias_broadcasts_like_tensorflows_add():
+    """A mask that broadcasts to [L, K] (here one row for every query) is taken as TensorFlow's add takes it."""
+    rng = np.random.default_rng(4)
+    content = tf.constant(rng.normal(size=[2, 1, 4, 6]), tf.float32)
+    position = tf.constant(rng.normal(size=[2, 1, 4, 7]), tf.float32)
+    row = attention_bias(4, 2)[-1:]  # [1, K]
+    np.testing.assert_allclose(fused_mod.rel_softmax(content, position, row).numpy(),
+                               _reference(content, position, row).numpy(), atol=1e-6)

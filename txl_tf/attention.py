@@ -392,7 +392,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 r = tf.pad(r, [[0, 0], [1, 0], [0, 0]])  # [N, K+1, D]: a zero row gives shift_padded its column
                 position_score = tf.matmul(q_r, r, transpose_b=True)  # [N, B*L, K+1]: one matmul per head
                 position_score = tf.reshape(position_score, [self.n_head, batch, qlen, klen + 1])
-                if (not return_probs and (attention_bias is None or len(attention_bias.shape) == 2)
+                if (not return_probs and (attention_bias is None or attention_bias.shape.rank == 2)
                         and fused.usable(dtype, training)):
                     # Training on CPU: shift, add, mask and softmax (and their gradient) in one kernel each way.
                     probs = fused.rel_softmax(score, position_score, attention_bias)  # [N, B, L, K]

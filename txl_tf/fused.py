@@ -29,6 +29,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 
 import tensorflow as tf
 
@@ -108,9 +109,18 @@ def _build(compiler, target):
     return f"{compiler} failed; its output is in {log}"
 
 
-@functools.cache
+_LOAD_LOCK = threading.Lock()
+
+
 def _load():
-    """(library module, None) or (None, reason)."""
+    """(library module, None) or (None, reason); built and loaded once per process. MirroredStrategy traces its
+    replicas in concurrent threads, so the first calls may race: they wait for one build and one registration."""
+    with _LOAD_LOCK:
+        return _load_once()
+
+
+@functools.cache
+def _load_once():
     if not SOURCE.exists():
         return None, f"{SOURCE} is missing"
     compiler = _compiler()
@@ -198,18 +208,17 @@ def rel_softmax(content, position, bias):
       content: [..., L, K] float32 or bfloat16, the content scores (a) + (c).
       position: [..., L, K+1] of content's dtype, the position scores (b) + (d) against the zero-padded R, in
         the layout `attention.shift_padded` takes.
-      bias: [L, K] additive mask (any float dtype; None for none).
+      bias: additive mask broadcastable to [L, K] (any float dtype; None for none).
 
     Returns:
       [..., L, K] probabilities in content's dtype (computed in float32).
     """
     shape = tf.shape(content)
     qlen, klen = shape[-2], shape[-1]
-    if bias is None:
-        bias = tf.zeros([qlen, klen], tf.float32)
+    bias = tf.zeros([qlen, klen], tf.float32) if bias is None else tf.broadcast_to(tf.cast(bias, tf.float32),
+                                                                                      [qlen, klen])
     probs, _ = _library_or_raise().txl_rel_softmax(
-        tf.reshape(content, [-1, qlen, klen]), tf.reshape(position, [-1, qlen, klen + 1]), tf.cast(bias, tf.float32)
-    )
+        tf.reshape(content, [-1, qlen, klen]), tf.reshape(position, [-1, qlen, klen + 1]), bias)
     return tf.reshape(probs, shape)
 
 
