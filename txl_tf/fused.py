@@ -89,8 +89,8 @@ def _build(compiler, target):
     log = target.with_suffix(".log")
     tf_flags = tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()
     errors = []
-    # -march=native first (AVX-512 / AMX-era vector units for exp and the bfloat16 conversions); without it if
-    # the compiler does not know the flag for this CPU.
+    # -march=native first (the CPU's widest vector units, e.g. AVX-512, for exp and the bfloat16 conversions);
+    # without it if the compiler does not know the flag for this CPU.
     for arch in (["-march=native"], []):
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)

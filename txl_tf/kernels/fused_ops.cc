@@ -40,7 +40,6 @@
 namespace txl_tf {
 namespace {
 
-using ::tensorflow::DEVICE_CPU;
 using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
