@@ -44,7 +44,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from txl_tf import TransformerXL, run_dir, schedules  # noqa: E402
+from txl_tf import TransformerXL, fused, run_dir, schedules  # noqa: E402
 from txl_tf.configs import TrainConfig  # noqa: E402
 from txl_tf.flops import measure_matmul_peak, model_flops_per_token  # noqa: E402
 
@@ -280,6 +280,7 @@ def main(argv):
                              f"--tgt_len={FLAGS.tgt_len} --mem_len={FLAGS.mem_len}")
     batches = [int(b) for b in FLAGS.batch]
     print(f"load average before: {os.getloadavg()}")
+    print(f"fused CPU kernels (txl_tf/fused.py) in the non-XLA modes: {fused.describe()}")
     peaks = {
         "f32": measure_matmul_peak(tf.float32, FLAGS.matmul_size),
         "bf16": measure_matmul_peak(tf.bfloat16, FLAGS.matmul_size),

@@ -246,3 +246,10 @@ def test_bias_broadcasts_like_tensorflows_add():
     row = attention_bias(4, 2)[-1:]  # [1, K]
     np.testing.assert_allclose(fused_mod.rel_softmax(content, position, row).numpy(),
                                _reference(content, position, row).numpy(), atol=1e-6)
+
+
+def test_describe_says_whether_training_uses_them(monkeypatch):
+    assert fused_mod.describe() == "on (TXL_TF_FUSED_KERNELS=auto)"
+    assert fused_mod.describe(jit_compile=True).startswith("off (XLA")
+    monkeypatch.setenv(fused_mod.ENV, "0")
+    assert fused_mod.describe() == "off (TXL_TF_FUSED_KERNELS=0)"

@@ -33,7 +33,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from txl_tf import distribute, flops, run_dir
+from txl_tf import distribute, flops, fused, run_dir
 from txl_tf.configs import EvalConfig
 from txl_tf.trainer import LoopStats, NonFiniteLossError, Trainer
 
@@ -320,7 +320,8 @@ class Controller:
                     " (mixed_precision='auto': no native bfloat16 on these devices, so float32 is faster)")
         return (f"model: {trainer.num_parameters():,} parameters; {trainer.replicas} replica(s), global batch "
                 f"{trainer.global_batch} x tgt_len {c.tgt_len} (mem_len {trainer.model.mem_len}), "
-                f"{trainer.model.dtype_policy.name}{auto}{', XLA' if c.jit_compile else ''}")
+                f"{trainer.model.dtype_policy.name}{auto}{', XLA' if c.jit_compile else ''}; fused CPU kernels "
+                f"{fused.describe(c.jit_compile)}")
 
     def train(self) -> dict:
         """Trains until TrainConfig.train_steps (or a stop request); returns the last metrics and "step"."""

@@ -188,6 +188,19 @@ def library():
     return library_
 
 
+def describe(jit_compile=False):
+    """One line for logs and benchmarks: whether this process's training steps use the kernels, and if not why."""
+    if jit_compile:
+        return "off (XLA compiles its own ops)"
+    setting = mode()
+    if setting == "0":
+        return f"off ({ENV}=0)"
+    if tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"):
+        return "off (a GPU or TPU is visible)"
+    library_, reason = _load()
+    return f"on ({ENV}={setting})" if library_ is not None else f"unavailable, TensorFlow's ops instead ({reason})"
+
+
 def usable(dtype, training):
     """Whether a training step of this compute dtype should use the kernels: training (inference and export keep
     TensorFlow's ops), float32 or bfloat16, no GPU or TPU in the process, not traced for XLA (`jit_compile`:
