@@ -56,7 +56,7 @@ def test_float32_equals_tensorflow_chain(heads, batch, qlen, mlen, masked):
     reference = _value_and_grads(lambda c, p: _reference(c, p, bias), content, position, weights)
     for got, want, name in zip(fused, reference, ["probs", "d_content", "d_position"], strict=True):
         np.testing.assert_allclose(got, want, atol=1e-6, rtol=1e-5, err_msg=name)
-    # The padded column of the position scores is not read: its gradient is exactly zero.
+    # The shift skips the first L elements of each flat [L, K+1] block of position scores: their gradient is zero.
     d_position = fused[2].reshape(heads * batch, -1)
     assert not d_position[:, :qlen].any()
 

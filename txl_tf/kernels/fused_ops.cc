@@ -158,7 +158,7 @@ class RelSoftmaxGradOp : public OpKernel {
         prob = prob * (g_row - dot);
         Row<T>(dc + row * K, K) = prob.template cast<T>();
         Row<T>(dp + shifted, K) = prob.template cast<T>();
-        // The zero column in front: the first L elements of each flat [L, K+1] position gradient.
+        // The first L elements of each flat L * (K+1) block are skipped by the shift: their gradient is zero.
         if (i == 0) Row<T>(dp + g * L * (K + 1), L).setZero();
       }
     };
