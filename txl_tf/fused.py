@@ -159,14 +159,15 @@ def _register_gradients():
     def _rel_softmax_grad(op, grad_probs, grad_lse):
         del grad_lse  # lse is for the backward pass only; nothing differentiates through it
         content, position, bias = op.inputs
-        d_content, d_position = _load()[0].txl_rel_softmax_grad(grad_probs, content, position, bias, op.outputs[1])
+        d_content, d_position = _library_or_raise().txl_rel_softmax_grad(grad_probs, content, position, bias,
+                                                                         op.outputs[1])
         return d_content, d_position, None
 
     @tf.RegisterGradient("TxlDropout")
     def _dropout_grad(op, grad):
         # The same seed draws the same mask: the gradient is dropped and scaled exactly as the input was.
-        return (_load()[0].txl_dropout(grad, op.inputs[1], threshold=op.get_attr("threshold"),
-                                       scale=op.get_attr("scale")), None)
+        return (_library_or_raise().txl_dropout(grad, op.inputs[1], threshold=op.get_attr("threshold"),
+                                               scale=op.get_attr("scale")), None)
 
 
 @functools.cache
@@ -188,28 +189,34 @@ def library():
     return library_
 
 
+def _switched_off(jit_compile):
+    """Why training steps here do not use the kernels whatever the library does, or None: XLA, the switch, or an
+    accelerator (the kernels are CPU-only)."""
+    if jit_compile:
+        return "XLA compiles its own ops"
+    if mode() == "0":
+        return f"{ENV}=0"
+    if tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"):
+        return "a GPU or TPU is visible"
+    return None
+
+
 def describe(jit_compile=False):
     """One line for logs and benchmarks: whether this process's training steps use the kernels, and if not why."""
-    if jit_compile:
-        return "off (XLA compiles its own ops)"
-    setting = mode()
-    if setting == "0":
-        return f"off ({ENV}=0)"
-    if tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"):
-        return "off (a GPU or TPU is visible)"
+    off = _switched_off(jit_compile)
+    if off:
+        return f"off ({off})"
     library_, reason = _load()
-    return f"on ({ENV}={setting})" if library_ is not None else f"unavailable, TensorFlow's ops instead ({reason})"
+    return f"on ({ENV}={mode()})" if library_ is not None else f"unavailable, TensorFlow's ops instead ({reason})"
 
 
 def usable(dtype, training):
     """Whether a training step of this compute dtype should use the kernels: training (inference and export keep
-    TensorFlow's ops), float32 or bfloat16, no GPU or TPU in the process, not traced for XLA (`jit_compile`:
-    XLA compiles only its own ops), and the library builds."""
+    TensorFlow's ops), float32 or bfloat16, not switched off (`_switched_off`; the trace's XLA context stands for
+    `jit_compile`), and the library builds."""
     if training is not True or tf.as_dtype(dtype) not in (tf.float32, tf.bfloat16):
         return False
-    if tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"):
-        return False
-    if control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()):
+    if _switched_off(control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())):
         return False
     return library() is not None
 
