@@ -1,17 +1,20 @@
 """The fused CPU kernels, built and loaded for real: the attention's softmax chain checked against TensorFlow's
-ops (values and gradients, float32 and bfloat16), dropout's rate, scale, reproducibility and gradient, and where
-they are used (training steps on CPU; never inference or XLA)."""
+ops (values and gradients, float32 and bfloat16), dropout's rate, scale, reproducibility and gradient, the residual
+LayerNorm against Keras' LayerNormalization, and where they are used (training steps on CPU; never inference or
+XLA)."""
 
 import os
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from txl_tf import fused as fused_mod
 from txl_tf.attention import RelativeMultiHeadAttention, attention_bias, shift_padded
+from txl_tf.block import PositionwiseFeedForward
 from txl_tf.dropout import Dropout
 
 if fused_mod._compiler() is None and not os.environ.get("CI"):
@@ -135,10 +138,11 @@ def _attention_step_graph(layer, training):
 
 
 def test_used_for_training_only(monkeypatch):
-    assert "TxlRelSoftmax" in _op_types(training=True)
-    assert "TxlRelSoftmax" not in _op_types(training=False)  # inference and SavedModels keep TensorFlow's ops
+    assert {"TxlRelSoftmax", "TxlAddLayerNorm"} <= _op_types(training=True)
+    # Inference and SavedModels keep TensorFlow's ops.
+    assert not {"TxlRelSoftmax", "TxlAddLayerNorm"} & _op_types(training=False)
     monkeypatch.setenv(fused_mod.ENV, "0")
-    assert "TxlRelSoftmax" not in _op_types(training=True)
+    assert not {"TxlRelSoftmax", "TxlAddLayerNorm"} & _op_types(training=True)
 
 
 def test_mode_is_checked(monkeypatch):
@@ -171,7 +175,7 @@ def test_failed_build_falls_back_or_stops(tmp_path):
 def test_not_used_under_xla():
     layer = _layer()
     graph = tf.function(lambda: _attention_step_graph(layer, True), jit_compile=True).get_concrete_function().graph
-    assert "TxlRelSoftmax" not in {op.type for op in graph.get_operations()}
+    assert not {"TxlRelSoftmax", "TxlAddLayerNorm"} & {op.type for op in graph.get_operations()}
 
 
 def test_dropout_rate_scale_and_gradient():
@@ -253,3 +257,140 @@ def test_describe_says_whether_training_uses_them(monkeypatch):
     assert fused_mod.describe(jit_compile=True).startswith("off (XLA")
     monkeypatch.setenv(fused_mod.ENV, "0")
     assert fused_mod.describe() == "off (TXL_TF_FUSED_KERNELS=0)"
+
+
+def _norm(width, epsilon, seed, **kwargs):
+    norm = keras.layers.LayerNormalization(epsilon=epsilon, **kwargs)
+    norm.build((None, None, width))
+    rng = np.random.default_rng(seed)
+    if norm.gamma is not None:
+        norm.gamma.assign(rng.normal(1, 0.5, [width]).astype(np.float32))
+    if norm.beta is not None:
+        norm.beta.assign(rng.normal(0, 0.5, [width]).astype(np.float32))
+    return norm
+
+
+def _norm_value_and_grads(fn, norm, x, residual, weights):
+    with tf.GradientTape() as tape:
+        tape.watch([x, residual])
+        y = tf.cast(fn(x, residual), tf.float32)
+        loss = tf.reduce_sum(y * weights)
+    grads = tape.gradient(loss, [x, residual, *norm.trainable_weights])
+    return [y.numpy()] + [tf.cast(g, tf.float32).numpy() for g in grads]
+
+
+@pytest.mark.parametrize("shape,epsilon", [([2, 5, 16], 1e-12), ([1, 1, 8], 1e-5), ([3, 40, 24], 1e-12)])
+def test_add_layer_norm_float32_equals_keras(shape, epsilon):
+    """LayerNorm(x + residual) and its gradients for x, residual, gamma and beta equal Keras' layer (3 x 40 rows
+    span several blocks of gamma's and beta's partial sums, the last one partial)."""
+    rng = np.random.default_rng(len(shape) + shape[-1])
+    x = tf.constant(rng.normal(2, 3, shape), tf.float32)
+    residual = tf.constant(rng.normal(0, 1, shape), tf.float32)
+    weights = tf.constant(rng.normal(size=shape), tf.float32)
+    norm = _norm(shape[-1], epsilon, seed=shape[0])
+    fused = _norm_value_and_grads(lambda a, b: fused_mod.add_layer_norm(norm, a, b, True), norm, x, residual,
+                                  weights)
+    keras_ = _norm_value_and_grads(lambda a, b: norm(a + b), norm, x, residual, weights)
+    for got, want, name in zip(fused, keras_, ["y", "d_x", "d_residual", "d_gamma", "d_beta"], strict=True):
+        np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5, err_msg=name)
+    # Deterministic: the same inputs give the same bits (gamma's and beta's sums are added in a fixed order).
+    again = _norm_value_and_grads(lambda a, b: fused_mod.add_layer_norm(norm, a, b, True), norm, x, residual,
+                                  weights)
+    for got, want in zip(again, fused, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_add_layer_norm_bfloat16_within_rounding():
+    rng = np.random.default_rng(3)
+    x = tf.constant(rng.normal(1, 2, [2, 9, 32]), tf.bfloat16)
+    residual = tf.constant(rng.normal(0, 1, [2, 9, 32]), tf.bfloat16)
+    weights = tf.constant(rng.normal(size=[2, 9, 32]), tf.float32)
+    norm = _norm(32, 1e-12, seed=4)
+    half = _norm_value_and_grads(lambda a, b: fused_mod.add_layer_norm(norm, a, b, True), norm, x, residual,
+                                 weights)
+    # Keras' float32 result for the same bfloat16 inputs (the kernel adds them in float32, then rounds the output).
+    full = _norm_value_and_grads(lambda a, b: norm(tf.cast(a, tf.float32) + tf.cast(b, tf.float32)), norm, x,
+                                 residual, weights)
+    for got, want, name in zip(half, full, ["y", "d_x", "d_residual", "d_gamma", "d_beta"], strict=True):
+        # y and the input gradients are rounded to bfloat16's 8 bits; gamma's and beta's are float32 sums of
+        # bfloat16 incoming gradients.
+        np.testing.assert_allclose(got, want, atol=2e-2 * np.abs(want).max(), err_msg=name)
+
+
+def test_add_layer_norm_bad_shapes():
+    library = fused_mod._library_or_raise()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="residual must have x's shape"):
+        library.txl_add_layer_norm(tf.zeros([4, 8]), tf.zeros([4, 6]), tf.ones([8]), tf.zeros([8]), epsilon=1e-5)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="gamma and beta must be"):
+        library.txl_add_layer_norm(tf.zeros([4, 8]), tf.zeros([4, 8]), tf.ones([6]), tf.zeros([6]), epsilon=1e-5)
+
+
+def test_add_layer_norm_keeps_keras_for_other_norms():
+    """Norms the kernel does not compute (without beta or gamma) run Keras' layer."""
+    x = tf.ones([2, 3, 8])
+    for kwargs in ({"center": False}, {"scale": False}):
+        norm = _norm(8, 1e-6, seed=0, **kwargs)
+        graph = tf.function(lambda n=norm: fused_mod.add_layer_norm(n, x, x, True)).get_concrete_function().graph
+        assert "TxlAddLayerNorm" not in {op.type for op in graph.get_operations()}
+
+
+def test_feed_forward_training_equals_tensorflow_ops(monkeypatch):
+    """A training call of the feed-forward layer (no dropout) gives Keras' outputs and weight gradients."""
+    tf.random.set_seed(5)
+    layer = PositionwiseFeedForward(d_model=16, d_inner=32)
+    layer.build((None, None, 16))
+    x = tf.constant(np.random.default_rng(6).normal(size=[2, 7, 16]), tf.float32)
+
+    def step():
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            out = layer(x, training=True)
+            loss = tf.reduce_sum(out * out)
+        return [out.numpy()] + [g.numpy() for g in tape.gradient(loss, [x, *layer.trainable_weights])]
+
+    graph = tf.function(lambda: layer(x, training=True)).get_concrete_function().graph
+    assert {"TxlAddLayerNorm", "TxlBiasReluDropout"} <= {op.type for op in graph.get_operations()}
+    fused = step()
+    monkeypatch.setenv(fused_mod.ENV, "0")
+    plain = step()
+    for got, want in zip(fused, plain, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.25])
+def test_bias_relu_dropout_equals_bias_relu_then_dropout(rate):
+    """The feed-forward kernel gives relu(z + bias) dropped with TxlDropout's bits for the same seed, bit for bit in
+    float32, and its gradients (for z: through the mask and ReLU; for bias: the column sums) equal TensorFlow's."""
+    rng = np.random.default_rng(7)
+    z = tf.constant(rng.normal(size=[37, 24]), tf.float32)  # 888 elements: two Philox chunks, the last partial
+    bias = tf.constant(rng.normal(size=[24]), tf.float32)
+    weights = tf.constant(rng.normal(size=[37, 24]), tf.float32)
+    seed = tf.constant([3, 11], tf.int32)
+    layer = Dropout(rate)
+    threshold, scale = layer.threshold, 1.0 / (1.0 - rate)
+
+    def run(fn):
+        with tf.GradientTape() as tape:
+            tape.watch([z, bias])
+            y = fn(z, bias)
+            loss = tf.reduce_sum(y * weights)
+        return [y.numpy()] + [g.numpy() for g in tape.gradient(loss, [z, bias])]
+
+    fused = run(lambda a, b: fused_mod.bias_relu_dropout(a, b, seed, threshold, scale))
+    reference = run(lambda a, b: fused_mod.dropout(tf.nn.relu(a + b), seed, threshold, scale))
+    np.testing.assert_array_equal(fused[0], reference[0])
+    np.testing.assert_allclose(fused[1], reference[1], rtol=1e-6)
+    np.testing.assert_allclose(fused[2], reference[2], rtol=1e-5, atol=1e-5)
+    kept = fused[0] != 0
+    assert abs(1 - kept.mean() / (tf.nn.relu(z + bias).numpy() != 0).mean() - rate) < 0.06
+    half = fused_mod.bias_relu_dropout(tf.cast(z, tf.bfloat16), bias, seed, threshold, scale)
+    np.testing.assert_allclose(tf.cast(half, tf.float32).numpy(), fused[0], atol=2 ** -7 * np.abs(fused[0]).max())
+
+
+def test_bias_relu_dropout_bad_shapes():
+    library = fused_mod._library_or_raise()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="bias must be"):
+        library.txl_bias_relu_dropout(tf.zeros([4, 8]), tf.zeros([6]), tf.zeros([2], tf.int32), threshold=0,
+                                      scale=1.0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="grad must have y's shape"):
+        library.txl_bias_relu_dropout_grad(tf.zeros([4, 6]), tf.zeros([4, 8]), scale=1.0)

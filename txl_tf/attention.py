@@ -417,7 +417,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         attn = tf.reshape(tf.transpose(attn, [1, 2, 0, 3]), [batch, qlen, width])  # [B, L, N*D]
         out = _dense(attn, tf.cast(self.o_kernel, dtype))  # [B, L, d]
         out = self.output_dropout(out, training=training)
-        out = h + out if self.pre_lnorm else self.layer_norm(h + out)  # [B, L, d]
+        out = h + out if self.pre_lnorm else fused.add_layer_norm(self.layer_norm, h, out, training)  # [B, L, d]
         return (out,)
 
     def get_config(self):

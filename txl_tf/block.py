@@ -8,6 +8,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
+from txl_tf import fused
 from txl_tf.attention import RelativeMultiHeadAttention
 from txl_tf.dropout import Dropout
 
@@ -52,10 +53,15 @@ class PositionwiseFeedForward(keras.layers.Layer):
         # On [B*L, d] rows the dense layers are plain 2-D matmuls, which TensorFlow's grappler fuses with the
         # bias and ReLU into one oneDNN kernel (a rank-3 input goes through Tensordot's reshapes, which it cannot).
         rows = tf.reshape(x, [-1, self.d_model])  # [B*L, d]
-        hidden = self.inner_dropout(self.inner(rows), training=training)  # [B*L, F]
+        if fused.usable(rows.dtype, training):  # training on CPU: bias, ReLU and dropout in one kernel each way
+            seed, threshold, scale = self.inner_dropout.draw()
+            hidden = fused.bias_relu_dropout(tf.matmul(rows, tf.cast(self.inner.kernel, rows.dtype)),
+                                             self.inner.bias, seed, threshold, scale)  # [B*L, F]
+        else:
+            hidden = self.inner_dropout(self.inner(rows), training=training)  # [B*L, F]
         out = self.output_dropout(self.outer(hidden), training=training)  # [B*L, d]
         out = tf.reshape(out, tf.shape(inputs))  # [B, L, d]
-        return inputs + out if self.pre_lnorm else self.layer_norm(inputs + out)
+        return inputs + out if self.pre_lnorm else fused.add_layer_norm(self.layer_norm, inputs, out, training)
 
     def get_config(self):
         return {

@@ -45,19 +45,25 @@ class Dropout(keras.layers.Layer):
         self.threshold = round(rate * _LEVELS)
         self.seed_generator = keras.random.SeedGenerator(seed) if self.threshold > 0 else None
 
+    def draw(self):
+        """(seed [2] int32, threshold, scale) of one training call, for kernels that drop as this layer does
+        (`txl_tf.fused`); with rate 0, threshold 0 and scale 1 (nothing dropped)."""
+        if self.seed_generator is None:
+            return tf.zeros([2], tf.int32), 0, 1.0
+        return tf.cast(self.seed_generator.next(), tf.int32), self.threshold, 1.0 / (1.0 - self.rate)
+
     def call(self, inputs, training=False):
         if not training or self.seed_generator is None:
             return inputs
-        seed = tf.cast(self.seed_generator.next(), tf.int32)  # [2]
+        seed, threshold, scale = self.draw()
         if fused.usable(inputs.dtype, training):  # training on CPU: draw, compare and scale in one pass
-            return fused.dropout(inputs, seed, self.threshold, 1.0 / (1.0 - self.rate))
+            return fused.dropout(inputs, seed, threshold, scale)
         shape = tf.shape(inputs)
         size = tf.size(inputs)
         bits = tf.random.stateless_uniform([(size + 1) // 2], seed, dtype=tf.int32, minval=None, maxval=None)
         bits = tf.slice(tf.reshape(tf.bitcast(bits, tf.uint16), [-1]), [0], [size])  # [size] uint16
-        keep = tf.reshape(bits >= self.threshold, shape)
-        scale = tf.cast(1.0 / (1.0 - self.rate), inputs.dtype)
-        return tf.where(keep, inputs * scale, tf.zeros((), inputs.dtype))
+        keep = tf.reshape(bits >= threshold, shape)
+        return tf.where(keep, inputs * tf.cast(scale, inputs.dtype), tf.zeros((), inputs.dtype))
 
     def get_config(self):
         return {**super().get_config(), "rate": self.rate, "seed": self.seed}

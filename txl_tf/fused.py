@@ -1,12 +1,15 @@
-"""Fused CPU kernels for training steps: the attention's score chain and dropout, one pass each way.
+"""Fused CPU kernels for training steps: the attention's score chain, dropout, the residual LayerNorm and the
+feed-forward activation, one pass each way.
 
 `txl_tf/kernels/fused_ops.cc` holds TensorFlow custom ops: `TxlRelSoftmax` / `TxlRelSoftmaxGrad` (relative
-shift, add, mask and softmax of the attention scores, and its gradient) and `TxlDropout` (draw, compare and scale
-in one pass; the backward pass draws the same mask again). This module compiles the file on first use with the C++
+shift, add, mask and softmax of the attention scores, and its gradient), `TxlDropout` (draw, compare and scale
+in one pass; the backward pass draws the same mask again), `TxlAddLayerNorm` / `TxlAddLayerNormGrad` (the
+post-norm residual, LayerNorm(x + residual), in float32) and `TxlBiasReluDropout` / `TxlBiasReluDropoutGrad` (the
+feed-forward layer's bias, ReLU and dropout after its first matmul). This module compiles the file on first use with the C++
 compiler and TensorFlow's own flags (`tf.sysconfig`), caches the shared library per source, TensorFlow version,
 compiler and CPU, loads it with `tf.load_op_library`, and registers the gradients.
 
-`RelativeMultiHeadAttention` and `txl_tf.dropout.Dropout` use the kernels for training steps on CPU. Inference,
+`RelativeMultiHeadAttention`, `PositionwiseFeedForward` and `txl_tf.dropout.Dropout` use the kernels for training steps on CPU. Inference,
 export, XLA (`jit_compile`) and any process with a GPU or TPU keep TensorFlow's ops, so SavedModels never depend
 on the library.
 
@@ -163,6 +166,20 @@ def _register_gradients():
                                                                          op.outputs[1])
         return d_content, d_position, None
 
+    @tf.RegisterGradient("TxlAddLayerNorm")
+    def _add_layer_norm_grad(op, grad_y, grad_mean, grad_rstd):
+        del grad_mean, grad_rstd  # kept for the backward pass only
+        x, residual, gamma, _ = op.inputs
+        d_sum, d_gamma, d_beta = _library_or_raise().txl_add_layer_norm_grad(grad_y, x, residual, gamma,
+                                                                             op.outputs[1], op.outputs[2])
+        return d_sum, d_sum, d_gamma, d_beta
+
+    @tf.RegisterGradient("TxlBiasReluDropout")
+    def _bias_relu_dropout_grad(op, grad):
+        d_z, d_bias = _library_or_raise().txl_bias_relu_dropout_grad(grad, op.outputs[0],
+                                                                     scale=op.get_attr("scale"))
+        return d_z, d_bias, None
+
     @tf.RegisterGradient("TxlDropout")
     def _dropout_grad(op, grad):
         # The same seed draws the same mask: the gradient is dropped and scaled exactly as the input was.
@@ -252,6 +269,42 @@ def dropout(x, seed, threshold, scale):
       threshold: int in [0, 65536); scale: the factor of kept elements (1 / (1 - rate)).
     """
     return _library_or_raise().txl_dropout(x, tf.cast(seed, tf.int32), threshold=threshold, scale=scale)
+
+
+def add_layer_norm(norm, x, residual, training):
+    """`norm(x + residual)` for a `keras.layers.LayerNormalization` over the last axis: the post-norm residual.
+
+    One kernel each way (`TxlAddLayerNorm`, the sum and the statistics in float32) in training steps where `usable`
+    says so; otherwise the layer itself. Both give Keras' result within float32 rounding (`tests/test_fused.py`).
+
+    Args:
+      norm: a built `keras.layers.LayerNormalization` (axis -1, center and scale, no rms_scaling).
+      x, residual: [..., d] of the compute dtype.
+      training: the call's training flag.
+    """
+    axes = norm.axis if isinstance(norm.axis, (list, tuple)) else [norm.axis]
+    kernel_fits = ([axis % x.shape.rank for axis in axes] == [x.shape.rank - 1] and norm.center and norm.scale
+                   and not norm.rms_scaling)
+    if not kernel_fits or not usable(x.dtype, training):
+        return norm(x + residual)
+    width = x.shape[-1]
+    y, _, _ = _library_or_raise().txl_add_layer_norm(
+        tf.reshape(x, [-1, width]), tf.reshape(residual, [-1, width]), tf.cast(norm.gamma, tf.float32),
+        tf.cast(norm.beta, tf.float32), epsilon=norm.epsilon)
+    return tf.reshape(y, tf.shape(x))
+
+
+def bias_relu_dropout(z, bias, seed, threshold, scale):
+    """Inverted dropout of relu(z + bias) in one pass, with `dropout`'s bits for `seed` (threshold 0: none dropped);
+    the gradient is one pass over the output.
+
+    Args:
+      z: [M, F] float32 or bfloat16, the first feed-forward matmul without its bias.
+      bias: [F] (added in float32).
+      seed: [2] int32; threshold: int in [0, 65536); scale: the factor of kept elements.
+    """
+    return _library_or_raise().txl_bias_relu_dropout(z, tf.cast(bias, tf.float32), tf.cast(seed, tf.int32),
+                                                     threshold=threshold, scale=scale)
 
 
 def _library_or_raise():

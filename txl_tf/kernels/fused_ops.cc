@@ -1,7 +1,7 @@
 // Fused CPU kernels for training steps (txl_tf/fused.py builds and loads this file; see docs/performance.md).
 //
 // TensorFlow runs elementwise work as separate ops, each a full pass over its tensor through memory. On a CPU whose
-// matmuls are fast (bfloat16 on AMX) these passes take much of a training step. Two chains get one kernel each way:
+// matmuls are fast (bfloat16 on AMX) these passes take much of a training step. Four chains get one kernel each way:
 //
 // 1. The attention's score chain. TensorFlow ops run it over the [G, L, K] scores (G = heads x batch) as slice
 //    (the relative shift), add, cast to float32, add the mask, softmax, cast back; and in the backward pass cast,
@@ -23,6 +23,21 @@
 //    dropped when its bits fall below `threshold` (of 65536) and kept ones are multiplied by `scale`. Its gradient
 //    is TxlDropout of the incoming gradient with the same seed: the mask is drawn again instead of stored.
 //
+// 3. The residual and the post-norm LayerNorm, LayerNorm(x + residual) over the last axis (d): TensorFlow ops
+//    run it as add, cast to float32, mean, squared difference, mean, rsqrt, scale and shift, cast back (Keras'
+//    layer_normalization), and about as many ops backward. TxlAddLayerNorm does one row of d at a time in float32
+//    and keeps each row's mean and 1 / sqrt(variance + epsilon); TxlAddLayerNormGrad recomputes the normalized
+//    row from them and gives the gradient of the sum (the same for x and the residual) and those of gamma and
+//    beta. gamma's and beta's gradients are sums over rows: each block of kNormBlock rows writes its partial sums,
+//    and the blocks are added in order, so they too do not depend on the thread count.
+//
+// 4. The feed-forward layer's inner activation, dropout(relu(z + bias)) for z = x W (the matmul stays oneDNN's):
+//    TensorFlow runs it as a matmul fused with the bias and ReLU, then dropout; backward as dropout's gradient,
+//    ReluGrad and BiasAddGrad, three passes over [M, F]. TxlBiasReluDropout draws the same bits as TxlDropout for
+//    the same seed (so it equals bias, ReLU and TxlDropout in turn); TxlBiasReluDropoutGrad needs only its output
+//    y: an element passes its gradient (times scale) exactly when y > 0, since a dropped element and a negative one
+//    are both 0. bias's gradient is summed in blocks of rows added in order, as LayerNorm's gamma and beta.
+//
 // Rows (and blocks of 8 dropout elements) are independent and each is computed by one thread in a fixed order, so
 // results do not depend on the thread count.
 
@@ -32,6 +47,7 @@
 #include <cstring>
 
 #include "Eigen/Core"
+#include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -230,14 +246,19 @@ inline void ApplyMask(const Eigen::bfloat16* x, const uint16_t* bits, uint32_t t
   }
 }
 
+// The attributes of the ops that drop: `threshold` (of 65536) and `scale`, checked.
+void GetDropoutAttrs(OpKernelConstruction* ctx, int* threshold, float* scale) {
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("threshold", threshold));
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("scale", scale));
+  OP_REQUIRES(ctx, *threshold >= 0 && *threshold < 65536,
+              errors::InvalidArgument("threshold must be in [0, 65536), got ", *threshold));
+}
+
 template <typename T>
 class DropoutOp : public OpKernel {
  public:
   explicit DropoutOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("threshold", &threshold_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("scale", &scale_));
-    OP_REQUIRES(ctx, threshold_ >= 0 && threshold_ < 65536,
-                errors::InvalidArgument("threshold must be in [0, 65536), got ", threshold_));
+    GetDropoutAttrs(ctx, &threshold_, &scale_);
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -270,6 +291,251 @@ class DropoutOp : public OpKernel {
 
  private:
   int threshold_ = 0;
+  float scale_ = 1.0f;
+};
+
+// LayerNorm's rows are [M, d]; gamma and beta [d], float32 (Keras keeps them float32 under mixed precision).
+constexpr int64_t kNormBlock = 16;  // rows per partial sum of gamma's and beta's gradients
+
+void CheckNormShapes(OpKernelContext* ctx, const Tensor& x, const Tensor& residual, const Tensor& gamma,
+                     int64_t* m, int64_t* d) {
+  OP_REQUIRES(ctx, x.dims() == 2, errors::InvalidArgument("x must be [M, d], got ", x.shape().DebugString()));
+  *m = x.dim_size(0);
+  *d = x.dim_size(1);
+  OP_REQUIRES(ctx, residual.shape() == x.shape(),
+              errors::InvalidArgument("residual must have x's shape ", x.shape().DebugString(), ", got ",
+                                      residual.shape().DebugString()));
+  OP_REQUIRES(ctx, gamma.dims() == 1 && gamma.dim_size(0) == *d,
+              errors::InvalidArgument("gamma and beta must be [d] = [", *d, "], got ", gamma.shape().DebugString()));
+}
+
+template <typename T>
+class AddLayerNormOp : public OpKernel {
+ public:
+  explicit AddLayerNormOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("epsilon", &epsilon_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& x = ctx->input(0);
+    const Tensor& residual = ctx->input(1);
+    const Tensor& gamma = ctx->input(2);
+    const Tensor& beta = ctx->input(3);
+    int64_t M = 0, D = 0;
+    CheckNormShapes(ctx, x, residual, gamma, &M, &D);
+    if (!ctx->status().ok()) return;
+    OP_REQUIRES(ctx, beta.shape() == gamma.shape(),
+                errors::InvalidArgument("beta must be [", D, "], got ", beta.shape().DebugString()));
+    Tensor* y = nullptr;
+    Tensor* mean = nullptr;
+    Tensor* rstd = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x.shape(), &y));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({M}), &mean));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({M}), &rstd));
+    if (M * D == 0) return;
+    const T* a = x.flat<T>().data();
+    const T* b = residual.flat<T>().data();
+    const ConstRow<float> g(gamma.flat<float>().data(), D), be(beta.flat<float>().data(), D);
+    T* out = y->flat<T>().data();
+    float* mu = mean->flat<float>().data();
+    float* rs = rstd->flat<float>().data();
+    const float eps = epsilon_;
+    auto rows = [&](int64_t begin, int64_t end) {
+      RowF z(D);
+      for (int64_t row = begin; row < end; ++row) {
+        z = ConstRow<T>(a + row * D, D).template cast<float>() + ConstRow<T>(b + row * D, D).template cast<float>();
+        const float m = z.sum() / D;
+        z -= m;
+        const float r = 1.0f / std::sqrt(z.square().sum() / D + eps);
+        Row<T>(out + row * D, D) = (z * r * g + be).template cast<T>();
+        mu[row] = m;
+        rs[row] = r;
+      }
+    };
+    auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(pool->num_threads, pool->workers, M, 12 * D, rows);
+  }
+
+ private:
+  float epsilon_ = 0.0f;
+};
+
+template <typename T>
+class AddLayerNormGradOp : public OpKernel {
+ public:
+  explicit AddLayerNormGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& grad = ctx->input(0);
+    const Tensor& x = ctx->input(1);
+    const Tensor& residual = ctx->input(2);
+    const Tensor& gamma = ctx->input(3);
+    const Tensor& mean = ctx->input(4);
+    const Tensor& rstd = ctx->input(5);
+    int64_t M = 0, D = 0;
+    CheckNormShapes(ctx, x, residual, gamma, &M, &D);
+    if (!ctx->status().ok()) return;
+    OP_REQUIRES(ctx, grad.shape() == x.shape(),
+                errors::InvalidArgument("grad must have x's shape ", x.shape().DebugString(), ", got ",
+                                        grad.shape().DebugString()));
+    OP_REQUIRES(ctx, mean.dims() == 1 && mean.dim_size(0) == M && rstd.shape() == mean.shape(),
+                errors::InvalidArgument("mean and rstd must be [M] = [", M, "], got ", mean.shape().DebugString(),
+                                        " and ", rstd.shape().DebugString()));
+    Tensor* d_sum = nullptr;
+    Tensor* d_gamma = nullptr;
+    Tensor* d_beta = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x.shape(), &d_sum));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, gamma.shape(), &d_gamma));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, gamma.shape(), &d_beta));
+    Row<float> dg(d_gamma->flat<float>().data(), D), db(d_beta->flat<float>().data(), D);
+    dg.setZero();
+    db.setZero();
+    if (M * D == 0) return;
+    const int64_t blocks = (M + kNormBlock - 1) / kNormBlock;
+    Tensor partial;  // [blocks, 2, d]: each block's sums of grad * normalized row (gamma) and of grad (beta)
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({blocks, 2, D}), &partial));
+    const T* dy = grad.flat<T>().data();
+    const T* a = x.flat<T>().data();
+    const T* b = residual.flat<T>().data();
+    const ConstRow<float> g(gamma.flat<float>().data(), D);
+    const float* mu = mean.flat<float>().data();
+    const float* rs = rstd.flat<float>().data();
+    T* dz = d_sum->flat<T>().data();
+    float* part = partial.flat<float>().data();
+    auto run = [&](int64_t begin, int64_t end) {
+      RowF xhat(D), dyf(D), gy(D);
+      for (int64_t block = begin; block < end; ++block) {
+        Row<float> pg(part + block * 2 * D, D), pb(part + block * 2 * D + D, D);
+        pg.setZero();
+        pb.setZero();
+        for (int64_t row = block * kNormBlock; row < std::min(M, (block + 1) * kNormBlock); ++row) {
+          xhat = (ConstRow<T>(a + row * D, D).template cast<float>() +
+                  ConstRow<T>(b + row * D, D).template cast<float>() - mu[row]) * rs[row];
+          dyf = ConstRow<T>(dy + row * D, D).template cast<float>();
+          pg += dyf * xhat;
+          pb += dyf;
+          gy = dyf * g;
+          const float mean_gy = gy.sum() / D, mean_gy_xhat = (gy * xhat).sum() / D;
+          Row<T>(dz + row * D, D) = ((gy - mean_gy - xhat * mean_gy_xhat) * rs[row]).template cast<T>();
+        }
+      }
+    };
+    auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(pool->num_threads, pool->workers, blocks, 16 * D * kNormBlock, run);
+    for (int64_t block = 0; block < blocks; ++block) {  // in block order: the same sums for any thread count
+      dg += ConstRow<float>(part + block * 2 * D, D);
+      db += ConstRow<float>(part + block * 2 * D + D, D);
+    }
+  }
+};
+
+template <typename T>
+class BiasReluDropoutOp : public OpKernel {
+ public:
+  explicit BiasReluDropoutOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    GetDropoutAttrs(ctx, &threshold_, &scale_);
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& z = ctx->input(0);
+    const Tensor& bias = ctx->input(1);
+    const Tensor& seed = ctx->input(2);
+    OP_REQUIRES(ctx, z.dims() == 2, errors::InvalidArgument("z must be [M, F], got ", z.shape().DebugString()));
+    const int64_t F = z.dim_size(1), n = z.NumElements();
+    OP_REQUIRES(ctx, bias.dims() == 1 && bias.dim_size(0) == F,
+                errors::InvalidArgument("bias must be [F] = [", F, "], got ", bias.shape().DebugString()));
+    OP_REQUIRES(ctx, seed.dims() == 1 && seed.dim_size(0) == 2,
+                errors::InvalidArgument("seed must be [2], got ", seed.shape().DebugString()));
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, z.shape(), &output));
+    if (n == 0) return;
+    const auto s = seed.flat<int32_t>();
+    const uint32_t key0 = static_cast<uint32_t>(s(1)), key1 = static_cast<uint32_t>(s(0));
+    const T* x = z.flat<T>().data();
+    const float* b = bias.flat<float>().data();
+    T* y = output->flat<T>().data();
+    const uint32_t threshold = static_cast<uint32_t>(threshold_);
+    const float scale = scale_;
+    constexpr int64_t kChunk = 8 * kLanes;  // the elements of one PhiloxBlocks call, as in DropoutOp
+    auto chunks = [&](int64_t begin, int64_t end) {
+      uint16_t bits[kChunk];
+      T v[kChunk];  // relu(z + bias), rounded to T as TensorFlow's ReLU output is; then dropped as TxlDropout
+      for (int64_t chunk = begin; chunk < end; ++chunk) {
+        const int64_t start = chunk * kChunk, count = std::min(kChunk, n - start);
+        if (threshold > 0) {
+          PhiloxBlocks(static_cast<uint64_t>(chunk) * kLanes, key0, key1, bits);
+        } else {
+          std::fill(bits, bits + kChunk, 0);  // nothing dropped: no bits needed
+        }
+        for (int64_t e = 0; e < count;) {  // the chunk's pieces of rows
+          const int64_t col = (start + e) % F, len = std::min(count - e, F - col);
+          Row<T>(v + e, len) =
+              (ConstRow<T>(x + start + e, len).template cast<float>() + ConstRow<float>(b + col, len))
+                  .max(0.0f)
+                  .template cast<T>();
+          e += len;
+        }
+        ApplyMask(v, bits, threshold, scale, count, y + start);
+      }
+    };
+    auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(pool->num_threads, pool->workers, (n + kChunk - 1) / kChunk, 24 * kChunk, chunks);
+  }
+
+ private:
+  int threshold_ = 0;
+  float scale_ = 1.0f;
+};
+
+template <typename T>
+class BiasReluDropoutGradOp : public OpKernel {
+ public:
+  explicit BiasReluDropoutGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("scale", &scale_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& grad = ctx->input(0);
+    const Tensor& y = ctx->input(1);
+    OP_REQUIRES(ctx, y.dims() == 2, errors::InvalidArgument("y must be [M, F], got ", y.shape().DebugString()));
+    OP_REQUIRES(ctx, grad.shape() == y.shape(),
+                errors::InvalidArgument("grad must have y's shape ", y.shape().DebugString(), ", got ",
+                                        grad.shape().DebugString()));
+    const int64_t M = y.dim_size(0), F = y.dim_size(1);
+    Tensor* d_z = nullptr;
+    Tensor* d_bias = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, y.shape(), &d_z));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({F}), &d_bias));
+    Row<float> db(d_bias->flat<float>().data(), F);
+    db.setZero();
+    if (M * F == 0) return;
+    const int64_t blocks = (M + kNormBlock - 1) / kNormBlock;
+    Tensor partial;  // [blocks, F]: each block's sums of d_z
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({blocks, F}), &partial));
+    const T* g = grad.flat<T>().data();
+    const T* out = y.flat<T>().data();
+    T* dz = d_z->flat<T>().data();
+    float* part = partial.flat<float>().data();
+    const float scale = scale_;
+    auto run = [&](int64_t begin, int64_t end) {
+      RowF d(F);
+      for (int64_t block = begin; block < end; ++block) {
+        Row<float> sums(part + block * F, F);
+        sums.setZero();
+        for (int64_t row = block * kNormBlock; row < std::min(M, (block + 1) * kNormBlock); ++row) {
+          d = (ConstRow<T>(out + row * F, F).template cast<float>() > 0.0f)
+                  .select(ConstRow<T>(g + row * F, F).template cast<float>() * scale, 0.0f);
+          Row<T>(dz + row * F, F) = d.template cast<T>();
+          sums += d;
+        }
+      }
+    };
+    auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(pool->num_threads, pool->workers, blocks, 6 * F * kNormBlock, run);
+    for (int64_t block = 0; block < blocks; ++block) db += ConstRow<float>(part + block * F, F);  // in order
+  }
+
+ private:
   float scale_ = 1.0f;
 };
 
@@ -316,11 +582,73 @@ REGISTER_OP("TxlDropout")
     .Attr("T: {float, bfloat16}")
     .Attr("threshold: int")
     .Attr("scale: float")
+    .SetShapeFn(::tensorflow::shape_inference::UnchangedShape)
+    .Doc("Inverted dropout: zero where 16 Philox bits keyed by seed are below threshold (of 65536), else x * scale.");
+
+REGISTER_OP("TxlAddLayerNorm")
+    .Input("x: T")
+    .Input("residual: T")
+    .Input("gamma: float")
+    .Input("beta: float")
+    .Output("y: T")
+    .Output("mean: float")
+    .Output("rstd: float")
+    .Attr("T: {float, bfloat16}")
+    .Attr("epsilon: float")
     .SetShapeFn([](::tensorflow::shape_inference::InferenceContext* c) {
-      c->set_output(0, c->input(0));
+      ::tensorflow::shape_inference::ShapeHandle x, rows;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &x));
+      c->set_output(0, x);
+      TF_RETURN_IF_ERROR(c->Subshape(x, 0, 1, &rows));
+      c->set_output(1, rows);
+      c->set_output(2, rows);
       return ::tensorflow::OkStatus();
     })
-    .Doc("Inverted dropout: zero where 16 Philox bits keyed by seed are below threshold (of 65536), else x * scale.");
+    .Doc("LayerNorm(x + residual) over the last axis, with each row's mean and 1 / sqrt(variance + epsilon).");
+
+REGISTER_OP("TxlAddLayerNormGrad")
+    .Input("grad: T")
+    .Input("x: T")
+    .Input("residual: T")
+    .Input("gamma: float")
+    .Input("mean: float")
+    .Input("rstd: float")
+    .Output("d_sum: T")
+    .Output("d_gamma: float")
+    .Output("d_beta: float")
+    .Attr("T: {float, bfloat16}")
+    .SetShapeFn([](::tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(1));
+      c->set_output(1, c->input(3));
+      c->set_output(2, c->input(3));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("Gradient of TxlAddLayerNorm: of x + residual (the same for both), of gamma and of beta.");
+
+REGISTER_OP("TxlBiasReluDropout")
+    .Input("z: T")
+    .Input("bias: float")
+    .Input("seed: int32")
+    .Output("y: T")
+    .Attr("T: {float, bfloat16}")
+    .Attr("threshold: int")
+    .Attr("scale: float")
+    .SetShapeFn(::tensorflow::shape_inference::UnchangedShape)
+    .Doc("Dropout (TxlDropout's bits for seed) of relu(z + bias) over [M, F].");
+
+REGISTER_OP("TxlBiasReluDropoutGrad")
+    .Input("grad: T")
+    .Input("y: T")
+    .Output("d_z: T")
+    .Output("d_bias: float")
+    .Attr("T: {float, bfloat16}")
+    .Attr("scale: float")
+    .SetShapeFn([](::tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(1));
+      c->set_output(1, c->Vector(c->Dim(c->input(1), 1)));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("Gradient of TxlBiasReluDropout from its output y: grad * scale where y > 0, else 0; and its column sums.");
 
 #define TXL_TF_REGISTER(T)                                                                           \
   REGISTER_KERNEL_BUILDER(Name("TxlRelSoftmax").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
@@ -329,6 +657,18 @@ REGISTER_OP("TxlDropout")
       Name("TxlRelSoftmaxGrad").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),             \
       txl_tf::RelSoftmaxGradOp<T>);                                                          \
   REGISTER_KERNEL_BUILDER(Name("TxlDropout").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),    \
-                          txl_tf::DropoutOp<T>);
+                          txl_tf::DropoutOp<T>);                                                     \
+  REGISTER_KERNEL_BUILDER(                                                                           \
+      Name("TxlAddLayerNorm").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),               \
+      txl_tf::AddLayerNormOp<T>);                                                                    \
+  REGISTER_KERNEL_BUILDER(                                                                           \
+      Name("TxlAddLayerNormGrad").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),           \
+      txl_tf::AddLayerNormGradOp<T>);                                                                \
+  REGISTER_KERNEL_BUILDER(                                                                           \
+      Name("TxlBiasReluDropout").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),            \
+      txl_tf::BiasReluDropoutOp<T>);                                                                 \
+  REGISTER_KERNEL_BUILDER(                                                                           \
+      Name("TxlBiasReluDropoutGrad").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),        \
+      txl_tf::BiasReluDropoutGradOp<T>);
 TXL_TF_REGISTER(float)
 TXL_TF_REGISTER(Eigen::bfloat16)
