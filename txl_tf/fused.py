@@ -5,13 +5,13 @@ feed-forward activation, one pass each way.
 shift, add, mask and softmax of the attention scores, and its gradient), `TxlDropout` (draw, compare and scale
 in one pass; the backward pass draws the same mask again), `TxlAddLayerNorm` / `TxlAddLayerNormGrad` (the
 post-norm residual, LayerNorm(x + residual), in float32) and `TxlBiasReluDropout` / `TxlBiasReluDropoutGrad` (the
-feed-forward layer's bias, ReLU and dropout after its first matmul). This module compiles the file on first use with the C++
-compiler and TensorFlow's own flags (`tf.sysconfig`), caches the shared library per source, TensorFlow version,
-compiler and CPU, loads it with `tf.load_op_library`, and registers the gradients.
+feed-forward layer's bias, ReLU and dropout after its first matmul). This module compiles the file on first use
+with the C++ compiler and TensorFlow's own flags (`tf.sysconfig`), caches the shared library per source,
+TensorFlow version, compiler and CPU, loads it with `tf.load_op_library`, and registers the gradients.
 
-`RelativeMultiHeadAttention`, `PositionwiseFeedForward` and `txl_tf.dropout.Dropout` use the kernels for training steps on CPU. Inference,
-export, XLA (`jit_compile`) and any process with a GPU or TPU keep TensorFlow's ops, so SavedModels never depend
-on the library.
+`RelativeMultiHeadAttention`, `PositionwiseFeedForward` and `txl_tf.dropout.Dropout` use the kernels for training
+steps on CPU. Inference, export, XLA (`jit_compile`) and any process with a GPU or TPU keep TensorFlow's ops, so
+SavedModels never depend on the library.
 
 Environment:
   TXL_TF_FUSED_KERNELS  `auto` (default): use the kernels when they build, else TensorFlow's ops with one warning;

@@ -295,7 +295,7 @@ class DropoutOp : public OpKernel {
 };
 
 // LayerNorm's rows are [M, d]; gamma and beta [d], float32 (Keras keeps them float32 under mixed precision).
-constexpr int64_t kNormBlock = 16;  // rows per partial sum of gamma's and beta's gradients
+constexpr int64_t kNormBlock = 16;  // rows per partial sum of gamma's, beta's and the feed-forward bias's gradients
 
 void CheckNormShapes(OpKernelContext* ctx, const Tensor& x, const Tensor& residual, const Tensor& gamma,
                      int64_t* m, int64_t* d) {
