@@ -42,6 +42,7 @@
 // results do not depend on the thread count.
 
 #include <algorithm>
+#include <initializer_list>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -254,6 +255,37 @@ void GetDropoutAttrs(OpKernelConstruction* ctx, int* threshold, float* scale) {
               errors::InvalidArgument("threshold must be in [0, 65536), got ", *threshold));
 }
 
+constexpr int64_t kChunk = 8 * kLanes;  // elements per PhiloxBlocks call: the unit the dropping ops shard
+
+// Calls fn(start, count, bits) for each chunk of kChunk of n elements, sharded over the CPU pool: bits holds the
+// chunk's 16-bit Philox words for `seed` (element e of the tensor gets word e), all zero when threshold is 0
+// (nothing is dropped, so none are drawn). `cost` is the work per chunk for the sharder.
+template <typename Fn>
+void ForEachDropChunk(OpKernelContext* ctx, const Tensor& seed, int64_t n, uint32_t threshold, int64_t cost,
+                      Fn fn) {
+  if (n == 0) return;
+  const auto s = seed.flat<int32_t>();
+  const uint32_t key0 = static_cast<uint32_t>(s(1)), key1 = static_cast<uint32_t>(s(0));
+  auto chunks = [&](int64_t begin, int64_t end) {
+    uint16_t bits[kChunk];
+    for (int64_t chunk = begin; chunk < end; ++chunk) {
+      if (threshold > 0) {
+        PhiloxBlocks(static_cast<uint64_t>(chunk) * kLanes, key0, key1, bits);
+      } else {
+        std::fill(bits, bits + kChunk, 0);
+      }
+      fn(chunk * kChunk, std::min(kChunk, n - chunk * kChunk), bits);
+    }
+  };
+  auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
+  ::tensorflow::Shard(pool->num_threads, pool->workers, (n + kChunk - 1) / kChunk, cost, chunks);
+}
+
+void CheckSeed(OpKernelContext* ctx, const Tensor& seed) {
+  OP_REQUIRES(ctx, seed.dims() == 1 && seed.dim_size(0) == 2,
+              errors::InvalidArgument("seed must be [2], got ", seed.shape().DebugString()));
+}
+
 template <typename T>
 class DropoutOp : public OpKernel {
  public:
@@ -264,29 +296,18 @@ class DropoutOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& input = ctx->input(0);
     const Tensor& seed = ctx->input(1);
-    OP_REQUIRES(ctx, seed.dims() == 1 && seed.dim_size(0) == 2,
-                errors::InvalidArgument("seed must be [2], got ", seed.shape().DebugString()));
+    CheckSeed(ctx, seed);
+    if (!ctx->status().ok()) return;
     Tensor* output = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, input.shape(), &output));
     const int64_t n = input.NumElements();
-    if (n == 0) return;
-    const auto s = seed.flat<int32_t>();
-    const uint32_t key0 = static_cast<uint32_t>(s(1)), key1 = static_cast<uint32_t>(s(0));
     const T* x = input.flat<T>().data();
     T* y = output->flat<T>().data();
     const uint32_t threshold = static_cast<uint32_t>(threshold_);
     const float scale = scale_;
-    constexpr int64_t kChunk = 8 * kLanes;  // elements per PhiloxBlocks call
-    auto chunks = [&](int64_t begin, int64_t end) {
-      uint16_t bits[kChunk];
-      for (int64_t chunk = begin; chunk < end; ++chunk) {
-        const int64_t start = chunk * kChunk;
-        PhiloxBlocks(static_cast<uint64_t>(chunk) * kLanes, key0, key1, bits);
-        ApplyMask(x + start, bits, threshold, scale, std::min(kChunk, n - start), y + start);
-      }
-    };
-    auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
-    ::tensorflow::Shard(pool->num_threads, pool->workers, (n + kChunk - 1) / kChunk, 20 * kChunk, chunks);
+    ForEachDropChunk(ctx, seed, n, threshold, 20 * kChunk, [&](int64_t start, int64_t count, const uint16_t* bits) {
+      ApplyMask(x + start, bits, threshold, scale, count, y + start);
+    });
   }
 
  private:
@@ -296,6 +317,35 @@ class DropoutOp : public OpKernel {
 
 // LayerNorm's rows are [M, d]; gamma and beta [d], float32 (Keras keeps them float32 under mixed precision).
 constexpr int64_t kNormBlock = 16;  // rows per partial sum of gamma's, beta's and the feed-forward bias's gradients
+
+// Column sums over `rows` rows that do not depend on the thread count: fn(row_begin, row_end, sums) adds its
+// rows' contributions to sums ([outs.size(), width], zeroed) for one block of kNormBlock rows, the blocks run
+// sharded over the CPU pool (`cost` per row), and their sums are then added into outs[p] ([width] each) in block
+// order.
+template <typename Fn>
+void SumRowBlocks(OpKernelContext* ctx, int64_t rows, int64_t width, int64_t cost, std::initializer_list<float*> outs,
+                  Fn fn) {
+  const int64_t parts = static_cast<int64_t>(outs.size());
+  for (float* out : outs) std::fill(out, out + width, 0.0f);
+  if (rows * width == 0) return;
+  const int64_t blocks = (rows + kNormBlock - 1) / kNormBlock;
+  Tensor partial;
+  OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({blocks, parts, width}), &partial));
+  float* part = partial.flat<float>().data();
+  auto run = [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      float* sums = part + block * parts * width;
+      std::fill(sums, sums + parts * width, 0.0f);
+      fn(block * kNormBlock, std::min(rows, (block + 1) * kNormBlock), sums);
+    }
+  };
+  auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
+  ::tensorflow::Shard(pool->num_threads, pool->workers, blocks, cost * kNormBlock, run);
+  for (int64_t block = 0; block < blocks; ++block) {
+    int64_t p = 0;
+    for (float* out : outs) Row<float>(out, width) += ConstRow<float>(part + (block * parts + p++) * width, width);
+  }
+}
 
 void CheckNormShapes(OpKernelContext* ctx, const Tensor& x, const Tensor& residual, const Tensor& gamma,
                      int64_t* m, int64_t* d) {
@@ -387,13 +437,6 @@ class AddLayerNormGradOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x.shape(), &d_sum));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, gamma.shape(), &d_gamma));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, gamma.shape(), &d_beta));
-    Row<float> dg(d_gamma->flat<float>().data(), D), db(d_beta->flat<float>().data(), D);
-    dg.setZero();
-    db.setZero();
-    if (M * D == 0) return;
-    const int64_t blocks = (M + kNormBlock - 1) / kNormBlock;
-    Tensor partial;  // [blocks, 2, d]: each block's sums of grad * normalized row (gamma) and of grad (beta)
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({blocks, 2, D}), &partial));
     const T* dy = grad.flat<T>().data();
     const T* a = x.flat<T>().data();
     const T* b = residual.flat<T>().data();
@@ -401,31 +444,22 @@ class AddLayerNormGradOp : public OpKernel {
     const float* mu = mean.flat<float>().data();
     const float* rs = rstd.flat<float>().data();
     T* dz = d_sum->flat<T>().data();
-    float* part = partial.flat<float>().data();
-    auto run = [&](int64_t begin, int64_t end) {
-      RowF xhat(D), dyf(D), gy(D);
-      for (int64_t block = begin; block < end; ++block) {
-        Row<float> pg(part + block * 2 * D, D), pb(part + block * 2 * D + D, D);
-        pg.setZero();
-        pb.setZero();
-        for (int64_t row = block * kNormBlock; row < std::min(M, (block + 1) * kNormBlock); ++row) {
-          xhat = (ConstRow<T>(a + row * D, D).template cast<float>() +
-                  ConstRow<T>(b + row * D, D).template cast<float>() - mu[row]) * rs[row];
-          dyf = ConstRow<T>(dy + row * D, D).template cast<float>();
-          pg += dyf * xhat;
-          pb += dyf;
-          gy = dyf * g;
-          const float mean_gy = gy.sum() / D, mean_gy_xhat = (gy * xhat).sum() / D;
-          Row<T>(dz + row * D, D) = ((gy - mean_gy - xhat * mean_gy_xhat) * rs[row]).template cast<T>();
-        }
-      }
-    };
-    auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
-    ::tensorflow::Shard(pool->num_threads, pool->workers, blocks, 16 * D * kNormBlock, run);
-    for (int64_t block = 0; block < blocks; ++block) {  // in block order: the same sums for any thread count
-      dg += ConstRow<float>(part + block * 2 * D, D);
-      db += ConstRow<float>(part + block * 2 * D + D, D);
-    }
+    // Sums of grad * normalized row (gamma's gradient) and of grad (beta's).
+    SumRowBlocks(ctx, M, D, 16 * D, {d_gamma->flat<float>().data(), d_beta->flat<float>().data()},
+                 [&](int64_t begin, int64_t end, float* sums) {
+                   Row<float> pg(sums, D), pb(sums + D, D);
+                   RowF xhat(D), dyf(D), gy(D);
+                   for (int64_t row = begin; row < end; ++row) {
+                     xhat = (ConstRow<T>(a + row * D, D).template cast<float>() +
+                             ConstRow<T>(b + row * D, D).template cast<float>() - mu[row]) * rs[row];
+                     dyf = ConstRow<T>(dy + row * D, D).template cast<float>();
+                     pg += dyf * xhat;
+                     pb += dyf;
+                     gy = dyf * g;
+                     const float mean_gy = gy.sum() / D, mean_gy_xhat = (gy * xhat).sum() / D;
+                     Row<T>(dz + row * D, D) = ((gy - mean_gy - xhat * mean_gy_xhat) * rs[row]).template cast<T>();
+                   }
+                 });
   }
 };
 
@@ -444,42 +478,27 @@ class BiasReluDropoutOp : public OpKernel {
     const int64_t F = z.dim_size(1), n = z.NumElements();
     OP_REQUIRES(ctx, bias.dims() == 1 && bias.dim_size(0) == F,
                 errors::InvalidArgument("bias must be [F] = [", F, "], got ", bias.shape().DebugString()));
-    OP_REQUIRES(ctx, seed.dims() == 1 && seed.dim_size(0) == 2,
-                errors::InvalidArgument("seed must be [2], got ", seed.shape().DebugString()));
+    CheckSeed(ctx, seed);
+    if (!ctx->status().ok()) return;
     Tensor* output = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, z.shape(), &output));
-    if (n == 0) return;
-    const auto s = seed.flat<int32_t>();
-    const uint32_t key0 = static_cast<uint32_t>(s(1)), key1 = static_cast<uint32_t>(s(0));
     const T* x = z.flat<T>().data();
     const float* b = bias.flat<float>().data();
     T* y = output->flat<T>().data();
     const uint32_t threshold = static_cast<uint32_t>(threshold_);
     const float scale = scale_;
-    constexpr int64_t kChunk = 8 * kLanes;  // the elements of one PhiloxBlocks call, as in DropoutOp
-    auto chunks = [&](int64_t begin, int64_t end) {
-      uint16_t bits[kChunk];
+    ForEachDropChunk(ctx, seed, n, threshold, 24 * kChunk, [&](int64_t start, int64_t count, const uint16_t* bits) {
       T v[kChunk];  // relu(z + bias), rounded to T as TensorFlow's ReLU output is; then dropped as TxlDropout
-      for (int64_t chunk = begin; chunk < end; ++chunk) {
-        const int64_t start = chunk * kChunk, count = std::min(kChunk, n - start);
-        if (threshold > 0) {
-          PhiloxBlocks(static_cast<uint64_t>(chunk) * kLanes, key0, key1, bits);
-        } else {
-          std::fill(bits, bits + kChunk, 0);  // nothing dropped: no bits needed
-        }
-        for (int64_t e = 0; e < count;) {  // the chunk's pieces of rows
-          const int64_t col = (start + e) % F, len = std::min(count - e, F - col);
-          Row<T>(v + e, len) =
-              (ConstRow<T>(x + start + e, len).template cast<float>() + ConstRow<float>(b + col, len))
-                  .max(0.0f)
-                  .template cast<T>();
-          e += len;
-        }
-        ApplyMask(v, bits, threshold, scale, count, y + start);
+      for (int64_t e = 0; e < count;) {  // the chunk's pieces of rows
+        const int64_t col = (start + e) % F, len = std::min(count - e, F - col);
+        Row<T>(v + e, len) =
+            (ConstRow<T>(x + start + e, len).template cast<float>() + ConstRow<float>(b + col, len))
+                .max(0.0f)
+                .template cast<T>();
+        e += len;
       }
-    };
-    auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
-    ::tensorflow::Shard(pool->num_threads, pool->workers, (n + kChunk - 1) / kChunk, 24 * kChunk, chunks);
+      ApplyMask(v, bits, threshold, scale, count, y + start);
+    });
   }
 
  private:
@@ -506,33 +525,20 @@ class BiasReluDropoutGradOp : public OpKernel {
     Tensor* d_bias = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, y.shape(), &d_z));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({F}), &d_bias));
-    Row<float> db(d_bias->flat<float>().data(), F);
-    db.setZero();
-    if (M * F == 0) return;
-    const int64_t blocks = (M + kNormBlock - 1) / kNormBlock;
-    Tensor partial;  // [blocks, F]: each block's sums of d_z
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({blocks, F}), &partial));
     const T* g = grad.flat<T>().data();
     const T* out = y.flat<T>().data();
     T* dz = d_z->flat<T>().data();
-    float* part = partial.flat<float>().data();
     const float scale = scale_;
-    auto run = [&](int64_t begin, int64_t end) {
+    SumRowBlocks(ctx, M, F, 6 * F, {d_bias->flat<float>().data()}, [&](int64_t begin, int64_t end, float* sums) {
+      Row<float> sum(sums, F);
       RowF d(F);
-      for (int64_t block = begin; block < end; ++block) {
-        Row<float> sums(part + block * F, F);
-        sums.setZero();
-        for (int64_t row = block * kNormBlock; row < std::min(M, (block + 1) * kNormBlock); ++row) {
-          d = (ConstRow<T>(out + row * F, F).template cast<float>() > 0.0f)
-                  .select(ConstRow<T>(g + row * F, F).template cast<float>() * scale, 0.0f);
-          Row<T>(dz + row * F, F) = d.template cast<T>();
-          sums += d;
-        }
+      for (int64_t row = begin; row < end; ++row) {
+        d = (ConstRow<T>(out + row * F, F).template cast<float>() > 0.0f)
+                .select(ConstRow<T>(g + row * F, F).template cast<float>() * scale, 0.0f);
+        Row<T>(dz + row * F, F) = d.template cast<T>();
+        sum += d;
       }
-    };
-    auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
-    ::tensorflow::Shard(pool->num_threads, pool->workers, blocks, 6 * F * kNormBlock, run);
-    for (int64_t block = 0; block < blocks; ++block) db += ConstRow<float>(part + block * F, F);  // in order
+    });
   }
 
  private:
