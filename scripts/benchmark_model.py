@@ -130,7 +130,7 @@ def _category(scope: str, op: str) -> str:
         return "dropout"
     if op == "Cast":
         return "casts"
-    if "layer_norm" in scope or op.startswith("TxlAddLayerNorm"):
+    if "layer_norm" in scope:
         return "layer norm"
     if "attention" in scope:
         return "attention elementwise"

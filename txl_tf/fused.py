@@ -288,9 +288,10 @@ def add_layer_norm(norm, x, residual, training):
     if not kernel_fits or not usable(x.dtype, training):
         return norm(x + residual)
     width = x.shape[-1]
-    y, _, _ = _library_or_raise().txl_add_layer_norm(
-        tf.reshape(x, [-1, width]), tf.reshape(residual, [-1, width]), tf.cast(norm.gamma, tf.float32),
-        tf.cast(norm.beta, tf.float32), epsilon=norm.epsilon)
+    with tf.name_scope(norm.name):  # the layer's own scope, as Keras' path has (profiles group ops by scope)
+        y, _, _ = _library_or_raise().txl_add_layer_norm(
+            tf.reshape(x, [-1, width]), tf.reshape(residual, [-1, width]), tf.cast(norm.gamma, tf.float32),
+            tf.cast(norm.beta, tf.float32), epsilon=norm.epsilon)
     return tf.reshape(y, tf.shape(x))
 
 
