@@ -1,7 +1,7 @@
 """The fused CPU kernels, built and loaded for real: the attention's softmax chain checked against TensorFlow's
 ops (values and gradients, float32 and bfloat16), dropout's rate, scale, reproducibility and gradient, the residual
-LayerNorm against Keras' LayerNormalization, and where they are used (training steps on CPU; never inference or
-XLA)."""
+LayerNorm against Keras' LayerNormalization, the heads' split and merge against tf.split and tf.transpose, and
+where they are used (training steps on CPU; never inference or XLA)."""
 
 import os
 import subprocess
@@ -137,12 +137,15 @@ def _attention_step_graph(layer, training):
     return out
 
 
+_ATTENTION_OPS = {"TxlRelSoftmax", "TxlAddLayerNorm", "TxlSplitHeads", "TxlMergeHeads"}
+
+
 def test_used_for_training_only(monkeypatch):
-    assert {"TxlRelSoftmax", "TxlAddLayerNorm"} <= _op_types(training=True)
+    assert _ATTENTION_OPS <= _op_types(training=True)
     # Inference and SavedModels keep TensorFlow's ops.
-    assert not {"TxlRelSoftmax", "TxlAddLayerNorm"} & _op_types(training=False)
+    assert not _ATTENTION_OPS & _op_types(training=False)
     monkeypatch.setenv(fused_mod.ENV, "0")
-    assert not {"TxlRelSoftmax", "TxlAddLayerNorm"} & _op_types(training=True)
+    assert not _ATTENTION_OPS & _op_types(training=True)
 
 
 def test_mode_is_checked(monkeypatch):
@@ -175,7 +178,7 @@ def test_failed_build_falls_back_or_stops(tmp_path):
 def test_not_used_under_xla():
     layer = _layer()
     graph = tf.function(lambda: _attention_step_graph(layer, True), jit_compile=True).get_concrete_function().graph
-    assert not {"TxlRelSoftmax", "TxlAddLayerNorm"} & {op.type for op in graph.get_operations()}
+    assert not _ATTENTION_OPS & {op.type for op in graph.get_operations()}
 
 
 def test_dropout_rate_scale_and_gradient():
@@ -394,3 +397,41 @@ def test_bias_relu_dropout_bad_shapes():
                                       scale=1.0)
     with pytest.raises(tf.errors.InvalidArgumentError, match="grad must have y's shape"):
         library.txl_bias_relu_dropout_grad(tf.zeros([4, 6]), tf.zeros([4, 8]), scale=1.0)
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+@pytest.mark.parametrize("splits,heads,batch,length,d_head", [(1, 2, 3, 5, 4), (2, 3, 2, 7, 8), (3, 1, 1, 1, 6)])
+def test_split_and_merge_heads_are_tensorflows_split_and_transpose(dtype, splits, heads, batch, length, d_head):
+    """Bit for bit tf.split + reshape + transpose (and back), with gradients; a part left unused gets zeros."""
+    x = tf.cast(tf.random.stateless_normal([batch, length, splits * heads * d_head], [3, splits]), dtype)
+    parts = tf.split(x, splits, axis=-1)
+    want = [tf.transpose(tf.reshape(p, [batch, length, heads, d_head]), [2, 0, 1, 3]) for p in parts]
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        got = fused_mod.split_heads(x, heads, splits)
+        loss = tf.reduce_sum(tf.cast(got[0], tf.float32) * 3.0)  # the other parts unused
+    assert len(got) == splits
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == dtype and g.shape == w.shape
+        np.testing.assert_array_equal(tf.cast(g, tf.float32).numpy(), tf.cast(w, tf.float32).numpy())
+    grad = tf.cast(tape.gradient(loss, x), tf.float32).numpy()
+    np.testing.assert_array_equal(grad, tf.concat([tf.fill(tf.shape(parts[0]), 3.0)] + [
+        tf.zeros_like(tf.cast(p, tf.float32)) for p in parts[1:]], axis=-1).numpy())
+    heads_in = [tf.identity(h) for h in want]
+    with tf.GradientTape() as tape:
+        tape.watch(heads_in)
+        merged = fused_mod.merge_heads(heads_in)
+        loss = tf.reduce_sum(tf.cast(merged, tf.float32) * tf.cast(x, tf.float32))
+    np.testing.assert_array_equal(tf.cast(merged, tf.float32).numpy(), tf.cast(x, tf.float32).numpy())
+    for g, w in zip(tape.gradient(loss, heads_in), want, strict=True):  # d(sum merged * x)/d heads = split of x
+        np.testing.assert_array_equal(tf.cast(g, tf.float32).numpy(), tf.cast(w, tf.float32).numpy())
+
+
+def test_split_and_merge_heads_bad_shapes():
+    library = fused_mod._library_or_raise()
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="num_splits \\* num_heads = 6"):
+        library.txl_split_heads(tf.zeros([2, 3, 8]), num_heads=3, num_splits=2)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="heads\\[1\\] must have heads\\[0\\]'s"):
+        library.txl_merge_heads([tf.zeros([2, 1, 3, 4]), tf.zeros([2, 1, 4, 4])], num_heads=2)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="num_heads = 2"):
+        library.txl_merge_heads([tf.zeros([3, 1, 3, 4])], num_heads=2)

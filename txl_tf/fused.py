@@ -1,13 +1,14 @@
-"""Fused CPU kernels for training steps: the attention's score chain, dropout, the residual LayerNorm and the
-feed-forward activation, one pass each way.
+"""Fused CPU kernels for training steps: the attention's score chain and head layout, dropout, the residual
+LayerNorm and the feed-forward activation, one pass each way.
 
 `txl_tf/kernels/fused_ops.cc` holds TensorFlow custom ops: `TxlRelSoftmax` / `TxlRelSoftmaxGrad` (relative
 shift, add, mask and softmax of the attention scores, and its gradient), `TxlDropout` (draw, compare and scale
 in one pass; the backward pass draws the same mask again), `TxlAddLayerNorm` / `TxlAddLayerNormGrad` (the
-post-norm residual, LayerNorm(x + residual), in float32) and `TxlBiasReluDropout` / `TxlBiasReluDropoutGrad` (the
-feed-forward layer's bias, ReLU and dropout after its first matmul). This module compiles the file on first use
-with the C++ compiler and TensorFlow's own flags (`tf.sysconfig`), caches the shared library per source,
-TensorFlow version, compiler and CPU, loads it with `tf.load_op_library`, and registers the gradients.
+post-norm residual, LayerNorm(x + residual), in float32), `TxlBiasReluDropout` / `TxlBiasReluDropoutGrad` (the
+feed-forward layer's bias, ReLU and dropout after its first matmul) and `TxlSplitHeads` / `TxlMergeHeads` (the
+attention's projections to and from the heads-first layout, each the other's gradient). This module compiles the
+file on first use with the C++ compiler and TensorFlow's own flags (`tf.sysconfig`), caches the shared library per
+source, TensorFlow version, compiler and CPU, loads it with `tf.load_op_library`, and registers the gradients.
 
 `RelativeMultiHeadAttention`, `PositionwiseFeedForward` and `txl_tf.dropout.Dropout` use the kernels for training
 steps on CPU. Inference, export, XLA (`jit_compile`) and any process with a GPU or TPU keep TensorFlow's ops, so
@@ -180,6 +181,16 @@ def _register_gradients():
                                                                      scale=op.get_attr("scale"))
         return d_z, d_bias, None
 
+    @tf.RegisterGradient("TxlSplitHeads")
+    def _split_heads_grad(op, *grads):
+        grads = [tf.zeros_like(out) if g is None else g for g, out in zip(grads, op.outputs, strict=True)]
+        return _library_or_raise().txl_merge_heads(grads, num_heads=op.get_attr("num_heads"))
+
+    @tf.RegisterGradient("TxlMergeHeads")
+    def _merge_heads_grad(op, grad):
+        return _library_or_raise().txl_split_heads(grad, num_heads=op.get_attr("num_heads"),
+                                                   num_splits=op.get_attr("num_splits"))
+
     @tf.RegisterGradient("TxlDropout")
     def _dropout_grad(op, grad):
         # The same seed draws the same mask: the gradient is dropped and scaled exactly as the input was.
@@ -306,6 +317,25 @@ def bias_relu_dropout(z, bias, seed, threshold, scale):
     """
     return _library_or_raise().txl_bias_relu_dropout(z, tf.cast(bias, tf.float32), tf.cast(seed, tf.int32),
                                                      threshold=threshold, scale=scale)
+
+
+def split_heads(x, num_heads, num_splits=1):
+    """[B, T, S*N*D] -> S tensors [N, B, T, D]: `tf.split` into S parts along the last axis, each reshaped to
+    [B, T, N, D] and transposed to heads first, as one copy (`TxlSplitHeads`; its gradient is `merge_heads`).
+
+    Args:
+      x: [B, T, S*N*D] float32 or bfloat16 (the last axis divisible by S*N).
+      num_heads: N; num_splits: S.
+
+    Returns:
+      a list of S tensors [N, B, T, D].
+    """
+    return list(_library_or_raise().txl_split_heads(x, num_heads=num_heads, num_splits=num_splits))
+
+
+def merge_heads(heads):
+    """The inverse of `split_heads`: S tensors [N, B, T, D] -> [B, T, S*N*D] (`TxlMergeHeads`)."""
+    return _library_or_raise().txl_merge_heads(list(heads), num_heads=heads[0].shape[0])
 
 
 def _library_or_raise():

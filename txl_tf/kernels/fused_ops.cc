@@ -1,7 +1,7 @@
 // Fused CPU kernels for training steps (txl_tf/fused.py builds and loads this file; see docs/performance.md).
 //
 // TensorFlow runs elementwise work as separate ops, each a full pass over its tensor through memory. On a CPU whose
-// matmuls are fast (bfloat16 on AMX) these passes take much of a training step. Four chains get one kernel each way:
+// matmuls are fast (bfloat16 on AMX) these passes take much of a training step. Five chains get one kernel each way:
 //
 // 1. The attention's score chain. TensorFlow ops run it over the [G, L, K] scores (G = heads x batch) as slice
 //    (the relative shift), add, cast to float32, add the mask, softmax, cast back; and in the backward pass cast,
@@ -38,14 +38,21 @@
 //    y: an element passes its gradient (times scale) exactly when y > 0, since a dropped element and a negative one
 //    are both 0. bias's gradient is summed in blocks of rows added in order, as LayerNorm's gamma and beta.
 //
+// 5. The attention's heads. The projections come out as [B, T, N*D] rows (q, or k and v side by side) and the
+//    score matmuls want head-major [N, B, T, D]; TensorFlow ops run this as split, reshape and transpose (and the
+//    output's transpose back), each a pass through memory, and their gradients as transpose and concat.
+//    TxlSplitHeads copies each row's C*N pieces of D straight to their places in C head-major outputs;
+//    TxlMergeHeads is its inverse, and each is the other's gradient. Pure copies: bit for bit TensorFlow's result.
+//
 // Rows (and blocks of 8 dropout elements) are independent and each is computed by one thread in a fixed order, so
 // results do not depend on the thread count.
 
 #include <algorithm>
-#include <initializer_list>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
+#include <vector>
 
 #include "Eigen/Core"
 #include "tensorflow/core/framework/common_shape_fns.h"
@@ -545,6 +552,91 @@ class BiasReluDropoutGradOp : public OpKernel {
   float scale_ = 1.0f;
 };
 
+// The heads' layout: x [B, T, C*N*D] and C tensors [N, B, T, D]. Row r = b*T + t of x holds head n of part c at
+// (c*N + n)*D; in part c that piece is at (n*B*T + r)*D.
+void GetHeadsAttrs(OpKernelConstruction* ctx, int* num_heads, int* num_splits) {
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("num_heads", num_heads));
+  OP_REQUIRES_OK(ctx, ctx->GetAttr("num_splits", num_splits));
+}
+
+// Calls copy(c, x_offset, head_offset) for each piece of D elements, a row of x at a time, the rows sharded over
+// the CPU pool.
+template <typename Fn>
+void ForEachHeadPiece(OpKernelContext* ctx, int64_t rows, int64_t num_splits, int64_t num_heads, int64_t d,
+                      Fn copy) {
+  if (rows * d == 0) return;
+  auto work = [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      int64_t x_offset = row * num_splits * num_heads * d;
+      for (int64_t c = 0; c < num_splits; ++c) {
+        for (int64_t n = 0; n < num_heads; ++n, x_offset += d) copy(c, x_offset, (n * rows + row) * d);
+      }
+    }
+  };
+  auto* pool = ctx->device()->tensorflow_cpu_worker_threads();
+  ::tensorflow::Shard(pool->num_threads, pool->workers, rows, 2 * num_splits * num_heads * d, work);
+}
+
+template <typename T>
+class SplitHeadsOp : public OpKernel {
+ public:
+  explicit SplitHeadsOp(OpKernelConstruction* ctx) : OpKernel(ctx) { GetHeadsAttrs(ctx, &num_heads_, &num_splits_); }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& x = ctx->input(0);
+    const int64_t parts = static_cast<int64_t>(num_heads_) * num_splits_;
+    OP_REQUIRES(ctx, x.dims() == 3 && x.dim_size(2) % parts == 0,
+                errors::InvalidArgument("x must be [B, T, num_splits * num_heads * D] with num_splits * num_heads = ",
+                                        parts, ", got ", x.shape().DebugString()));
+    const int64_t D = x.dim_size(2) / parts;
+    std::vector<T*> heads;
+    for (int c = 0; c < num_splits_; ++c) {
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(c, TensorShape({num_heads_, x.dim_size(0), x.dim_size(1), D}), &out));
+      heads.push_back(out->flat<T>().data());
+    }
+    const T* src = x.flat<T>().data();
+    ForEachHeadPiece(ctx, x.dim_size(0) * x.dim_size(1), num_splits_, num_heads_, D,
+                     [&](int64_t c, int64_t x_offset, int64_t head_offset) {
+                       std::memcpy(heads[c] + head_offset, src + x_offset, D * sizeof(T));
+                     });
+  }
+
+ private:
+  int num_heads_ = 1, num_splits_ = 1;
+};
+
+template <typename T>
+class MergeHeadsOp : public OpKernel {
+ public:
+  explicit MergeHeadsOp(OpKernelConstruction* ctx) : OpKernel(ctx) { GetHeadsAttrs(ctx, &num_heads_, &num_splits_); }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& first = ctx->input(0);
+    OP_REQUIRES(ctx, first.dims() == 4 && first.dim_size(0) == num_heads_,
+                errors::InvalidArgument("heads must be [num_heads = ", num_heads_, ", B, T, D], got ",
+                                        first.shape().DebugString()));
+    std::vector<const T*> heads;
+    for (int c = 0; c < num_splits_; ++c) {
+      const Tensor& part = ctx->input(c);
+      OP_REQUIRES(ctx, part.shape() == first.shape(),
+                  errors::InvalidArgument("heads[", c, "] must have heads[0]'s shape ", first.shape().DebugString(),
+                                          ", got ", part.shape().DebugString()));
+      heads.push_back(part.flat<T>().data());
+    }
+    const int64_t B = first.dim_size(1), L = first.dim_size(2), D = first.dim_size(3);
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({B, L, num_splits_ * num_heads_ * D}), &output));
+    T* dst = output->flat<T>().data();
+    ForEachHeadPiece(ctx, B * L, num_splits_, num_heads_, D, [&](int64_t c, int64_t x_offset, int64_t head_offset) {
+      std::memcpy(dst + x_offset, heads[c] + head_offset, D * sizeof(T));
+    });
+  }
+
+ private:
+  int num_heads_ = 1, num_splits_ = 1;
+};
+
 }  // namespace
 }  // namespace txl_tf
 
@@ -656,6 +748,46 @@ REGISTER_OP("TxlBiasReluDropoutGrad")
     })
     .Doc("Gradient of TxlBiasReluDropout from its output y: grad * scale where y > 0, else 0; and its column sums.");
 
+REGISTER_OP("TxlSplitHeads")
+    .Input("x: T")
+    .Output("heads: num_splits * T")
+    .Attr("T: {float, bfloat16}")
+    .Attr("num_heads: int >= 1")
+    .Attr("num_splits: int >= 1")
+    .SetShapeFn([](::tensorflow::shape_inference::InferenceContext* c) {
+      ::tensorflow::shape_inference::ShapeHandle x;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &x));
+      int num_heads = 1, num_splits = 1;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_heads", &num_heads));
+      TF_RETURN_IF_ERROR(c->GetAttr("num_splits", &num_splits));
+      ::tensorflow::shape_inference::DimensionHandle d;
+      TF_RETURN_IF_ERROR(c->Divide(c->Dim(x, 2), static_cast<int64_t>(num_heads) * num_splits, true, &d));
+      for (int i = 0; i < num_splits; ++i) {
+        c->set_output(i, c->MakeShape({c->MakeDim(num_heads), c->Dim(x, 0), c->Dim(x, 1), d}));
+      }
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("[B, T, num_splits*num_heads*D] -> num_splits tensors [num_heads, B, T, D] (split, then heads first).");
+
+REGISTER_OP("TxlMergeHeads")
+    .Input("heads: num_splits * T")
+    .Output("x: T")
+    .Attr("T: {float, bfloat16}")
+    .Attr("num_heads: int >= 1")
+    .Attr("num_splits: int >= 1")
+    .SetShapeFn([](::tensorflow::shape_inference::InferenceContext* c) {
+      ::tensorflow::shape_inference::ShapeHandle head;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 4, &head));
+      int num_heads = 1, num_splits = 1;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_heads", &num_heads));
+      TF_RETURN_IF_ERROR(c->GetAttr("num_splits", &num_splits));
+      ::tensorflow::shape_inference::DimensionHandle width;
+      TF_RETURN_IF_ERROR(c->Multiply(c->Dim(head, 3), static_cast<int64_t>(num_heads) * num_splits, &width));
+      c->set_output(0, c->MakeShape({c->Dim(head, 1), c->Dim(head, 2), width}));
+      return ::tensorflow::OkStatus();
+    })
+    .Doc("The inverse of TxlSplitHeads: num_splits tensors [num_heads, B, T, D] -> [B, T, num_splits*num_heads*D].");
+
 #define TXL_TF_REGISTER(T)                                                                           \
   REGISTER_KERNEL_BUILDER(Name("TxlRelSoftmax").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
                           txl_tf::RelSoftmaxOp<T>);                                                  \
@@ -675,6 +807,10 @@ REGISTER_OP("TxlBiasReluDropoutGrad")
       txl_tf::BiasReluDropoutOp<T>);                                                                 \
   REGISTER_KERNEL_BUILDER(                                                                           \
       Name("TxlBiasReluDropoutGrad").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),        \
-      txl_tf::BiasReluDropoutGradOp<T>);
+      txl_tf::BiasReluDropoutGradOp<T>);                                                             \
+  REGISTER_KERNEL_BUILDER(Name("TxlSplitHeads").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
+                          txl_tf::SplitHeadsOp<T>);                                                  \
+  REGISTER_KERNEL_BUILDER(Name("TxlMergeHeads").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
+                          txl_tf::MergeHeadsOp<T>);
 TXL_TF_REGISTER(float)
 TXL_TF_REGISTER(Eigen::bfloat16)
