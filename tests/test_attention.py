@@ -160,3 +160,40 @@ def test_layer_contract(attn_type, pre_lnorm):
 def test_rejects_unknown_attn_type():
     with pytest.raises(ValueError, match="attn_type"):
         RelativeMultiHeadAttention(DM, N, D, attn_type="rope")
+
+
+def test_projection_after_memory_gradient_is_tensorflows():
+    """The keys/values projection over [memory, segment] in training: TensorFlow's values and gradients for the
+    segment and the kernel (float32 rounding), none for the constant memory."""
+    from txl_tf.attention import _dense, _dense_after_memory
+
+    rng = np.random.default_rng(4)
+    memory, x = tf.constant(rng.normal(size=(2, 3, 5)), tf.float32), tf.constant(rng.normal(size=(2, 4, 5)), tf.float32)
+    kernel, weights = tf.constant(rng.normal(size=(5, 6)), tf.float32), tf.constant(rng.normal(size=(2, 7, 6)),
+                                                                                    tf.float32)
+    results = []
+    for fn in (_dense_after_memory, lambda m, x, k: _dense(tf.concat([m, x], axis=1), k)):
+        with tf.GradientTape() as tape:
+            tape.watch([memory, x, kernel])
+            out = fn(memory, x, kernel)
+            loss = tf.reduce_sum(out * weights)
+        results.append([out, *tape.gradient(loss, [memory, x, kernel])])
+    (out, d_memory, d_x, d_kernel), (want, _, want_x, want_kernel) = results
+    assert d_memory is None
+    for got, expected in [(out, want), (d_x, want_x), (d_kernel, want_kernel)]:
+        np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_training_gradients_equal_inference_gradients():
+    """A training call (no dropout) takes the projection above; its weight gradients equal those of an
+    inference call, which keeps TensorFlow's own concat and gradient."""
+    layer = RelativeMultiHeadAttention(DM, N, D)
+    layer.build()
+    call = _attention_call("xl")
+    grads = []
+    for training in (True, False):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(call(layer, training) ** 2)
+        grads.append(tape.gradient(loss, layer.trainable_weights))
+    for got, want in zip(*grads, strict=True):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)

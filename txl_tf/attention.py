@@ -136,12 +136,44 @@ def _split_heads(x, n_head, d_head):
     return tf.transpose(x, [2, 0, 1, 3])  # [N, B, T, D]
 
 
+def _to_heads(x, n_head, d_head, num_splits=1, kernel=False):
+    """[B, T, S*N*D] -> S tensors [N, B, T, D]: with `kernel` (training on CPU, `fused.usable`) one copy
+    (`fused.split_heads`), else split, reshape and transpose."""
+    if kernel:
+        return fused.split_heads(x, n_head, num_splits)
+    parts = tf.split(x, num_splits, axis=-1) if num_splits > 1 else [x]
+    return [_split_heads(part, n_head, d_head) for part in parts]
+
+
 def _dense(x, kernel):
     """[B, T, I] @ [I, O] -> [B, T, O] as one 2-D matmul (a rank-3 tf.matmul broadcasts the kernel over the
     batch, and its kernel gradient becomes a batched product plus a sum: much slower on CPU)."""
     shape = tf.shape(x)
     out = tf.matmul(tf.reshape(x, [-1, x.shape[-1]]), kernel)  # [B*T, O]
     return tf.reshape(out, tf.concat([shape[:-1], [kernel.shape[-1]]], 0))
+
+
+def _dense_after_memory(memory, x, kernel):
+    """`_dense(concat([memory, x], 1), kernel)` -> [B, M+L, O] for a constant `memory` [B, M, I] (the paper's
+    stop-gradient SG(h^{n-1}_{tau-1})): its gradient gives the kernel's and x's only. TensorFlow's own gradient
+    would also compute the memory's input gradient (M of the M+L rows of d_out @ kernel^T) and discard it."""
+
+    @tf.custom_gradient
+    def project(x, kernel):
+        cat = tf.concat([memory, x], axis=1)  # [B, K, I]
+        out = _dense(cat, kernel)  # [B, K, O]
+
+        def grad(d_out):
+            d_in, d_width = kernel.shape
+            d_kernel = tf.matmul(tf.reshape(cat, [-1, d_in]), tf.reshape(d_out, [-1, d_width]),
+                                 transpose_a=True)  # [I, O]
+            d_segment = tf.slice(d_out, [0, tf.shape(memory)[1], 0], [-1, -1, -1])  # [B, L, O]
+            d_x = tf.matmul(tf.reshape(d_segment, [-1, d_width]), kernel, transpose_b=True)  # [B*L, I]
+            return tf.reshape(d_x, tf.shape(x)), d_kernel
+
+        return out, grad
+
+    return project(x, kernel)
 
 
 @keras.saving.register_keras_serializable(package="txl_tf")
@@ -234,10 +266,14 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         self.layer_norm.build((None, None, self.d_model))
         super().build(input_shape)
 
-    def _relative_keys(self, klen, position_encoding):
-        """Position keys [N, K, D] in descending distance: W_R R (xl) or the learned table (shaw)."""
+    def _relative_keys(self, klen, position_encoding, kernels=False):
+        """Position keys [N, K, D] in descending distance: W_R R (xl) or the learned table (shaw); `kernels`: as
+        `_to_heads`'s."""
         if self.attn_type == "xl":
             r = tf.matmul(position_encoding, tf.cast(self.r_kernel, self.compute_dtype))  # [K, N*D]
+            if kernels:
+                return tf.reshape(fused.split_heads(tf.expand_dims(r, 0), self.n_head)[0],
+                                  [self.n_head, klen, self.d_head])  # [N, K, D]
             r = tf.reshape(r, [klen, self.n_head, self.d_head])  # [K, N, D]
         else:
             distances = tf.minimum(tf.range(klen - 1, -1, -1), self.max_position - 1)  # [K]
@@ -306,14 +342,18 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             memory = None if memory is None else self.layer_norm(memory)
         else:
             h_in = h
-        cat = h_in if memory is None else tf.concat([memory, h_in], axis=1)  # [B, K, d]
-        klen = tf.shape(cat)[1]
         q = _dense(h_in, q_kernel)  # [B, L, N*D]: queries only for the segment
-        k, v = tf.split(_dense(cat, kv_kernel), 2, axis=-1)  # [B, K, N*D] each
+        if memory is None:
+            kv = _dense(h_in, kv_kernel)  # [B, L, 2*N*D]
+        elif training is True and not self.pre_lnorm and memory_positions is None:  # the memory is a constant
+            kv = _dense_after_memory(memory, h_in, kv_kernel)  # [B, K, 2*N*D]
+        else:
+            kv = _dense(tf.concat([memory, h_in], axis=1), kv_kernel)  # [B, K, 2*N*D]
+        klen = tf.shape(kv)[1]
+        kernels = fused.usable(dtype, training)
         # Head-major layout [N, B, T, D]: the position term then needs no broadcast over the batch.
-        k = _split_heads(k, self.n_head, self.d_head)  # [N, B, K, D]
-        v = _split_heads(v, self.n_head, self.d_head)  # [N, B, K, D]
-        r = self._relative_keys(klen, position_encoding) if self.attn_type in ("xl", "shaw") else None
+        k, v = _to_heads(kv, self.n_head, self.d_head, 2, kernels)  # [N, B, K, D] each
+        r = self._relative_keys(klen, position_encoding, kernels) if self.attn_type in ("xl", "shaw") else None
         out = self._attend(h, q, k, v, r, attention_bias, content_bias, position_bias, return_probs, training)
         return (out[0], new_memory, *out[1:])
 
@@ -374,7 +414,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         """
         dtype = self.compute_dtype
         batch, qlen, klen = tf.shape(h)[0], tf.shape(h)[1], tf.shape(k)[2]
-        q = _split_heads(q, self.n_head, self.d_head) * tf.cast(self.scale, dtype)  # [N, B, L, D]
+        kernels = fused.usable(dtype, training)
+        q = _to_heads(q, self.n_head, self.d_head, kernel=kernels)[0] * tf.cast(self.scale, dtype)  # [N, B, L, D]
         if self.attn_type == "xl":
             u = tf.cast(content_bias, dtype)[:, None, None, :] * tf.cast(self.scale, dtype)  # [N, 1, 1, D]
             score = tf.matmul(q + u, k, transpose_b=True)  # [N, B, L, K]: (a) + (c)
@@ -392,8 +433,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 r = tf.pad(r, [[0, 0], [1, 0], [0, 0]])  # [N, K+1, D]: a zero row gives shift_padded its column
                 position_score = tf.matmul(q_r, r, transpose_b=True)  # [N, B*L, K+1]: one matmul per head
                 position_score = tf.reshape(position_score, [self.n_head, batch, qlen, klen + 1])
-                if (not return_probs and (attention_bias is None or attention_bias.shape.rank == 2)
-                        and fused.usable(dtype, training)):
+                if not return_probs and (attention_bias is None or attention_bias.shape.rank == 2) and kernels:
                     # Training on CPU: shift, add, mask and softmax (and their gradient) in one kernel each way.
                     probs = fused.rel_softmax(score, position_score, attention_bias)  # [N, B, L, K]
                     return self._output(h, probs, v, batch, qlen, training)
@@ -414,7 +454,10 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         width = self.n_head * self.d_head
         dropped = self.attention_dropout(probs, training=training)
         attn = tf.matmul(dropped, v)  # [N, B, L, D]
-        attn = tf.reshape(tf.transpose(attn, [1, 2, 0, 3]), [batch, qlen, width])  # [B, L, N*D]
+        if fused.usable(dtype, training):
+            attn = fused.merge_heads([attn])  # [B, L, N*D]
+        else:
+            attn = tf.reshape(tf.transpose(attn, [1, 2, 0, 3]), [batch, qlen, width])  # [B, L, N*D]
         out = _dense(attn, tf.cast(self.o_kernel, dtype))  # [B, L, d]
         out = self.output_dropout(out, training=training)
         out = h + out if self.pre_lnorm else fused.add_layer_norm(self.layer_norm, h, out, training)  # [B, L, d]
