@@ -121,11 +121,11 @@ def time_training(mode, batch, qlen, mlen, n_layer, steps, profile_dir=None):
 
 
 def _category(scope: str, op: str) -> str:
-    scope = scope.lower()
+    if "MatMul" in op:  # wherever it is: grappler renames some (ArithmeticOptimizer/FoldTransposeIntoMatMul_...)
+        return "matmul"
+    scope = re.sub(r"[a-z]+optimizer/", "", scope.lower())  # grappler's rewrites keep their op's place
     if "adam" in scope or "optimizer" in scope or "Apply" in op:
         return "optimizer"
-    if "MatMul" in op:
-        return "matmul"
     if "dropout" in scope or "Random" in op:
         return "dropout"
     if op == "Cast":
