@@ -17,7 +17,10 @@ Forward pass of one segment:
   embedding:  projections              2 * B * L * E_i * d   for every projected bin (one table if div_val = 1)
   softmax:    head                     2 * B * L * (d * E_0 if projected) + 2 * B * L * E_0 * (V_0 + C)
               tails                    2 * B * L * (d * E_i + E_i * V_i)
-Training = 3 x forward (the backward pass costs twice the forward).
+Training = 3 x forward (the backward pass costs twice the forward). These are model FLOPs, as MFU usually counts
+them: a training step skips two input gradients nothing uses, that of the constant R in W_R R (2 * K * d * H per
+layer) and that of the memory's rows in the k, v projections (2 * B * M * d * 2H per layer, about 3% of the enwik8
+base step: `RelativeMultiHeadAttention`'s `_dense_after_memory`), and the count keeps both.
 
 MFU = achieved model FLOP/s / the best FLOP/s of a square matmul measured here in the run's precision
 (`measure_matmul_peak`): a fair ceiling for this machine, not a vendor number.
