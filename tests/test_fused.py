@@ -420,7 +420,7 @@ def test_split_and_merge_heads_are_tensorflows_split_and_transpose(dtype, splits
     heads_in = [tf.identity(h) for h in want]
     with tf.GradientTape() as tape:
         tape.watch(heads_in)
-        merged = fused_mod.merge_heads(heads_in)
+        merged = fused_mod.merge_heads(heads_in, heads)
         loss = tf.reduce_sum(tf.cast(merged, tf.float32) * tf.cast(x, tf.float32))
     np.testing.assert_array_equal(tf.cast(merged, tf.float32).numpy(), tf.cast(x, tf.float32).numpy())
     for g, w in zip(tape.gradient(loss, heads_in), want, strict=True):  # d(sum merged * x)/d heads = split of x

@@ -136,10 +136,10 @@ def _split_heads(x, n_head, d_head):
     return tf.transpose(x, [2, 0, 1, 3])  # [N, B, T, D]
 
 
-def _to_heads(x, n_head, d_head, num_splits=1, kernel=False):
-    """[B, T, S*N*D] -> S tensors [N, B, T, D]: with `kernel` (training on CPU, `fused.usable`) one copy
+def _to_heads(x, n_head, d_head, num_splits=1, kernels=False):
+    """[B, T, S*N*D] -> S tensors [N, B, T, D]: with `kernels` (training on CPU, `fused.usable`) one copy
     (`fused.split_heads`), else split, reshape and transpose."""
-    if kernel:
+    if kernels:
         return fused.split_heads(x, n_head, num_splits)
     parts = tf.split(x, num_splits, axis=-1) if num_splits > 1 else [x]
     return [_split_heads(part, n_head, d_head) for part in parts]
@@ -415,7 +415,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         dtype = self.compute_dtype
         batch, qlen, klen = tf.shape(h)[0], tf.shape(h)[1], tf.shape(k)[2]
         kernels = fused.usable(dtype, training)
-        q = _to_heads(q, self.n_head, self.d_head, kernel=kernels)[0] * tf.cast(self.scale, dtype)  # [N, B, L, D]
+        q = _to_heads(q, self.n_head, self.d_head, kernels=kernels)[0] * tf.cast(self.scale, dtype)  # [N, B, L, D]
         if self.attn_type == "xl":
             u = tf.cast(content_bias, dtype)[:, None, None, :] * tf.cast(self.scale, dtype)  # [N, 1, 1, D]
             score = tf.matmul(q + u, k, transpose_b=True)  # [N, B, L, K]: (a) + (c)
@@ -455,7 +455,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         dropped = self.attention_dropout(probs, training=training)
         attn = tf.matmul(dropped, v)  # [N, B, L, D]
         if fused.usable(dtype, training):
-            attn = fused.merge_heads([attn])  # [B, L, N*D]
+            attn = fused.merge_heads([attn], self.n_head)  # [B, L, N*D]
         else:
             attn = tf.reshape(tf.transpose(attn, [1, 2, 0, 3]), [batch, qlen, width])  # [B, L, N*D]
         out = _dense(attn, tf.cast(self.o_kernel, dtype))  # [B, L, d]

@@ -333,9 +333,9 @@ def split_heads(x, num_heads, num_splits=1):
     return list(_library_or_raise().txl_split_heads(x, num_heads=num_heads, num_splits=num_splits))
 
 
-def merge_heads(heads):
-    """The inverse of `split_heads`: S tensors [N, B, T, D] -> [B, T, S*N*D] (`TxlMergeHeads`)."""
-    return _library_or_raise().txl_merge_heads(list(heads), num_heads=heads[0].shape[0])
+def merge_heads(heads, num_heads):
+    """The inverse of `split_heads`: S tensors [N, B, T, D] (N = num_heads) -> [B, T, S*N*D] (`TxlMergeHeads`)."""
+    return _library_or_raise().txl_merge_heads(list(heads), num_heads=num_heads)
 
 
 def _library_or_raise():
