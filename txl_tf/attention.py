@@ -271,13 +271,10 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         `_to_heads`'s."""
         if self.attn_type == "xl":
             r = tf.matmul(position_encoding, tf.cast(self.r_kernel, self.compute_dtype))  # [K, N*D]
-            if kernels:
-                return tf.reshape(fused.split_heads(tf.expand_dims(r, 0), self.n_head)[0],
-                                  [self.n_head, klen, self.d_head])  # [N, K, D]
-            r = tf.reshape(r, [klen, self.n_head, self.d_head])  # [K, N, D]
-        else:
-            distances = tf.minimum(tf.range(klen - 1, -1, -1), self.max_position - 1)  # [K]
-            r = tf.gather(tf.cast(self.relative_table, self.compute_dtype), distances)  # [K, N, D]
+            r = _to_heads(tf.expand_dims(r, 0), self.n_head, self.d_head, kernels=kernels)[0]  # [N, 1, K, D]
+            return tf.reshape(r, [self.n_head, klen, self.d_head])  # [N, K, D]
+        distances = tf.minimum(tf.range(klen - 1, -1, -1), self.max_position - 1)  # [K]
+        r = tf.gather(tf.cast(self.relative_table, self.compute_dtype), distances)  # [K, N, D]
         return tf.transpose(r, [1, 0, 2])  # [N, K, D]
 
     def initial_cache(self, batch_size, mem_len, max_len, position_encoding=None):
@@ -436,25 +433,26 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 if not return_probs and (attention_bias is None or attention_bias.shape.rank == 2) and kernels:
                     # Training on CPU: shift, add, mask and softmax (and their gradient) in one kernel each way.
                     probs = fused.rel_softmax(score, position_score, attention_bias)  # [N, B, L, K]
-                    return self._output(h, probs, v, batch, qlen, training)
+                    return self._output(h, probs, v, batch, qlen, training, kernels)
                 score += shift_padded(position_score)  # [N, B, L, K]: (b) + (d)
 
         score = tf.cast(score, tf.float32)
         if attention_bias is not None:
             score += tf.cast(attention_bias, tf.float32)  # [L, K] broadcast
         probs = tf.nn.softmax(score, axis=-1)  # [N, B, L, K] float32
-        out = self._output(h, tf.cast(probs, dtype), v, batch, qlen, training)
+        out = self._output(h, tf.cast(probs, dtype), v, batch, qlen, training, kernels)
         if return_probs:
             return out[0], tf.transpose(probs, [1, 0, 2, 3])  # [B, N, L, K]
         return out
 
-    def _output(self, h, probs, v, batch, qlen, training):
-        """Attention dropout, values, output projection, output dropout and the residual (with LayerNorm)."""
+    def _output(self, h, probs, v, batch, qlen, training, kernels):
+        """Attention dropout, values, output projection, output dropout and the residual (with LayerNorm);
+        `kernels`: as `_to_heads`'s."""
         dtype = self.compute_dtype
         width = self.n_head * self.d_head
         dropped = self.attention_dropout(probs, training=training)
         attn = tf.matmul(dropped, v)  # [N, B, L, D]
-        if fused.usable(dtype, training):
+        if kernels:
             attn = fused.merge_heads([attn], self.n_head)  # [B, L, N*D]
         else:
             attn = tf.reshape(tf.transpose(attn, [1, 2, 0, 3]), [batch, qlen, width])  # [B, L, N*D]
