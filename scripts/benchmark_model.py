@@ -3,7 +3,8 @@
     python scripts/benchmark_model.py [--batch=2,8 --tgt_len=512 --mem_len=512 --steps=5 --modes=f32,bf16,...]
         [--peer=DIR] [--profile]
 
-Times one training step (forward, per-token NLL, backward, Adam update) of the enwik8 base architecture
+Times one training step (forward, per-token NLL, backward, clipping by global norm, Adam update: the trainer's
+step on one replica, and what the peer's step does) of the enwik8 base architecture
 (12 layers, d_model 512, 8x64 heads, d_inner 2048, vocab 204) with memory carried between steps, in each mode
 (float32 / mixed_bfloat16, with / without XLA) and batch, each in a fresh process, and reports tokens/s and model
 FLOPs utilisation (MFU) against two peaks measured in the same run: TensorFlow's best square-matmul peak of the
@@ -19,7 +20,7 @@ tgt_len = mem_len = 512.
 and prints how the step's wall time splits into time in which a matmul runs (and the matmul GFLOP/s over it) and
 time in which none runs, of which host/idle is the part with no op at all (Python, tf.function dispatch, the
 executor between ops); then where the op time goes (matmuls, attention elementwise work, dropout, layer norm,
-casts, optimizer, other), summed over the executor threads.
+casts, optimizer (clipping and Adam), other), summed over the executor threads.
 
 FLOP count: `txl_tf.flops` (matmul FLOPs as executed, attention and the memory's key/value projections included,
 training = 3 x forward), the same count the trainer's start-up MFU line uses.
@@ -94,6 +95,7 @@ def time_training(mode, batch, qlen, mlen, n_layer, steps, profile_dir=None):
             hidden, new_mems = model(tokens, mems, training=True)
             loss = tf.reduce_mean(model.nll(hidden, targets))
         grads = tape.gradient(loss, model.trainable_variables)
+        grads, _ = tf.clip_by_global_norm(grads, TrainConfig().clip_norm)  # as the trainer and the peer clip
         optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
         return loss, new_mems
 
@@ -124,7 +126,7 @@ def _category(scope: str, op: str) -> str:
     if "MatMul" in op:  # wherever it is: grappler renames some (ArithmeticOptimizer/FoldTransposeIntoMatMul_...)
         return "matmul"
     scope = re.sub(r"[a-z]+optimizer/", "", scope.lower())  # grappler's rewrites keep their op's place
-    if "adam" in scope or "optimizer" in scope or "Apply" in op:
+    if "adam" in scope or "optimizer" in scope or "global_norm" in scope or "Apply" in op:  # clipping and Adam
         return "optimizer"
     if "dropout" in scope or "Random" in op:
         return "dropout"
