@@ -79,10 +79,14 @@ def test_top_k_restricts_choices():
     assert set(np.concatenate(draws).tolist()) == {1, 3}
 
 
-@pytest.mark.parametrize("top_p,allowed", [(0.5, {1}), (0.6, {1, 3}), (0.75, {1, 3}), (0.76, {1, 3, 2}),
+# Every p sits at least 0.04 from the cumulative probabilities 0.5, 0.75 and 0.9: at a boundary (p = 0.5) whether
+# the boundary token is kept depends on the softmax's last bit, which differs between CPUs' vector paths.
+@pytest.mark.parametrize("top_p,allowed", [(0.3, {1}), (0.46, {1}), (0.54, {1, 3}), (0.71, {1, 3}),
+                                           (0.79, {1, 3, 2}), (0.86, {1, 3, 2}), (0.94, {1, 3, 2, 0}),
                                            (1.0, {0, 1, 2, 3})])
 def test_top_p_keeps_the_smallest_set_reaching_p(top_p, allowed):
-    """Probabilities 0.5, 0.25, 0.15, 0.1: the nucleus holds the likeliest tokens up to the one crossing p."""
+    """Probabilities 0.5, 0.25, 0.15, 0.1 (cumulative 0.5, 0.75, 0.9, 1): the nucleus holds the likeliest tokens
+    up to the one crossing p."""
     logits = tf.math.log(tf.constant([[0.1, 0.5, 0.15, 0.25]] * 256))
     draws = [generation.sample_next(logits, tf.constant([s, 0]), 1.0, 0, top_p).numpy() for s in range(8)]
     assert set(np.concatenate(draws).tolist()) == allowed
@@ -139,9 +143,14 @@ def test_cli_model_dir_and_saved_model_print_the_same_text(tmp_path):
 
     sampling = ["--prompt=the memory", "--prompt=a", "--max_tokens=6", "--seed=3", "--temperature=0.9",
                 "--top_p=0.95"]
-    from_run = run("txl_tf.generate", f"--model_dir={model_dir}", *sampling).splitlines()
+    def texts(output):  # what follows the settings line, up to the timing line (a sampled <eos> adds lines)
+        lines = output.splitlines()
+        assert lines[0].startswith("# ") and lines[-1].startswith("# "), output
+        return "\n".join(lines[1:-1])
+
+    from_run = texts(run("txl_tf.generate", f"--model_dir={model_dir}", *sampling))
     run("txl_tf.export", f"--model_dir={model_dir}", f"--export_dir={tmp_path / 'saved'}")
-    served = run("txl_tf.generate", f"--saved_model={tmp_path / 'saved'}", *sampling).splitlines()
-    assert from_run[1:3] == served[1:3], (from_run, served)
-    assert from_run[1].startswith("the memory ") and not from_run[1].startswith("the memory  "), from_run
-    assert from_run[2].startswith("a ")
+    served = texts(run("txl_tf.generate", f"--saved_model={tmp_path / 'saved'}", *sampling))
+    assert from_run == served
+    assert from_run.startswith("the memory ") and not from_run.startswith("the memory  "), from_run
+    assert "\na " in from_run, from_run

@@ -43,8 +43,10 @@ def test_full_softmax_without_cutoffs():
     table, proj = _set_random(emb.tables + emb.projections, 0)
     (bias,) = _set_random([soft.bias], 1)
     h = _hidden()
-    expected = _np_log_softmax((h @ proj.T) @ table.T + bias)
-    np.testing.assert_allclose(soft.log_probs(h, emb.tables, emb.projections).numpy(), expected, atol=1e-5)
+    h64 = h.astype(np.float64)  # a float64 reference: float32's own rounding at log-probabilities of -50 is ~4e-6
+    expected = _np_log_softmax((h64 @ proj.T) @ table.T + bias)
+    np.testing.assert_allclose(soft.log_probs(h, emb.tables, emb.projections).numpy(), expected, rtol=1e-6,
+                               atol=1e-5)
     targets = np.array([[0, 18, 5, 5, 2], [7, 1, 0, 9, 3]])
     nll = soft.nll(h, targets, emb.tables, emb.projections).numpy()
     np.testing.assert_allclose(nll, -np.take_along_axis(expected, targets[..., None], -1)[..., 0], atol=1e-5)
@@ -63,19 +65,21 @@ def test_cutoffs_match_numpy(div_val, tie_projs):
     bias, cluster_w, cluster_b = _set_random([soft.bias, soft.cluster_kernel, soft.cluster_bias], 4)
     edges = [0, *CUTOFFS, V]
     h = _hidden()
+    h64 = h.astype(np.float64)  # a float64 reference (see test_full_softmax_without_cutoffs)
 
     def bin_logits(i):
         table = emb_tables[0][edges[i]:edges[i + 1]] if div_val == 1 else emb_tables[i]
         proj = (emb_projs[0] if div_val == 1 else emb_projs[i]) if tie_projs[i] else own_projs[i]
-        return (h @ proj.T) @ table.T + bias[edges[i]:edges[i + 1]]
+        return (h64 @ proj.T) @ table.T + bias[edges[i]:edges[i + 1]]
 
-    head = _np_log_softmax(np.concatenate([bin_logits(0), (h @ (own_projs[0]).T) @ cluster_w.T + cluster_b], -1))
+    head = _np_log_softmax(np.concatenate([bin_logits(0), (h64 @ (own_projs[0]).T) @ cluster_w.T + cluster_b],
+                                          -1))
     expected = [head[..., :4]]
     for i in (1, 2):  # tail cluster i is head column cutoffs[0] + i - 1
         expected.append(head[..., 4 + i - 1 : 4 + i] + _np_log_softmax(bin_logits(i)))
     expected = np.concatenate(expected, -1)  # [B, L, V]
     log_probs = soft.log_probs(h, emb.tables, emb.projections).numpy()
-    np.testing.assert_allclose(log_probs, expected, atol=1e-5)
+    np.testing.assert_allclose(log_probs, expected, rtol=1e-6, atol=1e-5)
     np.testing.assert_allclose(np.exp(log_probs).sum(-1), 1.0, atol=1e-5)
     targets = np.array([[18, 0, 4, 9, 10], [3, 17, 5, 11, 2]])  # bins mixed in every row
     nll = soft.nll(h, targets, emb.tables, emb.projections).numpy()
