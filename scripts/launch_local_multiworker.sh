@@ -9,6 +9,8 @@
 # --model_dir); the others write into temporary folders inside it that are removed at the end. Output lines are
 # prefixed with [worker i]. SIGTERM / SIGINT are forwarded to every worker (they save a checkpoint and exit);
 # when a worker fails the others are stopped, and the script exits with the first failing worker's status.
+# A worker that has not ended STOP_GRACE_S seconds (default 120) after a stop request (a hung or stopped process
+# never handles SIGTERM) is killed with SIGKILL, and the script exits non-zero.
 # Across machines: set TF_CONFIG on each machine yourself (same cluster list, task index = machine number) and
 # run `python -m txl_tf.train --strategy=multi_worker_mirrored ...` there.
 set -uo pipefail
@@ -39,8 +41,12 @@ for port in $ports; do
   workers+="${workers:+,}\"127.0.0.1:$port\""
 done
 
+grace=${STOP_GRACE_S:-120}
+[[ $grace =~ ^[0-9]+$ ]] || { echo "STOP_GRACE_S=$grace must be a number of seconds" >&2; exit 2; }
 pids=()
+stop_requested_at=""
 cleanup() {
+  [[ -z $stop_requested_at ]] && stop_requested_at=$SECONDS
   for pid in "${pids[@]}"; do
     [[ -n $pid ]] && kill -TERM "$pid" 2>/dev/null
   done
@@ -77,6 +83,15 @@ while :; do
     fi
   done
   ((alive == 0)) && break
+  if [[ -n $stop_requested_at ]] && ((SECONDS - stop_requested_at >= grace)); then
+    for index in "${!pids[@]}"; do
+      [[ -z ${pids[$index]} ]] && continue
+      echo "worker $index did not stop within ${grace} s (STOP_GRACE_S) of the stop request; killing it" >&2
+      kill -KILL "${pids[$index]}" 2>/dev/null
+      ((status == 0)) && status=1
+    done
+    stop_requested_at=$((SECONDS + 3600))  # kill once
+  fi
   sleep 0.5
 done
 wait  # the output filters

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from typing import Optional
@@ -136,9 +137,68 @@ def replica_values(strategy: tf.distribute.Strategy, fn: Callable[[int], tf.Tens
     return strategy.experimental_distribute_values_from_function(value)
 
 
+# Dtypes that CPU collectives gather (the CPU all-gather kernel takes no bfloat16 / bool / int8).
+_GATHERED = (tf.float32, tf.float16, tf.float64, tf.int32, tf.int64)
+
+
 def gather_replicas(strategy: tf.distribute.Strategy, value, axis: int) -> tf.Tensor:
-    """Concatenates a per-replica value of every replica (all workers) along `axis`, in replica order."""
+    """Concatenates a per-replica value of every replica (all workers) along `axis`, in replica order.
+
+    A bfloat16 value travels as float32 (exact both ways), since CPU collectives do not gather bfloat16.
+    """
     if strategy.num_replicas_in_sync == 1:
         local = strategy.experimental_local_results(value)
         return tf.convert_to_tensor(local[0])
-    return strategy.gather(value, axis=axis)
+    dtype = strategy.experimental_local_results(value)[0].dtype
+    if dtype in _GATHERED:
+        return strategy.gather(value, axis=axis)
+    if not dtype.is_floating:
+        raise TypeError(f"cannot gather a {dtype.name} value across replicas; cast it to int32 or float32")
+    wide = strategy.run(lambda v: tf.cast(v, tf.float32), args=(value,))
+    return tf.cast(strategy.gather(wide, axis=axis), dtype)
+
+
+# ---- a lost worker ----------------------------------------------------------------------------------------
+# What a multi-worker run gets when a peer dies or hangs: TensorFlow's coordination service (which
+# MultiWorkerMirroredStrategy starts) expects a heartbeat from every task; a task silent for its heartbeat timeout
+# (about 10 s in TF 2.21; a stopped or vanished machine) is reported unhealthy to the others, and their pending
+# collectives abort with UnavailableError. A killed process resets its connections and aborts them at once.
+_PEER_FAILURES = (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
+                  tf.errors.DeadlineExceededError, tf.errors.InternalError)
+_TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
+
+
+def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) and task_info(strategy)[0] is not None
+
+
+def lost_worker(error: BaseException, strategy: tf.distribute.Strategy) -> Optional[str]:
+    """A short description of the peer that a collective's failure names ("worker 1 (127.0.0.1:2222) stopped
+    sending heartbeats"), or None when `error` is not a multi-worker run's lost peer."""
+    if not isinstance(error, _PEER_FAILURES) or not is_multi_worker(strategy):
+        return None
+    text = str(error)
+    lower = text.lower()
+    if "aborted" not in lower and "unavailable" not in lower and not isinstance(error, tf.errors.UnavailableError):
+        return None
+    cluster = json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster", {})
+    if "refused" in lower or "reset by peer" in lower or "socket closed" in lower:
+        why = "ended (its connections were refused or reset)"
+    elif "coordinationservice/heartbeat" in lower:  # this worker's heartbeat to the service's host timed out
+        why = "stopped answering heartbeats"
+    elif "heartbeat" in lower:
+        why = "stopped sending heartbeats"
+    else:
+        why = "stopped answering"
+
+    def describe(job: str, index: int) -> str:
+        addresses = cluster.get(job, [])
+        return f"{job} {index}" + (f" ({addresses[index]})" if index < len(addresses) else "") + f" {why}"
+
+    mine = task_info(strategy)
+    for job, index in _TASK.findall(text):
+        if (job, int(index)) != mine:
+            return describe(job, int(index))
+    if "CoordinationService/Heartbeat" in text:  # the coordination service's host (chief, else worker 0) is silent
+        return describe("chief" if "chief" in cluster else "worker", 0)
+    return f"a peer worker {why}"
