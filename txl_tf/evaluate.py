@@ -39,6 +39,11 @@ def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_pa
     protocol = configs.eval
     if protocol.protocol not in evaluation.PROTOCOLS:
         raise ConfigError(f"EvalConfig.protocol must be one of {evaluation.PROTOCOLS}; got {protocol.protocol!r}")
+    # The split, the number of streams and the output path are checked before the model is loaded.
+    evaluation.check_split(configs.data.data_dir, split, [protocol.batch_size] if protocol.protocol == "xl" else [],
+                           protocol.layout)
+    if token_losses:
+        errors.check_output_file(token_losses, "--token_losses", "token_losses.npy")
     dtype = None if protocol.compute_dtype == "float32" else protocol.compute_dtype
     model, configs, prefix = run_dir.load_model(model_dir, checkpoint, which=which, dtype=dtype, configs=configs)
     data_dir = configs.data.data_dir

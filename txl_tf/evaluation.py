@@ -25,11 +25,12 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 import tensorflow as tf
 
+from txl_tf.errors import ConfigError
 from txl_tf.inference import Recurrent, run_segments
 from txl_tf.protocol import Protocol
 
@@ -78,6 +79,30 @@ class EvalResult:
         return "protocol: " + ", ".join(f"{k}={v}" for k, v in self.protocol.items())
 
 
+def check_streams(num_tokens: int, batch_size: int, layout: str = "corpus", name: str = "batch_size") -> None:
+    """Raises ConfigError (naming `name` and how many streams fit) unless `num_tokens` tokens give every one of
+    `batch_size` streams at least one prediction in `layout` (see `corpus_streams`)."""
+    most = num_tokens - 1 if layout == "corpus" else num_tokens // 2
+    if batch_size > most:
+        raise ConfigError(f"{name}={batch_size}: {num_tokens} tokens are too few for {batch_size} streams; at most "
+                          f"{max(most, 0)} fit (layout {layout!r}): lower {name}")
+
+
+def check_split(data_dir: str, split: str, batch_sizes: Iterable[int] = (), layout: str = "corpus",
+                name: str = "EvalConfig.batch_size") -> int:
+    """Raises ConfigError unless the prepared `data_dir` has `split` with tokens enough for each of `batch_sizes`
+    streams (EvalConfig.batch_size); returns its token count. From the metadata: before a model is loaded."""
+    from txl_tf.data.pipeline import load_metadata
+
+    splits = load_metadata(data_dir)["splits"]
+    if split not in splits:
+        raise ConfigError(f"--split={split!r}: {data_dir} has no such split; pass one of {', '.join(sorted(splits))}")
+    num_tokens = int(splits[split]["num_tokens"])
+    for batch_size in batch_sizes:
+        check_streams(num_tokens, batch_size, layout, name=name)
+    return num_tokens
+
+
 def corpus_streams(tokens: np.ndarray, batch_size: int, layout: str = "corpus") -> tuple[np.ndarray, np.ndarray]:
     """Splits a 1-D token array into `batch_size` contiguous streams.
 
@@ -96,29 +121,38 @@ def corpus_streams(tokens: np.ndarray, batch_size: int, layout: str = "corpus") 
         raise ValueError(f"batch_size must be positive; got {batch_size}")
     if layout not in LAYOUTS:
         raise ValueError(f"stream layout must be one of {LAYOUTS}; got {layout!r}")
+    check_streams(tokens.shape[0], batch_size, layout)
     stream_len = (tokens.shape[0] - 1) // batch_size if layout == "corpus" else tokens.shape[0] // batch_size - 1
-    if stream_len < 1:
-        raise ValueError(f"{tokens.shape[0]} tokens are too few for {batch_size} streams; lower the batch size")
     if layout == "original":
         return tokens[:batch_size * (stream_len + 1)].reshape(batch_size, stream_len + 1), tokens[:0]
     index = np.arange(batch_size)[:, None] * stream_len + np.arange(stream_len + 1)[None, :]
     return tokens[index], tokens[batch_size * stream_len:]
 
 
+class StopRequested(Exception):
+    """An evaluation abandoned because its `stop()` callback asked for it (a SIGTERM during training)."""
+
+
 class _Progress:
     """Progress that can be turned off: a keras Progbar on a terminal, else a plain line on stderr every few
-    seconds (txl_tf.data.progress.Progress)."""
+    seconds (txl_tf.data.progress.Progress) with the rate and the time left.
 
-    def __init__(self, total: int, enabled: bool, unit: str = "segment"):
+    `enabled`: True, False, or "long": plain lines only, and only once the evaluation has run a few seconds (the
+    training loop's periodic validation: a short one prints nothing). `stop() -> True` between updates raises
+    StopRequested.
+    """
+
+    def __init__(self, total: int, enabled: bool | str, unit: str = "token", stop=None):
         self.bar = self.lines = None
-        if enabled and sys.stdout.isatty():  # keras writes its bar to stdout
+        self.stop, self.unit = stop, unit
+        if enabled is True and sys.stdout.isatty():  # keras writes its bar to stdout
             import keras
 
             self.bar = keras.utils.Progbar(total, unit_name=unit, stateful_metrics=["loss"])
         elif enabled:
             from txl_tf.data.progress import Progress
 
-            self.lines = Progress("evaluating", total or None, unit=f"{unit}s")
+            self.lines = Progress("evaluating", total or None, unit=f"{unit}s", quiet_if_fast=enabled == "long")
         self.done = 0
 
     def update(self, count: int, loss: float | None = None) -> None:
@@ -129,6 +163,10 @@ class _Progress:
             self.lines.update(count, "" if loss is None else f"loss {loss:.4f}")
             if self.lines.total and self.done >= self.lines.total:
                 self.lines.close()
+        if self.stop is not None and self.stop():
+            if self.lines is not None:
+                self.lines.close()
+            raise StopRequested(f"the evaluation (stopped after {self.done:,} {self.unit}s)")
 
 
 def _score_streams(recurrent, streams, state, tgt_len: int, max_steps: int, progress, totals, pieces):
@@ -138,7 +176,7 @@ def _score_streams(recurrent, streams, state, tgt_len: int, max_steps: int, prog
         totals[0] += float(tf.reduce_sum(tf.cast(nll, tf.float64)))
         totals[1] += int(nll.shape[0] * nll.shape[1])
         pieces.append(nll)
-        progress.update(1, totals[0] / totals[1])
+        progress.update(int(nll.shape[0] * nll.shape[1]), totals[0] / totals[1])
 
     _, state = run_segments(recurrent.score, state, streams[:, :-1], tgt_len, targets=streams[:, 1:],
                             max_steps=max_steps, on_output=count)
@@ -146,8 +184,9 @@ def _score_streams(recurrent, streams, state, tgt_len: int, max_steps: int, prog
 
 
 def evaluate_streams(model, streams: np.ndarray, *, tgt_len: int, protocol: Protocol, max_steps: int = 0,
-                     tail: np.ndarray | None = None, return_token_losses: bool = False, progress: bool = False,
-                     jit_compile: bool = False, kv_cache: bool = True) -> EvalResult:
+                     tail: np.ndarray | None = None, return_token_losses: bool = False,
+                     progress: bool | str = False, jit_compile: bool = False, kv_cache: bool = True,
+                     stop: Callable[[], bool] | None = None) -> EvalResult:
     """Transformer-XL evaluation of explicit streams with the state carried across segments.
 
     Args:
@@ -158,7 +197,9 @@ def evaluate_streams(model, streams: np.ndarray, *, tgt_len: int, protocol: Prot
       max_steps: score only the first `max_steps` segments (0 = all).
       tail: optional [R + 1] tokens continuing the LAST stream (R predictions), scored with that stream's state.
       return_token_losses: keep per-token NLL, in order stream 0, stream 1, ..., then the tail.
-      progress: show a progress bar.
+      progress: show progress (tokens scored of the total, rate, time left): True, or "long" for plain lines
+        once it has run a few seconds.
+      stop: called after every segment; True abandons the evaluation (raises StopRequested).
       jit_compile: XLA (faster on GPU/TPU, slower for bf16 on CPUs with AMX).
       kv_cache: carry the memory's keys/values (same numbers, much faster at long memories); False carries the
         hidden states and projects them again every segment, as the authors' code does.
@@ -176,7 +217,8 @@ def evaluate_streams(model, streams: np.ndarray, *, tgt_len: int, protocol: Prot
                     state=recurrent.state_form)
     start_time = time.perf_counter()
     totals, pieces, tail_pieces = [0.0, 0], [], []
-    bar = _Progress(steps + (math.ceil((len(tail) - 1) / tgt_len) if with_tail else 0), progress)
+    total = batch_size * min(length, steps * tgt_len) + (len(tail) - 1 if with_tail else 0)
+    bar = _Progress(total, progress, stop=stop)
     state = _score_streams(recurrent, streams, recurrent.initial_state(batch_size), tgt_len, max_steps, bar,
                            totals, pieces)
     if with_tail:  # the last stream's state continues into the tail
@@ -195,7 +237,8 @@ def evaluate_streams(model, streams: np.ndarray, *, tgt_len: int, protocol: Prot
 
 def evaluate_tokens(model, tokens: np.ndarray, *, tgt_len: int, protocol: Protocol, batch_size: int = 10,
                     max_steps: int = 0, layout: str = "corpus", return_token_losses: bool = False,
-                    progress: bool = False, jit_compile: bool = False, kv_cache: bool = True) -> EvalResult:
+                    progress: bool | str = False, jit_compile: bool = False, kv_cache: bool = True,
+                    stop: Callable[[], bool] | None = None) -> EvalResult:
     """Transformer-XL evaluation of a whole split (1-D tokens); with the default layout every token after
     the first is scored exactly once, in corpus order.
 
@@ -204,7 +247,7 @@ def evaluate_tokens(model, tokens: np.ndarray, *, tgt_len: int, protocol: Protoc
     streams, tail = corpus_streams(tokens, batch_size, layout)
     result = evaluate_streams(model, streams, tgt_len=tgt_len, protocol=protocol, max_steps=max_steps, tail=tail,
                               return_token_losses=return_token_losses, progress=progress,
-                              jit_compile=jit_compile, kv_cache=kv_cache)
+                              jit_compile=jit_compile, kv_cache=kv_cache, stop=stop)
     result.protocol["layout"] = layout
     return result
 
@@ -220,7 +263,7 @@ def evaluate_dataset(model, dataset: Iterable, *, protocol: Protocol | None = No
     protocol = protocol or model.protocol
     start_time = time.perf_counter()
     total, count, batch_size, state, recurrent = 0.0, 0, None, None, None
-    bar = _Progress(progress_total or max_steps or 0, progress_total is not None)
+    bar = _Progress(progress_total or max_steps or 0, progress_total is not None, unit="segment")
     for index, (inputs, targets) in enumerate(dataset):
         if max_steps and index >= max_steps:
             break
@@ -253,8 +296,8 @@ def make_window_step(model, protocol: Protocol, jit_compile: bool = False):
 
 
 def evaluate_vanilla(model, tokens: np.ndarray, *, window: int, batch_size: int = 10, max_steps: int = 0,
-                     clamp_len: int = -1, return_token_losses: bool = False, progress: bool = False,
-                     jit_compile: bool = False) -> EvalResult:
+                     clamp_len: int = -1, return_token_losses: bool = False, progress: bool | str = False,
+                     jit_compile: bool = False, stop: Callable[[], bool] | None = None) -> EvalResult:
     """The vanilla model's evaluation: a `window`-token context shifted by one token per prediction.
 
     The first window scores its `window` positions in one pass (contexts 1 .. window); then each forward pass
@@ -276,7 +319,7 @@ def evaluate_vanilla(model, tokens: np.ndarray, *, window: int, batch_size: int 
     if max_steps:
         num_batches = min(num_batches, max_steps)
     step = make_window_step(model, protocol, jit_compile=jit_compile)
-    bar = _Progress(num_batches, progress, unit="batch")
+    bar = _Progress(num_batches, progress, unit="batch", stop=stop)
     for index in range(num_batches):
         batch = windows[index * batch_size:(index + 1) * batch_size]
         nll = step(tf.constant(batch[:, :-1]), tf.constant(batch[:, -1]))

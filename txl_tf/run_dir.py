@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import os
 import re
 import sys
@@ -154,21 +155,40 @@ class Restored:
 
 
 def restore_first(found: Sequence[Candidate], restore_fn: Callable[[str], object]) -> Restored:
-    """Calls `restore_fn(prefix)` on each candidate, newest first, until one restores without error."""
+    """Calls `restore_fn(prefix)` on each candidate, newest first, until one restores without error.
+
+    TensorFlow's logger is at ERROR meanwhile: a restore that raises midway never returns its status (so no
+    `expect_partial()`), and the status, when collected, logs a "Value in checkpoint could not be found" warning
+    per value it did not restore; the failed ones are collected here, before the level is restored.
+    """
     skipped = []
-    for candidate in found:
-        if candidate.problem:
-            skipped.append(f"skipped {candidate.name} ({candidate.problem})")
-            continue
-        try:
-            restore_fn(candidate.prefix)
-        except errors.UserError:  # e.g. the checkpoint is intact but of another architecture: no fallback
-            raise
-        except RESTORE_ERRORS as error:
-            skipped.append(f"skipped {candidate.name} ({_reason(error, candidate)})")
-            continue
-        return Restored(candidate.prefix, candidate.step, skipped)
-    return Restored(None, None, skipped)
+    logger = tf.get_logger()
+    level = logger.level
+    logger.setLevel("ERROR")
+    try:
+        for candidate in found:
+            if candidate.problem:
+                skipped.append(f"skipped {candidate.name} ({candidate.problem})")
+                continue
+            try:
+                restore_fn(candidate.prefix)
+            except errors.UserError:  # e.g. the checkpoint is intact but of another architecture: no fallback
+                raise
+            except RESTORE_ERRORS as error:
+                skipped.append(f"skipped {candidate.name} ({_reason(error, candidate)})")
+                continue
+            return Restored(candidate.prefix, candidate.step, skipped)
+        return Restored(None, None, skipped)
+    finally:
+        if skipped:
+            gc.collect()
+        logger.setLevel(level)
+
+
+def intact_best(model_dir: str, restore_fn: Callable[[str], object]) -> str | None:
+    """The newest checkpoint of model_dir/best/ that `restore_fn` restores (named when the run's own checkpoints
+    do not restore), or None."""
+    return restore_first(candidates(os.path.join(model_dir, BEST_DIR)), restore_fn).prefix
 
 
 def describe(found: Sequence[Candidate]) -> str:
@@ -190,10 +210,13 @@ def resume_training(model_dir: str, restore_fn: Callable[[str], object], *, chie
         return 0
     restored = restore_first(found, restore_fn)
     if restored.prefix is None:
+        best = intact_best(model_dir, restore_fn)
         raise RunDirError(
             f"{model_dir} holds checkpoint(s) {describe(found)} but none restores intact "
             f"({restored.skipped_text()}); nothing was changed: restore the files, or move them out of "
-            f"{model_dir} (or pass another --model_dir) to start afresh")
+            f"{model_dir} (or pass another --model_dir) to start afresh"
+            + (f"; {best} restores intact: evaluate or export it with --which=best, or move the broken files out "
+               f"and copy its files into {model_dir} to resume from it" if best else ""))
     moved = []
     if chief:
         for directory in (model_dir, os.path.join(model_dir, BEST_DIR)):
@@ -441,10 +464,14 @@ def restore_newest(model, source: str, which: str = "latest", log=None, found=No
     skipped with one line each on `log` (stderr); errors.UserError when none restores.
     """
     found = find_checkpoints(source, which) if found is None else found
-    restored = restore_first(found, functools.partial(restore_weights, model))
+    restore_fn = functools.partial(restore_weights, model)
+    restored = restore_first(found, restore_fn)
     if restored.prefix is None:
+        own = found and os.path.normpath(os.path.dirname(found[0].prefix)) == os.path.normpath(source)
+        best = intact_best(source, restore_fn) if which == "latest" and own else None
         raise RunDirError(f"no checkpoint of {source} restores intact ({restored.skipped_text()}); restore "
-                          "the files or pass another --checkpoint")
+                          "the files or pass another --checkpoint"
+                          + (f"; {best} restores intact: pass --which=best to use it" if best else ""))
     for line in restored.skipped:
         (log or functools.partial(print, file=sys.stderr))(f"warning: {line}; using {restored.prefix}")
     return restored.prefix

@@ -74,12 +74,14 @@ def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_pa
     base = configs.eval
     if base.protocol != "xl":
         raise ConfigError(f"the sweep varies the Transformer-XL protocol; EvalConfig.protocol={base.protocol!r}")
+    points = protocols(base, grid or {})
+    evaluation.check_split(configs.data.data_dir, split, sorted({p.batch_size for p in points}), base.layout,
+                           name="batch_size")  # EvalConfig.batch_size or a --grid value
     dtype = None if base.compute_dtype == "float32" else base.compute_dtype
     model, configs, prefix = run_dir.load_model(model_dir, checkpoint, which=which, gin_files=gin_files,
                                                 gin_params=gin_params, dtype=dtype)
     tokens = read_split(configs.data.data_dir, split)
     level = load_vocab(configs.data.data_dir).level
-    points = protocols(base, grid or {})
     rows = []
     for index, protocol in enumerate(points, 1):
         result = evaluation.evaluate_tokens(
@@ -141,6 +143,9 @@ def main(argv) -> None:
         raise ConfigError(f"unexpected arguments {argv[1:]}; see --helpshort")
     if not fv.model_dir and not fv.checkpoint:
         raise ConfigError("give --model_dir (or --checkpoint with --gin_file)")
+    for flag in ("markdown", "json"):
+        if fv[flag].value:
+            errors.check_output_file(fv[flag].value, f"--{flag}", "sweep.md" if flag == "markdown" else "sweep.json")
     start = time.perf_counter()
     sweep = run(fv.model_dir, fv.checkpoint, which=fv.which, gin_files=fv.gin_file, gin_params=fv.gin_param,
                 split=fv.split, grid=parse_grid(fv.grid))
@@ -148,9 +153,11 @@ def main(argv) -> None:
     print(table, end="")
     print(f"{len(sweep['rows'])} evaluations in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     if fv.markdown:
+        os.makedirs(os.path.dirname(os.path.abspath(fv.markdown)), exist_ok=True)
         with open(fv.markdown, "w", encoding="utf-8") as f:
             f.write(table)
     if fv.json:
+        os.makedirs(os.path.dirname(os.path.abspath(fv.json)), exist_ok=True)
         with open(fv.json, "w", encoding="utf-8") as f:
             json.dump(sweep, f, indent=1)
             f.write("\n")
