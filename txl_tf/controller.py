@@ -12,8 +12,9 @@ The trainer is the step (model, optimizer, distributed host loop, memory, the ch
   setup's EvalConfig; a new best validation loss is kept in model_dir/best/) and `SampleText` (a continuation of
   the start of the validation split), both every `eval_every` steps (`default_actions`); a run's list can be
   extended with any other `Action`;
-* stop on request: SIGTERM / SIGINT save a checkpoint at the end of the host loop and end the run cleanly; in a
-  multi-worker run all workers agree on the stop at the same host-loop boundary.
+* stop on request: SIGTERM / SIGINT end the host loop after the current step (the trainer's stop flag) or the
+  evaluation after its current segment, save a checkpoint and end the run cleanly; in a multi-worker run all
+  workers end after the same step and save at the same step.
 
 Files in model_dir: config.gin (the effective gin config), ckpt-N.*, best/ckpt-N.* (best validation loss),
 TensorBoard event files (train/ and valid/); non-chief workers write into temporary directories inside it.
@@ -26,6 +27,7 @@ import math
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Optional
 
@@ -35,6 +37,7 @@ import tensorflow as tf
 
 from txl_tf import distribute, flops, fused, run_dir
 from txl_tf.configs import EvalConfig
+from txl_tf.evaluation import StopRequested
 from txl_tf.trainer import LoopStats, NonFiniteLossError, Trainer
 
 
@@ -87,19 +90,25 @@ class Evaluator:
             self._splits[split] = pipeline.read_split(self.data_dir, split)
         return self._splits[split]
 
-    def evaluate(self, split: str = "valid", max_steps: Optional[int] = None):
-        """Evaluates `split`; returns a txl_tf.evaluation.EvalResult."""
+    def evaluate(self, split: str = "valid", max_steps: Optional[int] = None, *, progress: bool = False,
+                 stop: Optional[Callable[[], bool]] = None):
+        """Evaluates `split`; returns a txl_tf.evaluation.EvalResult.
+
+        `progress` prints progress lines (tokens, rate, time left) while it runs longer than a few seconds;
+        `stop() -> True` between segments abandons it (txl_tf.evaluation.StopRequested).
+        """
         from txl_tf import evaluation
 
         e = self.eval_config
         tokens = self.tokens(split)
         steps = self.max_steps if max_steps is None else max_steps
+        watch = dict(progress="long" if progress else False, stop=stop)
         if e.protocol == "vanilla":  # a fixed-context model: a window of tgt_len tokens shifted by one
             return evaluation.evaluate_vanilla(self.model, tokens, window=e.tgt_len, batch_size=e.batch_size,
-                                               max_steps=steps, clamp_len=e.clamp_len)
+                                               max_steps=steps, clamp_len=e.clamp_len, **watch)
         return evaluation.evaluate_tokens(
             self.model, tokens, tgt_len=e.tgt_len, protocol=e.attention_protocol(), batch_size=e.batch_size,
-            max_steps=steps, layout=e.layout, kv_cache=e.kv_cache)
+            max_steps=steps, layout=e.layout, kv_cache=e.kv_cache, **watch)
 
 
 class EvaluateAndKeepBest(Action):
@@ -113,7 +122,7 @@ class EvaluateAndKeepBest(Action):
         trainer = controller.trainer
         level = trainer.vocab.level
         name = metric_name(level)
-        result = self.evaluator.evaluate("valid")
+        result = self.evaluator.evaluate("valid", progress=controller.chief, stop=controller.stop_requested)
         metric = level_metric(result.loss, level)
         improved = result.loss < float(trainer.best_loss.numpy())
         if improved:
@@ -180,11 +189,22 @@ def default_actions(trainer: Trainer, eval_config: EvalConfig) -> list[Action]:
 # * it installs a SIGTERM handler for the rest of the process (never put back after an in-process run) and does
 #   not handle SIGINT.
 class _StopRequest:
-    """SIGTERM / SIGINT handler: remembers the request; the loop saves and stops at the next boundary."""
+    """SIGTERM / SIGINT handler: remembers the request and calls `on_request()` at once.
 
-    def __init__(self):
+    Python runs a signal handler only when the main thread is back in the interpreter, which it is not while a
+    host loop (a tf.function of up to steps_per_loop steps) runs. So the signal also wakes a thread through
+    `signal.set_wakeup_fd`; the thread calls `on_request` (the trainer's stop flag, which the host loop reads
+    after every step) within milliseconds. The evaluation reads `requested` between segments.
+    """
+
+    def __init__(self, on_request: Callable[[], None] = lambda: None):
         self.requested = False
-        self.previous = {}
+        self.on_request = on_request
+        self.previous: dict = {}
+        self._interrupts = 0
+        self._lock = threading.Lock()
+        self._pipe: tuple[int, int] | None = None
+        self._previous_fd = -1
 
     def install(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -192,19 +212,46 @@ class _StopRequest:
                 self.previous[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread: signals stay with their current handlers
                 return
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        self._pipe = (read_fd, write_fd)
+        self._previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, args=(read_fd,), name="stop-request", daemon=True).start()
 
     def uninstall(self) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
         self.previous = {}
+        if self._pipe is not None:
+            signal.set_wakeup_fd(self._previous_fd)
+            os.close(self._pipe[1])  # the watcher reads end-of-file and ends (it closes the read end)
+            self._pipe = None
+
+    def _watch(self, read_fd: int) -> None:
+        try:
+            while data := os.read(read_fd, 64):
+                for signum in data:
+                    if signum in (signal.SIGTERM, signal.SIGINT):
+                        self._note(signum)
+        finally:
+            os.close(read_fd)
+
+    def _note(self, signum: int) -> None:
+        with self._lock:
+            if self.requested:
+                return
+            self.requested = True
+        print(f"\nreceived {signal.Signals(signum).name}: stopping after the current step or evaluation segment "
+              "and saving a checkpoint", file=sys.stderr, flush=True)
+        self.on_request()
 
     def _handle(self, signum, frame):
         del frame
-        if self.requested and signum == signal.SIGINT:  # a second Ctrl-C stops at once
-            raise KeyboardInterrupt
-        self.requested = True
-        print(f"\nreceived {signal.Signals(signum).name}: saving a checkpoint at the end of this host loop",
-              file=sys.stderr, flush=True)
+        if signum == signal.SIGINT:
+            self._interrupts += 1
+            if self._interrupts > 1:  # a second Ctrl-C stops at once
+                raise KeyboardInterrupt
+        self._note(signum)
 
 
 class Controller:
@@ -228,6 +275,7 @@ class Controller:
         self.chief = distribute.is_chief(trainer.strategy)
         self.write_dir = distribute.worker_dir(model_dir, trainer.strategy)
         self.train_writer = self.valid_writer = tf.summary.create_noop_writer()
+        self._stop = _StopRequest()
         self._make_managers()
 
     # ---- cadence ----------------------------------------------------------------------------------------
@@ -285,6 +333,10 @@ class Controller:
                                  "txl_tf.train; read by evaluate/export/generate).")
 
     # ---- the run ----------------------------------------------------------------------------------------
+    def stop_requested(self) -> bool:
+        """Whether SIGTERM / SIGINT asked this process to stop (long actions poll it and raise StopRequested)."""
+        return self._stop.requested
+
     def _agree_to_stop(self, local: bool) -> bool:
         """True when any worker wants to stop (an all-reduce across workers in multi-worker runs)."""
         strategy = self.trainer.strategy
@@ -332,7 +384,7 @@ class Controller:
                                                        batch_size=trainer.global_batch // c.grad_accum_steps)
         precision = "bfloat16" if trainer.mixed_precision else "float32"
         peak = flops.measure_matmul_peak(precision, jit_compile=c.jit_compile) if c.measure_mfu else float("nan")
-        stop = _StopRequest()
+        stop = self._stop = _StopRequest(on_request=trainer.request_stop)
         stop.install()
         window, last_metrics, loops = LoopStats(), {}, 0
         progress = keras.utils.Progbar(c.train_steps, stateful_metrics=["loss", metric_name(trainer.vocab.level),
@@ -354,9 +406,12 @@ class Controller:
                 if step % c.log_every == 0 or step == c.train_steps:
                     last_metrics = self._log_train(step, window, flops_per_token, peak, progress)
                     window = LoopStats()
-                for action in self.actions:
-                    if action.due(step, c.train_steps):
-                        last_metrics.update(action(self, step))
+                try:
+                    for action in self.actions:
+                        if action.due(step, c.train_steps) and not stop.requested:
+                            last_metrics.update(action(self, step))
+                except StopRequested as request:
+                    self.log(f"{request} at step {step}: abandoned on the stop request")
                 if (c.checkpoint_every > 0 and step % c.checkpoint_every == 0) or step == c.train_steps:
                     self.save(step)
                 if self._agree_to_stop(stop.requested):

@@ -13,6 +13,7 @@ folder, so `--gin_file=enwik8.gin` works from any directory; `include` lines res
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -23,7 +24,7 @@ from absl import logging as absl_logging  # noqa: E402
 
 from txl_tf import errors  # noqa: E402
 from txl_tf.distribute import STRATEGIES  # noqa: E402
-from txl_tf.errors import ConfigError  # noqa: E402
+from txl_tf.errors import ConfigError, UserError  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -37,6 +38,11 @@ def define_flags() -> None:
     flags.DEFINE_string("model_dir", None, "Checkpoints, config.gin and TensorBoard logs (default runs/<gin name>).")
     flags.DEFINE_enum("strategy", "default", list(STRATEGIES), "tf.distribute strategy.")
     flags.DEFINE_string("tpu", None, "TPU name or address for --strategy=tpu.")
+
+
+class WorkerLostError(UserError):
+    """A peer of a multi-worker run died or stopped answering (reported in one line; exit status 2)."""
+
 
 def default_model_dir(gin_files) -> str:
     name = os.path.splitext(os.path.basename(gin_files[-1]))[0] if gin_files else "run"
@@ -53,6 +59,7 @@ def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=Non
 
     from txl_tf import distribute, run_dir
     from txl_tf.controller import Controller, default_actions
+    from txl_tf.run_lock import RunLock
     from txl_tf.trainer import Trainer
 
     if not gin_files:
@@ -72,12 +79,26 @@ def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=Non
             f"`python -m txl_tf.data.prepare --dataset={data_config.dataset} --data_dir={data_config.data_dir}` "
             "or set --gin_param=\"DATA_DIR='...'\"")
     strategy_obj = distribute.make_strategy(strategy, tpu)
-    trainer = Trainer(made.model, data_config, made.train, strategy=strategy_obj)
-    controller = Controller(trainer, model_dir=model_dir, actions=default_actions(trainer, made.eval),
-                            config_str=gin.operative_config_str())
-    print(f"training in {model_dir} with strategy {strategy} ({strategy_obj.num_replicas_in_sync} replica(s))",
-          flush=True)
-    return controller.train()
+    # One writer per run directory (the chief's; other workers write only their own temporary folders).
+    with RunLock(model_dir) if distribute.is_chief(strategy_obj) else contextlib.nullcontext():
+        trainer = Trainer(made.model, data_config, made.train, strategy=strategy_obj)
+        controller = Controller(trainer, model_dir=model_dir, actions=default_actions(trainer, made.eval),
+                                config_str=gin.operative_config_str())
+        print(f"training in {model_dir} with strategy {strategy} ({strategy_obj.num_replicas_in_sync} replica(s))",
+              flush=True)
+        try:
+            return controller.train()
+        except Exception as error:  # noqa: BLE001  (re-raised unless a multi-worker peer was lost)
+            lost = distribute.lost_worker(error, strategy_obj)
+            if lost is None:
+                raise
+            import tensorflow as tf
+
+            newest = tf.train.latest_checkpoint(model_dir)
+            raise WorkerLostError(
+                f"lost a worker: {lost}; this worker stopped too. The newest complete checkpoint in {model_dir} is "
+                f"{newest or 'none yet'}; restart the lost worker and re-run the same command on every worker "
+                "to resume from it") from None
 
 
 def main(argv):

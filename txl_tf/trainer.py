@@ -140,6 +140,9 @@ class Trainer:
         if self.config.checkpoint_memory:
             state["mems"] = self.saved_mems
         self.checkpoint = tf.train.Checkpoint(**state)
+        # Set by a stop request (SIGTERM / SIGINT, from a thread while a host loop runs; txl_tf.controller);
+        # the host loop ends after the step during which any worker's flag was set. Not checkpointed.
+        self.stop_flag = tf.Variable(False, trainable=False, name="stop_requested")
         self._loop_fn = tf.function(self._host_loop)
         self._grad_fn = tf.function(self._loss_and_grads, jit_compile=True) if self.config.jit_compile \
             else self._loss_and_grads
@@ -162,8 +165,13 @@ class Trainer:
             rotate_seed=c.seed if c.rotate_streams else None)
         self._iterator = iter(dataset)
 
+    def request_stop(self) -> None:
+        """Ends the running host loop after its current step (safe to call from another thread)."""
+        self.stop_flag.assign(True)
+
     def train_loop(self, num_steps: int) -> LoopStats:
-        """One host loop of up to `num_steps` steps (fewer only when a step is non-finite in "stop" mode)."""
+        """One host loop of up to `num_steps` steps (fewer when a step is non-finite in "stop" mode, or after
+        `request_stop`)."""
         start = time.perf_counter()
         self.mems, out = self._loop_fn(self._iterator, self.mems, tf.constant(num_steps, tf.int32))
         done, nll_sum, tokens, norm_sum, bad = (x.numpy() for x in out)
@@ -217,6 +225,8 @@ class Trainer:
         ctx = tf.distribute.get_replica_context()
         variables = self.model.trainable_variables
         nll_sum, grads, new_mems = self._grad_fn(inputs, targets, mems)
+        with tf.control_dependencies([nll_sum]):  # read after the step's work: a request during it ends the loop
+            stop = tf.cast(self.stop_flag.read_value(), tf.float32)
         if self.replicas > 1:
             summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [tf.convert_to_tensor(g) for g in grads])
             global_nll = ctx.all_reduce(tf.distribute.ReduceOp.SUM, nll_sum)
@@ -248,7 +258,7 @@ class Trainer:
         ctx.merge_call(cross_replica, args=(to_apply, finite))
         new_mems = tf.where(finite, new_mems, tf.zeros_like(new_mems))
         tokens = tf.constant(self.replica_batch * float(np.sum(self._np_weights(self.config.tgt_len))))
-        return new_mems, (nll_sum, tokens, grad_norm, tf.cast(tf.logical_not(finite), tf.float32))
+        return new_mems, (nll_sum, tokens, grad_norm, tf.cast(tf.logical_not(finite), tf.float32), stop)
 
     def _host_loop(self, iterator, mems, num_steps):
         """Up to `num_steps` steps in one tf.function; stops early on a non-finite step in "stop" mode."""
@@ -264,13 +274,16 @@ class Trainer:
                 break
             inputs, targets = next(iterator)
             mems, stats = strategy.run(self._replica_step, args=(inputs, targets, mems))
-            step_nll, step_tokens, step_norm, step_bad = stats
+            step_nll, step_tokens, step_norm, step_bad, step_stop = stats
             nll_sum += tf.cast(strategy.reduce(tf.distribute.ReduceOp.SUM, step_nll, axis=None), tf.float64)
             tokens += tf.cast(strategy.reduce(tf.distribute.ReduceOp.SUM, step_tokens, axis=None), tf.float64)
             grad_norm_sum += tf.cast(strategy.reduce(tf.distribute.ReduceOp.MEAN, step_norm, axis=None),
                                      tf.float64)
             nonfinite += tf.cast(strategy.reduce(tf.distribute.ReduceOp.MEAN, step_bad, axis=None) > 0, tf.int32)
             steps += 1
+            # Every worker sees the same sum, so all of them end the loop after the same step.
+            if strategy.reduce(tf.distribute.ReduceOp.SUM, step_stop, axis=None) > 0:
+                break
         return mems, (steps, nll_sum, tokens, grad_norm_sum, nonfinite)
 
     # ---- memory -----------------------------------------------------------------------------------------
