@@ -16,16 +16,20 @@ writes anything.
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import numbers
 import os
+import tokenize
 import types
 import typing
+from collections.abc import Callable, Sequence
 from typing import Optional
 
 import gin
+from gin import config_parser
 
-from txl_tf.errors import ConfigError
+from txl_tf.errors import ConfigError, one_line
 from txl_tf.protocol import Protocol
 
 
@@ -293,16 +297,147 @@ def gin_error(error: BaseException, where: str = "") -> ConfigError:
                        "against the fields of txl_tf/configs.py (ModelConfig, DataConfig, TrainConfig, EvalConfig)")
 
 
-def parse_gin(files=(), bindings=(), *, lenient_files=()) -> list:
+ALLOW_IMPORTS_ENV = "TXL_TF_GIN_ALLOW_IMPORTS"
+_NO_IMPORTS = "gin files may not import modules (a run folder someone sends must be as safe as a checkpoint)"
+_BINDING_FORM = "write each binding as Configurable.parameter = value, e.g. TrainConfig.learning_rate = 2.5e-4"
+
+
+def imports_allowed() -> bool:
+    """Whether gin `import` statements may run: only when $TXL_TF_GIN_ALLOW_IMPORTS is 1 (the user's opt-in)."""
+    value = os.environ.get(ALLOW_IMPORTS_ENV, "").strip().lower()
+    if value in ("", "0", "false", "no"):
+        return False
+    if value in ("1", "true", "yes"):
+        return True
+    raise ConfigError(f"{ALLOW_IMPORTS_ENV}={value!r} is not a switch: set it to 1 to let gin files import modules, "
+                      "or unset it")
+
+
+class _Inert(config_parser.ParserDelegate):
+    """Stands in for gin's delegate: `@references` and `%macros` parse to nothing, so reading binds nothing."""
+
+    def configurable_reference(self, scoped_configurable_name, evaluate):
+        return None
+
+    def macro(self, macro_name):
+        return None
+
+
+def _statements(text: str, where: Callable[[int | None], str], fix: str) -> list:
+    """gin's own parser over `text`, acting on nothing (no import, include or binding happens): its statements.
+
+    A syntax error is a ConfigError `<where(line)>: bad gin syntax (...); <fix>`.
+    """
+    try:
+        return list(config_parser.ConfigParser(text, _Inert()))
+    except SyntaxError as error:
+        # gin appends "Failed to parse token 'x' in '...'" to Python's own message about a value: that part says it
+        lines = [part.strip() for part in (error.msg or "").splitlines() if part.strip()]
+        detail = next((part for part in lines if part.startswith("Failed to parse")), " ".join(lines))
+        if error.text and error.text.strip() and " in '" not in detail:
+            detail += f" in {error.text.strip()!r}"
+        line = error.lineno
+    except tokenize.TokenError as error:  # an unclosed bracket or string: Python names the end of the text
+        line, detail = error.args[1][0] if len(error.args) > 1 else None, str(error.args[0])
+        line = _unclosed_statement_line(text) if "statement" in detail else line
+    except (ValueError, RecursionError) as error:
+        line, detail = None, one_line(error)
+    raise ConfigError(f"{where(line)}: bad gin syntax ({detail}); {fix}")
+
+
+def _unclosed_statement_line(text: str) -> int | None:
+    """The line where the statement that is still open at the end of `text` begins."""
+    start = None
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.NEWLINE:
+                start = None
+            elif start is None and token.type not in (tokenize.NL, tokenize.COMMENT, tokenize.INDENT,
+                                                        tokenize.DEDENT):
+                start = token.start[0]
+    except tokenize.TokenError:
+        pass
+    return start
+
+
+def _find_included(name: str, search: Sequence[str]) -> str | None:
+    """The file gin opens for `include name`: the first of gin's search paths that holds it."""
+    prefixes = [""] if os.path.isabs(name) else (getattr(gin.config, "_LOCATION_PREFIXES", None) or ["", *search])
+    for prefix in prefixes:
+        candidate = os.path.join(prefix, name)
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _check_statements(statements: list, where: Callable[[int | None], str], allow_imports: bool,
+                      search: Sequence[str], stack: tuple) -> None:
+    for statement in statements:
+        if isinstance(statement, config_parser.ImportStatement):
+            if allow_imports or (statement.is_from and statement.module.startswith("__gin__.")):
+                continue  # `from __gin__ import dynamic_registration` switches a gin feature on; it imports nothing
+            text = (statement.location.line_content or statement.format()).strip()
+            raise ConfigError(f"{where(statement.location.line_num)}: {text!r} — {_NO_IMPORTS}; remove the line or "
+                              f"set {ALLOW_IMPORTS_ENV}=1 to allow it")
+        if isinstance(statement, config_parser.IncludeStatement):
+            path = _find_included(statement.filename, search)
+            if path is None:
+                raise ConfigError(f"{where(statement.location.line_num)}: include {statement.filename!r} not found "
+                                  "(looked in the working directory, the including files' folders and the "
+                                  "repository's gin/); fix the name or give the file")
+            _check_file(os.path.abspath(path), allow_imports, search, stack)
+
+
+def _check_file(path: str, allow_imports: bool, search: Sequence[str], stack: tuple = ()) -> None:
+    real = os.path.realpath(path)
+    if real in stack:
+        raise ConfigError(f"{path} includes itself (through {' -> '.join(stack)}); remove one of the include lines")
+    try:
+        with open(path) as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"cannot read gin file {path}: {one_line(error)}; give a readable text file") from None
+    statements = _statements(text, lambda line: f"{path}:{line}" if line else path,
+                             "fix the line: " + _BINDING_FORM)
+    _check_statements(statements, lambda line: f"{path}:{line}", allow_imports, search, (*stack, real))
+
+
+def check_gin(files: Sequence[str] = (), bindings: Sequence[str] = (), *, allow_imports: bool | None = None,
+              search: Sequence[str] = ()) -> None:
+    """Reads gin `files` (and every file they include) and `bindings` with gin's parser, acting on nothing.
+
+    Raises ConfigError (one line naming the file and line, or the binding) on a syntax error, an include that is
+    not found, and an `import` statement unless `allow_imports` (default: `imports_allowed()`). gin imports a
+    module when it parses the statement, so this runs before gin parses anything. `search` are the folders gin
+    looks in for included files besides its own search paths.
+    """
+    allow = imports_allowed() if allow_imports is None else allow_imports
+    for path in files:
+        _check_file(path, allow, search)
+    for binding in bindings:
+        statements = _statements(binding, lambda line, binding=binding: f"gin binding {binding!r}",
+                                 _BINDING_FORM)
+        _check_statements(statements, lambda line, binding=binding: f"gin binding {binding!r}", allow, search, ())
+    # gin parses the bindings as one text, one per line: what holds for each must hold for them together.
+    joined = _statements("\n".join(bindings), lambda line: f"gin bindings (line {line} of them together)",
+                         "give each binding whole in one --gin_param: " + _BINDING_FORM)
+    _check_statements(joined, lambda line: f"gin bindings (line {line} of them together)", allow, search, ())
+
+
+def parse_gin(files=(), bindings=(), *, lenient_files=(), allow_imports: bool | None = None) -> list:
     """Parses gin `files` (found as given or in gin/) and then `bindings`; returns the files' paths.
 
     Unknown configurables and parameters are errors, except in `lenient_files` (parsed first, e.g. a run's
-    config.gin, which may bind configurables of modules this program does not import).
+    config.gin, which may bind configurables of modules this program does not import). Everything is first read
+    by `check_gin`: a syntax error is one line, and an `import` statement (in any file, included file or binding)
+    is refused unless `allow_imports` or $TXL_TF_GIN_ALLOW_IMPORTS=1.
     """
     paths = [resolve_gin_file(p) for p in files]
-    for directory in dict.fromkeys([os.path.dirname(os.path.abspath(p)) for p in (*lenient_files, *paths)]
-                                   + [GIN_DIR]):
+    search = list(dict.fromkeys([os.path.dirname(os.path.abspath(p)) for p in (*lenient_files, *paths)]
+                                + [GIN_DIR]))
+    for directory in search:
         gin.add_config_file_search_path(directory)
+    check_gin([*lenient_files, *paths], bindings, allow_imports=allow_imports, search=search)
     quiet = _DropMessages("Path not found")  # gin logs every search-path miss of an include before a hit
     logging.getLogger().addFilter(quiet)
     try:

@@ -175,10 +175,11 @@ def from_original_tf(checkpoint_prefix, **model_kwargs):
 def _model_config_from_flags(shapes, gin_files, gin_params):
     import gin
 
-    from txl_tf.configs import ModelConfig
+    from txl_tf.configs import ModelConfig, check_gin
 
     arch = infer_architecture(shapes)
     if gin_files or gin_params:
+        check_gin(gin_files, gin_params)  # no `import` runs from a gin file; syntax errors are one line
         gin.parse_config_files_and_bindings(gin_files, gin_params, skip_unknown=True)
         config = ModelConfig()
         return config, config.model_kwargs(n_token=arch["n_token"])

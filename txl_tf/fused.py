@@ -19,11 +19,15 @@ Environment:
                         `0`: never use them; `1`: require them (an error names the compiler's log when they fail).
   TXL_TF_CACHE          the cache the data downloads use too (default `~/.cache/txl_tf`); compiled libraries
                         go to its `kernels/` folder (to the temporary directory when that cannot be created).
+                        A cached library is loaded only when it and its folders belong to this user and no one
+                        else may write them (`untrusted`); otherwise the kernels are built afresh in a private
+                        temporary folder for the process, with one warning.
   CXX                   the compiler (default: the first of g++, c++, clang++ on PATH).
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import logging
@@ -31,6 +35,7 @@ import os
 import pathlib
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -87,9 +92,81 @@ def _cpu_signature():
     return "\n".join(parts)
 
 
+def untrusted(info: os.stat_result, uid: int | None = None) -> str | None:
+    """Why a cached library or one of its folders, of this `os.stat` result, may hold code this user did not
+    build, or None: it belongs to another user than `uid` (default: this process's) or the group or others may
+    write it."""
+    uid = os.getuid() if uid is None else uid
+    if info.st_uid != uid:
+        return f"owned by uid {info.st_uid}, not {uid}"
+    writers = [who for who, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if info.st_mode & bit]
+    if writers:
+        return f"writable by {' and '.join(writers)} (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def _untrusted_path(root, target):
+    """Why the library `target` (root/<key>/fused_ops.so) may not be this user's, or None: the first of the cache
+    root, the key's folder and the library (when built) that `untrusted` refuses."""
+    if not hasattr(os, "getuid"):  # no POSIX owners to check (Windows)
+        return None
+    for path in (root, target.parent, target):
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            if path == target:  # not built yet: it is built here
+                continue
+            raise
+        reason = untrusted(info)
+        if reason:
+            return f"{path} is {reason}"
+    return None
+
+
+def _private_dirs(*paths):
+    """Creates each missing folder of `paths` readable and writable by this user only."""
+    for path in paths:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def _cache_key(compiler):
+    """The library's folder name: a hash of the source, TensorFlow's version, the compiler, the flags and the CPU."""
+    return hashlib.sha256(
+        "\0".join([SOURCE.read_text(), tf.__version__, compiler, " ".join(_BASE_FLAGS), _cpu_signature()]).encode()
+    ).hexdigest()[:16]
+
+
+def _library_path(key):
+    """Where the library of `key` is loaded from (built first when missing): `cache_dir()/key/fused_ops.so`, else
+    `txl_tf-kernels-UID/key/` in the temporary directory when the cache cannot be created. When the folder found
+    may hold another user's library (a predictable folder in a shared /tmp, a cache others may write), a fresh
+    private folder for this process instead, said once on stderr."""
+    root = cache_dir()
+    problem = None
+    try:
+        _private_dirs(root, root / key)
+    except OSError:  # a read-only home (a sandbox, a shared account): the temporary directory instead
+        user = os.getuid() if hasattr(os, "getuid") else 0
+        root = pathlib.Path(tempfile.gettempdir()) / f"txl_tf-kernels-{user}"
+        try:
+            _private_dirs(root, root / key)
+        except OSError as e:  # e.g. another user's folder of that name, closed to this one
+            problem = f"cannot create {root / key}: {e.strerror or e}"
+    target = root / key / "fused_ops.so"
+    problem = problem or _untrusted_path(root, target)
+    if problem is None:
+        return target
+    private = pathlib.Path(tempfile.mkdtemp(prefix="txl_tf-kernels-private-"))
+    atexit.register(shutil.rmtree, private, ignore_errors=True)
+    logging.warning("txl_tf: not loading the fused CPU kernels from %s (%s; another user could have put a library "
+                    "there); building them in %s for this process instead (remove that folder, or set TXL_TF_CACHE "
+                    "to a directory only you can write)", root, problem, private)
+    return private / "fused_ops.so"
+
+
 def _build(compiler, target):
     """Compiles SOURCE into `target` (atomically); returns None or the reason it failed."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     log = target.with_suffix(".log")
     tf_flags = tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()
     errors = []
@@ -105,6 +182,7 @@ def _build(compiler, target):
             os.unlink(tmp)
             return f"cannot run the compiler {compiler!r}: {e} (install g++, or set CXX)"
         if result.returncode == 0:
+            os.chmod(tmp, stat.S_IMODE(os.stat(tmp).st_mode) & ~0o022)  # the linker's mode follows the umask
             os.replace(tmp, target)  # atomic: a concurrent process sees the old state or the whole library
             return None
         os.unlink(tmp)
@@ -130,16 +208,10 @@ def _load_once():
     compiler = _compiler()
     if compiler is None:
         return None, "no C++ compiler (install g++, or set CXX)"
-    key = hashlib.sha256(
-        "\0".join([SOURCE.read_text(), tf.__version__, compiler, " ".join(_BASE_FLAGS), _cpu_signature()]).encode()
-    ).hexdigest()[:16]
-    target = cache_dir() / key / "fused_ops.so"
-    if not target.exists():
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-        except OSError:  # a read-only home (a sandbox, a shared account): the temporary directory instead
-            user = os.getuid() if hasattr(os, "getuid") else 0
-            target = pathlib.Path(tempfile.gettempdir()) / f"txl_tf-kernels-{user}" / key / "fused_ops.so"
+    try:
+        target = _library_path(_cache_key(compiler))
+    except OSError as e:
+        return None, f"no folder to build the kernels in: {e} (set TXL_TF_CACHE to a writable directory)"
     if not target.exists():
         logging.info("txl_tf: compiling the fused CPU kernels into %s (once per machine and version, ~10 s)",
                      target.parent)

@@ -1,0 +1,265 @@
+"""Files someone else made are read, never run: a run folder's config.gin (and any gin file or binding) may not
+import modules, malformed gin is one line, and the fused kernels' cache loads only a library this user built.
+Real gin files and run folders, a real `python -m` subprocess where the exit status and the printed line are the
+point, and a real shared library whose constructor leaves a marker when something loads it."""
+
+import os
+import re
+import stat
+import subprocess
+import sys
+import tempfile
+import uuid
+
+import gin
+import pytest
+from train_utils import REPO_ROOT, subprocess_env, tiny_params
+
+from txl_tf import configs, fused, run_dir
+from txl_tf.errors import ConfigError
+
+ALLOW_IMPORTS = "TXL_TF_GIN_ALLOW_IMPORTS"  # the opt-in (configs.ALLOW_IMPORTS_ENV)
+REFUSAL = "gin files may not import modules (a run folder someone sends must be as safe as a checkpoint)"
+
+
+def _error_lines(stderr: str) -> list:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def _evil_module(directory, marker) -> str:
+    """A module in `directory` (put on sys.path) that writes `marker` when imported; returns its (unique) name."""
+    name = f"evil_{uuid.uuid4().hex[:8]}"
+    (directory / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').write('evil ran')\n")
+    return name
+
+
+@pytest.fixture
+def evil(tmp_path, monkeypatch):
+    """(module name, marker path): the module is importable from sys.path and the working directory."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(ALLOW_IMPORTS, raising=False)
+    marker = tmp_path / "evil_ran"
+    name = _evil_module(tmp_path, marker)
+    yield name, marker
+    sys.modules.pop(name, None)
+
+
+def _run_folder(directory, first_line: str) -> str:
+    """A run folder whose config.gin is the one training writes for the tiny sample setup, `first_line` first."""
+    run_dir.parse_configs(gin_files=["gin/sample.gin"], gin_params=tiny_params(str(directory / "data")))
+    text = gin.config_str()
+    gin.clear_config()
+    run_dir.write_config(str(directory), f"{first_line}\n{text}")
+    return str(directory)
+
+
+# ---- D1: a run folder's config.gin imported (ran) any module it named ------------------------------------------
+def test_evaluate_refuses_a_run_folder_whose_config_imports_a_module(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    marker = tmp_path / "evil_ran"
+    (work / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('evil ran')\n")
+    copy = _run_folder(tmp_path / "copy", "import evil")
+    result = subprocess.run([sys.executable, "-m", "txl_tf.evaluate", f"--model_dir={copy}"], cwd=work,
+                            env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert not marker.exists(), "evil.py ran"
+    assert result.returncode == 2, result.stderr
+    assert _error_lines(result.stderr) == [
+        f"error: {os.path.join(copy, 'config.gin')}:1: 'import evil' — {REFUSAL}; remove the line or set "
+        "TXL_TF_GIN_ALLOW_IMPORTS=1 to allow it"], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("statement,where", [
+    ("import {m}", "config.gin"), ("import {m} as alias", "config.gin"), ("from {m} import thing", "gin_file"),
+    ("import {m}", "included"), ("import {m}", "binding"), ("from {m} import thing as alias", "binding"),
+])
+def test_import_statements_are_refused_before_gin_runs_them(evil, tmp_path, statement, where):
+    name, marker = evil
+    line = statement.format(m=name)
+    model_dir, files, params = str(tmp_path), [], ["EvalConfig.batch_size = 2"]
+    if where == "config.gin":
+        run_dir.write_config(model_dir, f"{line}\nEvalConfig.mem_len = 8\n")
+        named = f"{tmp_path / 'config.gin'}:1"
+    elif where == "gin_file":
+        (tmp_path / "extra.gin").write_text(f"include 'sample.gin'\n{line}\n")
+        files, named = [str(tmp_path / "extra.gin")], f"{tmp_path / 'extra.gin'}:2"
+        model_dir = None
+    elif where == "included":  # found by gin's search path (the including file's folder), as gin would find it
+        (tmp_path / "inner.gin").write_text(f"EvalConfig.mem_len = 8\n\n{line}\n")
+        (tmp_path / "outer.gin").write_text("include 'sample.gin'\ninclude 'inner.gin'\n")
+        files, named = [str(tmp_path / "outer.gin")], f"{os.path.join(os.getcwd(), 'inner.gin')}:3"
+        model_dir = None
+    else:
+        files, params, model_dir = ["gin/sample.gin"], [*params, line], None
+        named = f"gin binding {line!r}"
+    with pytest.raises(ConfigError) as raised:
+        run_dir.parse_configs(model_dir, files, params)
+    assert not marker.exists() and name not in sys.modules, f"{name} was imported"
+    assert str(raised.value) == (f"{named}: {line!r} — {REFUSAL}; remove the line or set TXL_TF_GIN_ALLOW_IMPORTS=1 "
+                                 "to allow it")
+
+
+def test_imports_run_only_with_the_opt_in(evil, tmp_path, monkeypatch):
+    name, marker = evil
+    run_dir.write_config(str(tmp_path), f"import {name}\nEvalConfig.mem_len = 8\n")
+    monkeypatch.setenv(ALLOW_IMPORTS, "perhaps")
+    with pytest.raises(ConfigError, match=f"^{ALLOW_IMPORTS}='perhaps' is not a switch"):
+        run_dir.parse_configs(str(tmp_path))
+    assert not marker.exists()
+    monkeypatch.setenv(ALLOW_IMPORTS, "1")
+    assert run_dir.parse_configs(str(tmp_path)).eval.mem_len == 8
+    assert marker.exists()  # the user's own choice: gin imported the module
+
+
+# ---- D9: a malformed binding or gin file was a tokenize/gin traceback ------------------------------------------
+def test_train_reports_a_malformed_binding_in_one_line(tmp_path):
+    binding = "TrainConfig.learning_rate=((("
+    result = subprocess.run([sys.executable, "-m", "txl_tf.train", "--gin_file=gin/sample.gin",
+                             f"--model_dir={tmp_path / 'run'}", f"--gin_param={binding}"], cwd=REPO_ROOT,
+                            env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert _error_lines(result.stderr) == [
+        f"error: gin binding {binding!r}: bad gin syntax (EOF in multi-line statement); write each binding as "
+        "Configurable.parameter = value, e.g. TrainConfig.learning_rate = 2.5e-4"], result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("binding,detail", [
+    ("TrainConfig.learning_rate=(((", "EOF in multi-line statement"),
+    ("TrainConfig.learning_rate = '''", "EOF in multi-line string"),
+    ("TrainConfig.learning_rate 3", "Couldn't parse statement"),
+    ("TrainConfig.learning_rate = 1 2", "Expected newline"),
+])
+def test_malformed_bindings_are_one_config_error_naming_them(binding, detail):
+    with pytest.raises(ConfigError) as raised:
+        configs.parse_gin(["gin/sample.gin"], [binding])
+    message = str(raised.value)
+    assert message.startswith(f"gin binding {binding!r}: bad gin syntax ({detail}") and "\n" not in message
+    assert message.endswith("write each binding as Configurable.parameter = value, e.g. "
+                            "TrainConfig.learning_rate = 2.5e-4")
+
+
+def test_malformed_gin_files_name_the_file_and_line(tmp_path):
+    bad = tmp_path / "bad.gin"
+    bad.write_text("include 'sample.gin'\nTrainConfig.batch_size = 4\nTrainConfig.learning_rate = [1,\n")
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(bad))}:3: bad gin syntax \\(EOF in multi-line statement"):
+        configs.parse_gin([str(bad)])
+    missing = tmp_path / "missing.gin"
+    missing.write_text("TrainConfig.batch_size = 4\ninclude 'no_such_setup.gin'\n")
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(missing))}:2: include 'no_such_setup.gin' not found"):
+        configs.parse_gin([str(missing)])
+    loop = tmp_path / "loop.gin"
+    loop.write_text(f"include '{loop}'\n")
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(loop))} includes itself"):
+        configs.parse_gin([str(loop)])
+
+
+# ---- D2: the fused kernels' cache loaded a library another user could have planted -----------------------------
+PLANTED = """
+#include <cstdio>
+#include <cstdlib>
+__attribute__((constructor)) static void planted() {
+  const char* path = std::getenv("TXL_TF_TEST_PLANTED_MARKER");
+  if (path) { std::FILE* f = std::fopen(path, "a"); if (f) { std::fputs("planted library ran\\n", f); std::fclose(f); } }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def planted_library(tmp_path_factory):
+    """A shared library whose constructor appends to $TXL_TF_TEST_PLANTED_MARKER when it is loaded."""
+    compiler = fused._compiler()
+    if compiler is None:
+        pytest.skip("no C++ compiler to build the planted library (CI installs g++)")
+    directory = tmp_path_factory.mktemp("planted")
+    (directory / "planted.cc").write_text(PLANTED)
+    subprocess.run([compiler, "-shared", "-fPIC", str(directory / "planted.cc"), "-o", str(directory / "planted.so")],
+                   check=True, capture_output=True)
+    return (directory / "planted.so").read_bytes()
+
+
+@pytest.fixture
+def kernel_env(tmp_path, monkeypatch):
+    """A failing compiler (`false`: nothing is compiled), a private temporary directory and the marker's path."""
+    monkeypatch.setenv("CXX", "false")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    marker = tmp_path / "planted_ran"
+    monkeypatch.setenv("TXL_TF_TEST_PLANTED_MARKER", str(marker))
+    return marker
+
+
+def _plant(planted_library, root, mode=0o600):
+    """Puts the planted library where fused looks for its build: the key's folder, made by a first (failing) build."""
+    if not root.exists():
+        assert fused._load_once.__wrapped__()[0] is None  # `false` builds nothing but makes the folders
+    (key_dir,) = [d for d in root.iterdir() if d.is_dir()]
+    target = key_dir / "fused_ops.so"
+    target.write_bytes(planted_library)
+    os.chmod(target, mode)
+    return target
+
+
+def test_untrusted_refuses_other_owners_and_shared_write_bits(tmp_path):
+    def info(mode, uid):
+        return os.stat_result((mode, 0, 0, 1, uid, 0, 0, 0, 0, 0))
+
+    assert fused.untrusted(info(stat.S_IFDIR | 0o700, 1000), uid=1000) is None
+    assert fused.untrusted(info(stat.S_IFREG | 0o755, 1000), uid=1000) is None
+    assert fused.untrusted(info(stat.S_IFDIR | 0o700, 1001), uid=1000) == "owned by uid 1001, not 1000"
+    assert fused.untrusted(info(stat.S_IFDIR | 0o1777, 1000), uid=1000) == "writable by group and others (mode 1777)"
+    assert fused.untrusted(info(stat.S_IFREG | 0o664, 1000), uid=1000) == "writable by group (mode 664)"
+    library = tmp_path / "fused_ops.so"
+    library.write_bytes(b"")
+    os.chmod(library, 0o644)
+    assert fused.untrusted(os.stat(library)) is None  # this process's own file
+    os.chmod(library, 0o646)
+    assert fused.untrusted(os.stat(library)) == "writable by others (mode 646)"
+
+
+def test_library_planted_in_the_shared_temp_folder_is_not_loaded(planted_library, kernel_env, tmp_path,
+                                                                  monkeypatch, caplog):
+    (tmp_path / "not_a_dir").write_text("")
+    monkeypatch.setenv("TXL_TF_CACHE", str(tmp_path / "not_a_dir"))  # the home cache cannot be created
+    shared = tmp_path / "tmp" / f"txl_tf-kernels-{os.getuid()}"
+    planted = _plant(planted_library, shared, 0o755)
+    os.chmod(shared, 0o777)  # as another user would leave it in /tmp
+    library, reason = fused._load_once.__wrapped__()
+    assert not kernel_env.exists(), "the planted library was loaded"
+    assert library is None and "output is in" in reason and f"{shared}{os.sep}" not in reason, reason
+    assert f"not loading the fused CPU kernels from {shared} ({shared} is writable by group and others" in caplog.text
+    assert planted.read_bytes() == planted_library
+
+
+@pytest.mark.parametrize("open_to_others", ["root", "key folder", "library"])
+def test_library_in_a_cache_others_may_write_is_not_loaded(planted_library, kernel_env, tmp_path, monkeypatch,
+                                                           caplog, open_to_others):
+    monkeypatch.setenv("TXL_TF_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "cache" / "kernels"
+    planted = _plant(planted_library, root)
+    shared = {"root": root, "key folder": planted.parent, "library": planted}[open_to_others]
+    os.chmod(shared, 0o775 if shared.is_dir() else 0o666)
+    library, reason = fused._load_once.__wrapped__()
+    assert not kernel_env.exists(), "the planted library was loaded"
+    assert library is None and f"{root}{os.sep}" not in reason, reason
+    assert f"({shared} is writable by group" in caplog.text
+
+
+def test_own_cache_is_private_and_loaded(planted_library, kernel_env, tmp_path, monkeypatch):
+    monkeypatch.setenv("TXL_TF_CACHE", str(tmp_path / "cache"))
+    previous = os.umask(0o002)  # a umask that lets the group write new files (common with per-user groups)
+    try:
+        library, reason = fused._load_once.__wrapped__()  # `false` builds nothing but makes the folders
+    finally:
+        os.umask(previous)
+    assert library is None and "output is in" in reason
+    root = tmp_path / "cache" / "kernels"
+    (key_dir,) = [d for d in root.iterdir() if d.is_dir()]
+    assert [stat.S_IMODE(os.stat(d).st_mode) for d in (root, key_dir)] == [0o700, 0o700]
+    _plant(planted_library, root, 0o644)  # stands for the library this user built there
+    library, reason = fused._load_once.__wrapped__()
+    assert library is not None, reason
+    assert kernel_env.read_text() == "planted library ran\n"
