@@ -9,39 +9,19 @@ import gin
 import numpy as np
 import pytest
 import tensorflow as tf
+from train_utils import AVERAGE_CONFIG as CONFIG
+from train_utils import make_run
 
 from txl_tf import average, run_dir
 from txl_tf.configs import ModelConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = dict(n_layer=1, d_model=8, n_head=2, d_head=3, d_inner=10, n_token=11, mem_len=4, dropout=0.0, dropatt=0.0)
 
 
 @pytest.fixture(autouse=True)
 def _clean_gin():
     yield
     gin.clear_config()
-
-
-def make_run(directory, offsets):
-    """A run directory with config.gin and one checkpoint per offset: the same model, every float weight + offset
-    (saved like the trainer's: model, optimizer-like extras, numbered by step). Returns the float weights."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.gin").write_text("".join(f"ModelConfig.{k} = {v!r}\n" for k, v in CONFIG.items()))
-    model = run_dir.build_model(ModelConfig(**CONFIG))
-    base = [v.numpy() for v in model.weights]
-    step = tf.Variable(0, dtype=tf.int64)
-    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model, step=step, extra=tf.Variable(1.0)),
-                                         str(directory), max_to_keep=None, step_counter=step)
-    saved = []
-    for i, offset in enumerate(offsets):
-        for variable, value in zip(model.weights, base, strict=True):
-            if average.is_float(variable):
-                variable.assign(value + offset)
-        step.assign(10 * (i + 1))
-        manager.save(checkpoint_number=10 * (i + 1))
-        saved.append([v.numpy() for v in model.weights if average.is_float(v)])
-    return saved
 
 
 def float_weights(model):

@@ -262,17 +262,33 @@ def test_rerun_on_a_corrupted_shard_is_not_already_prepared(tmp_path, capsys):
 
 
 def test_directories_of_killed_prepares_are_removed_by_the_next_run(tmp_path):
+    """Only staging folders carrying txl_tf's marker are removed, and only when their writer is gone: a user's
+    folder of the same name pattern stays (tests/test_staging.py covers every kill point)."""
+    import json
+    import socket
+
+    from txl_tf import staging
+
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    stale = [tmp_path / f"tiny_char.tmp-{dead.pid}-abc123", tmp_path / "tiny_char.tmp-k2j3h4", tmp_path /
-             f"tiny_char.old-{dead.pid}-zz"]
-    for path in stale:
+
+    def staging_folder(name, pid):
+        path = tmp_path / name
         path.mkdir()
         (path / "train-00000-of-00001.tfrecord").write_bytes(b"half written")
-    alive = tmp_path / f"tiny_char.tmp-{os.getppid()}-live"  # a preparation still running beside this one
-    alive.mkdir()
+        (path / staging.MARKER).write_text(json.dumps({"pid": pid, "host": socket.gethostname(),
+                                                       "target": "tiny_char"}))
+        return path
+
+    stale = [staging_folder(f"tiny_char.tmp-{dead.pid}-abc123", dead.pid),
+             staging_folder(f"tiny_char.old-{dead.pid}-zz", dead.pid)]
+    alive = staging_folder(f"tiny_char.tmp-{os.getppid()}-live", os.getppid())  # a preparation still running
+    users = tmp_path / "tiny_char.tmp-k2j3h4"  # no marker: a user's folder
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
     prepare_tiny_corpus(str(tmp_path), "char")
     assert not any(path.exists() for path in stale) and alive.exists()
+    assert (users / "notes.txt").read_text() == "mine"
 
 
 # ---- defect 8: tracebacks for expected errors; non-TTY progress as one endless line -----------------------

@@ -114,3 +114,34 @@ def tiny_controller(trainer, model_dir, evaluation: dict | None = None, **kwargs
 
     actions = default_actions(trainer, EvalConfig(**{**TINY_EVAL, **(evaluation or {})}))
     return Controller(trainer, model_dir=str(model_dir), actions=actions, **{"log": lambda line: None, **kwargs})
+
+
+AVERAGE_CONFIG = dict(n_layer=1, d_model=8, n_head=2, d_head=3, d_inner=10, n_token=11, mem_len=4, dropout=0.0,
+                      dropatt=0.0)
+
+
+def make_run(directory, offsets):
+    """For the averaging tests: a run directory with config.gin and one checkpoint per offset: the same model, every
+    float weight + offset (saved like the trainer's: model, optimizer-like extras, numbered by step). Returns the
+    float weights."""
+    import tensorflow as tf
+
+    from txl_tf import average, run_dir
+    from txl_tf.configs import ModelConfig
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.gin").write_text("".join(f"ModelConfig.{k} = {v!r}\n" for k, v in AVERAGE_CONFIG.items()))
+    model = run_dir.build_model(ModelConfig(**AVERAGE_CONFIG))
+    base = [v.numpy() for v in model.weights]
+    step = tf.Variable(0, dtype=tf.int64)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model, step=step, extra=tf.Variable(1.0)),
+                                         str(directory), max_to_keep=None, step_counter=step)
+    saved = []
+    for i, offset in enumerate(offsets):
+        for variable, value in zip(model.weights, base, strict=True):
+            if average.is_float(variable):
+                variable.assign(value + offset)
+        step.assign(10 * (i + 1))
+        manager.save(checkpoint_number=10 * (i + 1))
+        saved.append([v.numpy() for v in model.weights if average.is_float(v)])
+    return saved

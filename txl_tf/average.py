@@ -8,7 +8,9 @@ The paper averaged the weights of its last PTB checkpoints. The output directory
 gets `ckpt-N` (N: the newest averaged step; key `model` only, like a converted checkpoint), the effective gin
 config as `config.gin` and `averaged.json` (which checkpoints); `evaluate`, `export` and `generate` take it as
 `--model_dir`. The run's own checkpoints are only read: the output directory may not be one that holds them, and
-an existing output directory is replaced only with --overwrite and only if this command wrote it.
+an existing output directory is replaced only with --overwrite and only if this command wrote it. The average is
+written whole into a staging directory beside it and then swapped in (txl_tf.staging): a run killed at any point
+leaves the previous average (or none), never half of one, and the next run removes what it left.
 
 Floating-point weights are averaged in float64; other model variables (dropout RNG states) come from the
 newest checkpoint. Checkpoints are given oldest first; `--last=N` takes the N highest-numbered `ckpt-N` of the
@@ -20,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import sys
 from collections.abc import Sequence
 
@@ -30,7 +31,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from txl_tf import errors, run_dir  # noqa: E402
+from txl_tf import errors, run_dir, staging  # noqa: E402
 from txl_tf.errors import ConfigError  # noqa: E402
 
 OUTPUT_DIR = "averaged"
@@ -75,13 +76,13 @@ def _check_output_dir(output_dir: str, prefixes: Sequence[str], overwrite: bool)
         if os.path.realpath(os.path.dirname(prefix)) == output:
             raise ConfigError(f"--output_dir={output_dir} holds the averaged checkpoint {prefix}; write the "
                              "average elsewhere (default: MODEL_DIR/averaged)")
+    staging.remove_stale(output_dir)  # a killed average's staging directory (or a replacement cut halfway)
     if os.path.exists(output_dir) and os.listdir(output_dir):
         if not os.path.exists(os.path.join(output_dir, RECORD_FILE)):
             raise FileExistsError(f"{output_dir} exists and was not written by txl_tf.average; choose another "
                                   "--output_dir")
         if not overwrite:
             raise FileExistsError(f"{output_dir} already holds an average; pass --overwrite to replace it")
-        shutil.rmtree(output_dir)
 
 
 def average(prefixes: Sequence[str], output_dir: str, *, model_dir: str | None = None, gin_files=(),
@@ -104,15 +105,15 @@ def average(prefixes: Sequence[str], output_dir: str, *, model_dir: str | None =
     average_weights(model, prefixes)
     match = _NUMBERED.search(prefixes[-1])
     step = int(match.group(1)) if match else 1
-    os.makedirs(output_dir, exist_ok=True)
-    checkpoint = tf.train.Checkpoint(model=model)
-    prefix = tf.train.CheckpointManager(checkpoint, output_dir, max_to_keep=None).save(checkpoint_number=step)
-    run_dir.write_config(output_dir, gin.config_str(),
-                         "The configuration of the averaged checkpoints (written by txl_tf.average).")
-    with open(os.path.join(output_dir, RECORD_FILE), "w") as f:
-        json.dump({"checkpoints": list(prefixes), "mean_of": len(prefixes)}, f, indent=1)
-        f.write("\n")
-    return prefix
+    with staging.staged_dir(output_dir) as tmp:  # replaces a previous average only once this one is whole
+        checkpoint = tf.train.Checkpoint(model=model)
+        prefix = tf.train.CheckpointManager(checkpoint, tmp, max_to_keep=None).save(checkpoint_number=step)
+        run_dir.write_config(tmp, gin.config_str(),
+                             "The configuration of the averaged checkpoints (written by txl_tf.average).")
+        with open(os.path.join(tmp, RECORD_FILE), "w") as f:
+            json.dump({"checkpoints": list(prefixes), "mean_of": len(prefixes)}, f, indent=1)
+            f.write("\n")
+    return os.path.join(output_dir, os.path.basename(prefix))
 
 
 def define_flags() -> None:

@@ -3,13 +3,15 @@ r"""Reproduce the paper's findings at CPU scale: training runs, evaluations, res
     python -m txl_tf.study --study=ablation --output_dir=studies/cpu          # 6 variants x 4 attention lengths
     python -m txl_tf.study --study=recl --output_dir=studies/cpu              # the same runs + RECL
     python -m txl_tf.study --study=ptb --output_dir=studies/cpu               # Penn Treebank recipe + vanilla
-    python -m txl_tf.study --study=report --output_dir=studies/cpu --publish=docs   # docs/reproduction.md
+    python -m txl_tf.study --study=report --output_dir=studies/cpu --publish=docs --readme=README.md
     python -m txl_tf.study --study=ablation --quick --output_dir=/tmp/q      # tiny: checks the pipeline (~2 min)
 
 Each study writes DIR/results.json (its own section, merged with the others'), DIR/report.md and PNG plots. Re-running
 skips finished runs and cached evaluations and resumes an interrupted run from its latest checkpoint. Corpora are
 prepared under --data_root when missing. `--publish=DOCS` also writes DOCS/reproduction.md and
-DOCS/reproduction/{results.json, *.png}, the report the README links to.
+DOCS/reproduction/{results.json, *.png}, the report the README links to, and nothing outside DOCS; `--readme=FILE`
+rewrites the study summary block of FILE (between report.SUMMARY_BEGIN and report.SUMMARY_END). Both are checked
+before anything runs or is written: a folder that cannot be written or a README without the block is one error line.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 
+from txl_tf.study import report  # noqa: E402
+from txl_tf.study.runs import log  # noqa: E402
 from txl_tf.study.studies import STUDIES, run  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -32,7 +36,9 @@ def define_flags() -> None:
     flags.DEFINE_string("output_dir", None, "Where the runs, results.json, report.md and plots go.")
     flags.DEFINE_boolean("quick", False, "Tiny models and a few steps: checks the whole pipeline in ~2 minutes.")
     flags.DEFINE_string("data_root", "data", "Prepared corpora live in DATA_ROOT/<dataset> (prepared when missing).")
-    flags.DEFINE_string("publish", None, "Also write PUBLISH/reproduction.md and PUBLISH/reproduction/ (e.g. docs).")
+    flags.DEFINE_string("publish", None, "Also write PUBLISH/reproduction.md and PUBLISH/reproduction/ (e.g. docs), "
+                        "and nothing else.")
+    flags.DEFINE_string("readme", None, "Also rewrite the study summary block of this file (e.g. README.md).")
     flags.mark_flags_as_required(["study", "output_dir"])
 
 
@@ -40,7 +46,12 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     absl_logging.set_verbosity(absl_logging.WARNING)
-    run(FLAGS.study, FLAGS.output_dir, quick=FLAGS.quick, data_root=FLAGS.data_root, publish=FLAGS.publish)
+    report.check_publish(FLAGS.publish, FLAGS.readme)  # before any run: nothing is written when one is wrong
+    document = run(FLAGS.study, FLAGS.output_dir, quick=FLAGS.quick, data_root=FLAGS.data_root)
+    if FLAGS.publish or FLAGS.readme:
+        for path in report.publish(document, os.path.join(FLAGS.output_dir, "results.json"), FLAGS.publish,
+                                   readme=FLAGS.readme):
+            log(f"published {path}")
 
 
 if __name__ == "__main__":

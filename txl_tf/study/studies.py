@@ -1,13 +1,11 @@
-"""Runs studies by name and writes results.json, the report and (with `publish`) docs/reproduction.md and the
-README's summary block."""
+"""Runs studies by name and writes results.json and the report into the output folder (publishing it is
+`txl_tf.study.report.publish`)."""
 
 from __future__ import annotations
 
 import os
-import shutil
 
 STUDIES = ("ablation", "recl", "ptb", "report")
-PUBLISHED_NAME = "reproduction"
 
 
 def prepared_data(data_root: str, dataset: str) -> str:
@@ -23,7 +21,7 @@ def prepared_data(data_root: str, dataset: str) -> str:
     return data_dir
 
 
-def run(studies, output_dir: str, *, quick: bool = False, data_root: str = "data", publish: str | None = None) -> dict:
+def run(studies, output_dir: str, *, quick: bool = False, data_root: str = "data") -> dict:
     """Runs the studies in order, then writes the report; returns the results document."""
     from txl_tf.study import report, runs
 
@@ -50,18 +48,4 @@ def run(studies, output_dir: str, *, quick: bool = False, data_root: str = "data
     document = runs.read_results(results_path)
     path = report.write(document, output_dir)
     runs.log(f"wrote {path}")
-    if publish:
-        target = os.path.join(publish, PUBLISHED_NAME)
-        os.makedirs(target, exist_ok=True)
-        shutil.copyfile(results_path, os.path.join(target, "results.json"))
-        path = report.write(document, target, markdown_path=os.path.join(publish, PUBLISHED_NAME + ".md"),
-                            images=PUBLISHED_NAME + "/", source=f"{PUBLISHED_NAME}/results.json")
-        runs.log(f"published {path}")
-        readme = os.path.join(os.path.dirname(os.path.abspath(publish)), "README.md")
-        if os.path.exists(readme):
-            with open(readme) as f:
-                text = report.replace_summary(f.read(), document)
-            with open(readme, "w") as f:
-                f.write(text)
-            runs.log(f"updated the study summary in {readme}")
     return document
