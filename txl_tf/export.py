@@ -16,15 +16,21 @@ L tokens (at most `max_len`, the exported EvalConfig.tgt_len), M = mem_len, V = 
     initial_state      batch_size int32 [] -> the state of a zero memory
     next_token_logits  tokens int32 [B, L], lengths int32 [B], state -> logits float32 [B, V] (log-probabilities
                        of the token after position lengths[b] - 1 of each row), state. Positions past a row's
-                       length are padding: they do not enter its state (prompts of different lengths).
-    generate           logits float32 [B, V] (from next_token_logits), seed int32 [], num_tokens int32 [],
-                       temperature float32 [] (0: greedy), top_k int32 [] (0: all), top_p float32 [] (1: all),
-                       state -> tokens int32 [B, num_tokens], state: the sampling loop of
-                       txl_tf.generation in the graph (the same tokens as the Python model for the same seed).
+                       length are padding: they do not enter its state (prompts of different lengths). Every
+                       length is in [1, L]: a row has at least one token.
+    generate           logits float32 [B, V] (from next_token_logits), seed int32 [], num_tokens int32 [] (>= 1),
+                       temperature float32 [] (finite, >= 0; 0: greedy), top_k int32 [] (0 to V; 0: all),
+                       top_p float32 [] (in (0, 1]; 1: all), state -> tokens int32 [B, num_tokens], state: the
+                       sampling loop of txl_tf.generation in the graph (the same tokens as the Python model for the
+                       same seed).
     score              tokens int32 [B, L], targets int32 [B, L], state -> nll float32 [B, L], state
     score_text         text string [B], state -> tokens int32 [B, T] (0-padded), lengths int32 [B],
                        nll float32 [B, T - 1] (nll[b, t] of tokens[b, t + 1]; 0 past the row's length), state
-                       (each row's own: padding never enters it). Any T: scored in segments of max_len.
+                       (each row's own: padding never enters it). Any T >= 2: scored in segments of max_len.
+
+Token ids (tokens, targets) are in [0, V), and the state's batch is that of the first argument (take it from
+initial_state(B)). A call outside these ranges fails with tf.errors.InvalidArgumentError naming the argument
+(e.g. "lengths: the count of each row must be in [1, L]"), on every device (a GPU's gather would not refuse an id).
 
 Plain attributes: `mem_len`, `clamp_len`, `same_length`, `max_len` (tf.Variables, read with .numpy()).
 
@@ -41,7 +47,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 import tensorflow as tf  # noqa: E402
 
 from txl_tf.generation import decode_loop  # noqa: E402
-from txl_tf.inference import Recurrent  # noqa: E402
+from txl_tf.inference import STATE_BATCH_AXIS, Recurrent  # noqa: E402
 from txl_tf.protocol import Protocol  # noqa: E402
 
 SIGNATURES = ("initial_state", "next_token_logits", "generate", "score", "score_text")
@@ -70,12 +76,11 @@ class TransformerXLServing(tf.Module):
         self.vocab_asset = tf.saved_model.Asset(vocab_file) if vocab_file else None
         example = self.recurrent.initial_state(1)
         self.state_names = tuple(example) if isinstance(example, dict) else ("mems",)
-        batch_axis = {"keys": 2, "values": 2, "mems": 1}  # position_keys have no batch axis
         state_specs = {}
         for name, value in self._as_dict(example).items():
             shape = value.shape.as_list()
-            if name in batch_axis:
-                shape[batch_axis[name]] = None
+            if name in STATE_BATCH_AXIS:  # position_keys have no batch axis
+                shape[STATE_BATCH_AXIS[name]] = None
             state_specs[name] = tf.TensorSpec(shape, value.dtype, name=name)
         tokens = tf.TensorSpec([None, None], tf.int32, name="tokens")
         lengths = tf.TensorSpec([None], tf.int32, name="lengths")
@@ -84,16 +89,17 @@ class TransformerXLServing(tf.Module):
         # Keyword-only state arguments: tf.function signatures of one dict argument would name its tensors
         # state, state_1, ...; a wrapper per signature keeps the names "keys", "values", ...
         self.next_token_logits = tf.function(
-            self._with_state(self._next_token_logits, 2), input_signature=[tokens, lengths, *state_specs.values()])
+            self._with_state(self._next_token_logits, 2, "tokens"),
+            input_signature=[tokens, lengths, *state_specs.values()])
         scalar = lambda dtype, name: tf.TensorSpec([], dtype, name=name)  # noqa: E731
-        self.generate = tf.function(self._with_state(self._generate, 6), input_signature=[
+        self.generate = tf.function(self._with_state(self._generate, 6, "logits"), input_signature=[
             tf.TensorSpec([None, model.n_token], tf.float32, name="logits"), scalar(tf.int32, "seed"),
             scalar(tf.int32, "num_tokens"), scalar(tf.float32, "temperature"), scalar(tf.int32, "top_k"),
             scalar(tf.float32, "top_p"), *state_specs.values()])
-        self.score = tf.function(self._with_state(self._score, 2), input_signature=[
+        self.score = tf.function(self._with_state(self._score, 2, "tokens"), input_signature=[
             tokens, tf.TensorSpec([None, None], tf.int32, name="targets"), *state_specs.values()])
         if tokenizer is not None:
-            self.score_text = tf.function(self._with_state(self._score_text, 1), input_signature=[
+            self.score_text = tf.function(self._with_state(self._score_text, 1, "text"), input_signature=[
                 tf.TensorSpec([None], tf.string, name="text"), *state_specs.values()])
 
     def _as_dict(self, state) -> dict:
@@ -102,16 +108,35 @@ class TransformerXLServing(tf.Module):
     def _from_dict(self, state: dict):
         return state if self.recurrent.use_cache else state["mems"]
 
-    def _with_state(self, fn, leading: int):
-        """fn(*leading args, state) -> outputs dict, as a function of positional tensors (signature order)."""
+    def _with_state(self, fn, leading: int, batch_from: str):
+        """fn(*leading args, state) -> outputs dict, as a function of positional tensors (signature order).
+
+        The state's batch must be that of the first argument (named `batch_from`): a state of another batch size
+        would otherwise fail deep in the model (ConcatOp ...).
+        """
         names = self.state_names
 
         def wrapped(*args):
-            state = self._from_dict(dict(zip(names, args[leading:], strict=True)))
-            outputs, new_state = fn(*args[:leading], state)
+            state = dict(zip(names, args[leading:], strict=True))
+            batch = tf.shape(args[0])[0]
+            checks = [tf.debugging.assert_equal(
+                tf.shape(value)[STATE_BATCH_AXIS[name]], batch,
+                message=f"state {name}: its batch axis must match the batch size of {batch_from} (pass the state of "
+                        f"initial_state(batch_size=B) or of an earlier call with the same B rows)")
+                for name, value in state.items() if name in STATE_BATCH_AXIS]
+            inputs, state = _after(checks, args[:leading], state)
+            outputs, new_state = fn(*inputs, self._from_dict(state))
             return {**outputs, **self._as_dict(new_state)}
 
         return wrapped
+
+    def _check_ids(self, ids, name: str) -> list:
+        """Assertions that every id of `ids` is in the vocabulary: a CPU gather refuses another id but a GPU's
+        returns zeros (and the loss of a GPU a NaN), silently."""
+        n_token = self.model.n_token
+        message = f"{name}: every token id must be in [0, n_token) = [0, {n_token})"
+        return [tf.debugging.assert_non_negative(ids, message=message),
+                tf.debugging.assert_less(ids, tf.constant(n_token, ids.dtype), message=message)]
 
     def _initial_state(self, batch_size):
         return self._as_dict(self.recurrent.initial_state(batch_size))
@@ -119,6 +144,15 @@ class TransformerXLServing(tf.Module):
     # The uncompiled forms of Recurrent's calls: each signature is then one flat graph, with no nested function
     # call to instantiate for every token.
     def _next_token_logits(self, tokens, lengths, state):
+        # A length outside [1, L] would pick the logits of a padding position (lengths 0 or less: position 0).
+        checks = self._check_ids(tokens, "tokens") + [
+            tf.debugging.assert_equal(tf.shape(lengths)[0], tf.shape(tokens)[0],
+                                      message="lengths: one count per row of tokens (shape [B])"),
+            tf.debugging.assert_positive(lengths, message="lengths: the count of each row must be in [1, L] "
+                                         "(L = tokens.shape[1]); a row needs at least one token"),
+            tf.debugging.assert_less_equal(lengths, tf.shape(tokens)[1], message="lengths: the count of each row "
+                                           "must be in [1, L] (L = tokens.shape[1])")]
+        tokens, lengths = _after(checks, tokens, lengths)
         log_probs, state = self.recurrent.next_log_probs.python_function(tokens, state, lengths)  # [B, V]
         return {"logits": tf.cast(log_probs, tf.float32)}, state
 
@@ -130,6 +164,10 @@ class TransformerXLServing(tf.Module):
         return {"tokens": tokens}, state
 
     def _score(self, tokens, targets, state):
+        checks = self._check_ids(tokens, "tokens") + self._check_ids(targets, "targets") + [
+            tf.debugging.assert_equal(tf.shape(targets), tf.shape(tokens),
+                                      message="targets: must have the shape of tokens [B, L]")]
+        tokens, targets = _after(checks, tokens, targets)
         nll, state = self.recurrent.score.python_function(tokens, targets, state)
         return {"nll": tf.cast(nll, tf.float32)}, state
 
@@ -137,7 +175,12 @@ class TransformerXLServing(tf.Module):
         ragged = self.tokenizer.tf_encode(text)  # [B, (T)]
         lengths = tf.cast(ragged.row_lengths(), tf.int32)  # [B]
         tokens = ragged.to_tensor(default_value=0)  # [B, T]
-        tf.debugging.assert_greater(tf.shape(tokens)[1], 1, message="score_text needs texts of at least two tokens")
+        # Checked before anything reads the tokens: with fewer than two, the segment loop fails first, in
+        # TensorFlow's words.
+        checks = self._check_ids(tokens, "text (the ids of its tokens)") + [tf.debugging.assert_greater(
+            tf.shape(tokens)[1], 1, message="text: score_text needs texts of at least two tokens (the longest "
+                                            "text of the batch has fewer)")]
+        tokens, lengths, state = _after(checks, tokens, lengths, state)
         predictions = tf.shape(tokens)[1] - 1  # T - 1
         segment = tf.cast(self.max_len, tf.int32)
         pieces = tf.TensorArray(tf.float32, size=0, dynamic_size=True, infer_shape=False,
@@ -156,6 +199,13 @@ class TransformerXLServing(tf.Module):
     def signatures(self) -> dict:
         names = SIGNATURES if self.tokenizer is not None else tuple(s for s in SIGNATURES if s != "score_text")
         return {name: getattr(self, name).get_concrete_function() for name in names}
+
+
+def _after(checks, *structures):
+    """The tensors of `structures` (tensors, tuples, dicts) behind the assertions `checks`: no op that reads them
+    runs before every check has passed. tf.function runs an assertion but not before the ops beside it."""
+    with tf.control_dependencies(checks):
+        return tf.nest.map_structure(tf.identity, structures if len(structures) > 1 else structures[0])
 
 
 def export_model(model, export_dir: str, *, protocol: Protocol, max_len: int, vocab=None,
@@ -206,6 +256,9 @@ def _main(argv):
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments {argv[1:]}; see --helpshort")
     cfg = flags.FLAGS
+    from txl_tf.staging import remove_stale
+
+    remove_stale(cfg.export_dir)  # a killed export's staging directories (puts back one it was replacing)
     check_export_dir(cfg.export_dir, cfg.overwrite)  # before the model is loaded
     model, configs, prefix = run_dir.load_model_from_flags(cfg)
     protocol = configs.eval

@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from txl_tf.errors import ConfigError, one_line
-from txl_tf.inference import Recurrent, run_segments
+from txl_tf.inference import STATE_BATCH_AXIS, Recurrent, run_segments
 from txl_tf.protocol import Protocol
 
 StepFn = Callable[[tf.Tensor, tf.Tensor | None, object], tuple]
@@ -68,9 +68,20 @@ def saved_model_step(loaded) -> tuple[StepFn, Callable, int]:
 
     def step(tokens, lengths, state):
         if lengths is None:
-            lengths = tf.fill(tf.shape(tokens)[:1], tf.shape(tokens)[1])
-        out = next_token(tokens=tokens, lengths=lengths, **state)
-        return out["logits"], {name: tf.ensure_shape(out[name], value.shape) for name, value in state.items()}
+            out = next_token(tokens=tokens, lengths=tf.fill(tf.shape(tokens)[:1], tf.shape(tokens)[1]), **state)
+            return out["logits"], {name: tf.ensure_shape(out[name], value.shape) for name, value in state.items()}
+        # The signature refuses a row of no tokens (lengths 0: a prompt that ended in an earlier segment): such a
+        # row is passed its first (padding) token and gets its state back; its log-probabilities are not read.
+        idle = tf.equal(lengths, 0)  # [B]
+        out = next_token(tokens=tokens, lengths=tf.maximum(lengths, 1), **state)
+        new_state = {}
+        for name, value in state.items():
+            new_state[name] = tf.ensure_shape(out[name], value.shape)
+            if name in STATE_BATCH_AXIS:
+                shape = [1] * len(value.shape)
+                shape[STATE_BATCH_AXIS[name]] = -1
+                new_state[name] = tf.where(tf.reshape(idle, shape), value, new_state[name])
+        return out["logits"], new_state
 
     def initial_state(batch_size):
         return dict(loaded.signatures["initial_state"](batch_size=tf.constant(batch_size, tf.int32)))
@@ -150,12 +161,36 @@ def consume_prompts(step: StepFn, prompts, state, segment_len: int):
     return last["log_probs"], state
 
 
+def sampling_checks(vocab_size, num_tokens, temperature, top_k, top_p) -> list:
+    """Graph assertions of the sampling settings, with the rules of `check_settings` (the SavedModel's `generate`
+    signature takes whatever a client sends): an InvalidArgumentError names the argument and its range.
+
+    XLA compiles tf.Assert to nothing: a jit-compiled caller does not check.
+    """
+    temperature = tf.convert_to_tensor(temperature, tf.float32)
+    top_k = tf.convert_to_tensor(top_k, tf.int32)
+    top_p = tf.convert_to_tensor(top_p, tf.float32)
+    num_tokens = tf.convert_to_tensor(num_tokens, tf.int32)
+    return [
+        tf.debugging.Assert(tf.math.is_finite(temperature) & (temperature >= 0), [
+            "temperature must be finite and >= 0 (0 = greedy, 1 = the distribution of the model); got", temperature]),
+        tf.debugging.Assert((top_k >= 0) & (top_k <= vocab_size), [
+            "top_k must be between 0 (all tokens) and the vocabulary size", vocab_size, "; got", top_k]),
+        tf.debugging.Assert((top_p > 0) & (top_p <= 1), [  # NaN fails both
+            "top_p must be in (0, 1] (1 = off); got", top_p]),
+        tf.debugging.Assert(num_tokens >= 1, ["num_tokens must be >= 1; got", num_tokens]),
+    ]
+
+
 def decode_loop(step: StepFn, first_log_probs, state, seed, num_tokens, temperature, top_k, top_p):
     """Samples `num_tokens` tokens in one `tf.while_loop` (trace it inside a tf.function): (tokens [B, T], state).
 
     The Python path (`make_decoder`) and the SavedModel's `generate` signature trace this same function, so they
-    run the same graph and sample the same tokens.
+    run the same graph and sample the same tokens. The settings are checked first (`sampling_checks`).
     """
+    checks = sampling_checks(tf.shape(first_log_probs)[1], num_tokens, temperature, top_k, top_p)
+    with tf.control_dependencies(checks):  # before the ops that would fail (or not) in TensorFlow's words
+        first_log_probs, num_tokens = tf.identity(first_log_probs), tf.identity(num_tokens)
     generated = tf.TensorArray(tf.int32, size=num_tokens, element_shape=tf.TensorShape([None]))
     log_probs = first_log_probs
     for i in tf.range(num_tokens):

@@ -22,6 +22,10 @@ import tensorflow as tf
 
 from txl_tf.protocol import Protocol
 
+# The batch axis of each named state tensor (the signatures of txl_tf.export): keys and values [n, N, B, M, D],
+# mems [n, B, M, d]; the cache's position keys [n, N, P, D] have none.
+STATE_BATCH_AXIS = {"keys": 2, "values": 2, "mems": 1}
+
 
 class Recurrent:
     """A model, the protocol of its calls and the form of its state.
