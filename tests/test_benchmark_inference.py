@@ -5,9 +5,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# slow: ~15 s; CI runs it in its slow phase
+@pytest.mark.slow
 def test_tiny_benchmark_prints_latencies():
     proc = subprocess.run(
         [sys.executable, os.path.join(REPO, "scripts", "benchmark_inference.py"), "--arch=2,16,2,8,24",

@@ -15,7 +15,13 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from train_utils import REPO_ROOT, checkpoint_weights, prepare_tiny_corpus, subprocess_env, tiny_params
+from train_utils import (
+    REPO_ROOT,
+    checkpoint_weights,
+    prepare_tiny_corpus,
+    subprocess_env,
+    tiny_params,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -128,6 +128,8 @@ def test_text_roundtrip_and_errors(model):
     assert generation.check_settings(vocab, ["abc", "j"], max_tokens=3, temperature=1.0, top_k=0) == [[0, 1, 2], [9]]
 
 
+# slow: ~30 s of subprocesses (train, generate twice, export); CI runs it in its slow phase
+@pytest.mark.slow
 def test_cli_model_dir_and_saved_model_print_the_same_text(tmp_path):
     """`python -m txl_tf.generate` on a run and on its export (`python -m txl_tf.export`): the same text for the same
     seed, for a batch of two prompts; word level prints a space between prompt and continuation."""

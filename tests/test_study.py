@@ -31,6 +31,8 @@ def _table_rows(markdown: str, header_start: str) -> list[list[str]]:
     return rows
 
 
+# slow: ~45 s (the quick study trains its group); CI runs it in its slow phase
+@pytest.mark.slow
 def test_ablation_quick_end_to_end_and_resume(tmp_path, data_root):
     out = str(tmp_path / "study")
     document = studies.run(["recl"], out, quick=True, data_root=data_root)
@@ -78,6 +80,8 @@ def test_a_changed_run_is_refused_not_reused(tmp_path):
         runs.train_run(spec, str(run_dir))
 
 
+# slow: ~11 s; CI runs it in its slow phase
+@pytest.mark.slow
 def test_ptb_quick_end_to_end(tmp_path, data_root):
     out = str(tmp_path / "study")
     document = studies.run(["ptb"], out, quick=True, data_root=data_root)
@@ -114,13 +118,13 @@ def test_published_report_is_what_the_generator_renders():
     """docs/reproduction.md is written by the study only: rendering its results.json gives it byte for byte."""
     root = pathlib.Path(REPO_ROOT)
     docs = root / "docs"
-    results = docs / studies.PUBLISHED_NAME / "results.json"
+    results = docs / report.PUBLISHED_NAME / "results.json"
     document = runs.read_results(str(results))
     assert not any(section.get("quick") for section in document["studies"].values())
-    expected = report.render(document, images=studies.PUBLISHED_NAME + "/",
-                             source=f"{studies.PUBLISHED_NAME}/results.json")
-    assert (docs / f"{studies.PUBLISHED_NAME}.md").read_text() == expected
+    expected = report.render(document, images=report.PUBLISHED_NAME + "/",
+                             source=f"{report.PUBLISHED_NAME}/results.json")
+    assert (docs / f"{report.PUBLISHED_NAME}.md").read_text() == expected
     for png in ("ablation_bpc.png", "recl_gains.png"):
-        assert (docs / studies.PUBLISHED_NAME / png).exists()
+        assert (docs / report.PUBLISHED_NAME / png).exists()
     readme = (root / "README.md").read_text()
     assert report.replace_summary(readme, document) == readme  # the README's block is the generator's too
