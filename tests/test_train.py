@@ -86,12 +86,12 @@ def test_sigterm_ends_a_long_host_loop_after_the_current_step(char_data, tmp_pat
 
 
 def test_sigterm_abandons_a_long_evaluation_which_shows_its_progress(tmp_path):
-    """The whole validation split (~10,000 tokens), one token per segment: progress lines (tokens, rate, time left)
+    """The whole validation split (~20,000 tokens), one token per segment: progress lines (tokens, rate, time left)
     after a few seconds, and a SIGTERM then ends the evaluation after its current segment, saves and exits
     cleanly."""
     import time
 
-    data = prepare_tiny_corpus(str(tmp_path), "char", n_lines=4000)
+    data = prepare_tiny_corpus(str(tmp_path), "char", n_lines=8000)
     params = tiny_params(data, **{"TrainConfig.train_steps": 4, "TrainConfig.eval_every": 2,
                                        "TrainConfig.checkpoint_every": 0, "TrainConfig.eval_steps": 0, "EvalConfig.max_steps": 0,
                                        "EvalConfig.tgt_len": 1, "EvalConfig.batch_size": 1})
