@@ -4,9 +4,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow  # ~8-16 s of subprocesses; CI runs it in its slow phase
 def test_tiny_benchmark_prints_ratios():
     proc = subprocess.run(
         [sys.executable, os.path.join(REPO, "scripts", "benchmark_eval_speed.py"), "--arch=2,16,2,8,24",

@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "scripts", "benchmark_model.py")
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -16,6 +18,7 @@ def run(*args):
                           timeout=600)
 
 
+@pytest.mark.slow  # ~8-16 s of subprocesses; CI runs it in its slow phase
 def test_tiny_benchmark_prints_speed_and_profile():
     proc = run("--n_layer=1", "--tgt_len=16", "--mem_len=16", "--batch=1", "--modes=f32", "--steps=1", "--profile",
                "--matmul_size=128")

@@ -292,6 +292,7 @@ def test_directories_of_killed_prepares_are_removed_by_the_next_run(tmp_path):
 
 
 # ---- defect 8: tracebacks for expected errors; non-TTY progress as one endless line -----------------------
+@pytest.mark.slow  # ~8-16 s of subprocesses; CI runs it in its slow phase
 def test_expected_errors_print_one_line_and_exit_2(char_data, tmp_path):
     run = tmp_path / "run"
     _train(run, char_data, **{"TrainConfig.train_steps": 2})

@@ -114,6 +114,7 @@ def test_a_write_without_a_file_name_names_the_open_file(capsys):
 
 
 # ---- evaluate's and sweep's split, batch size and output paths, checked before the model is loaded -------------
+@pytest.mark.slow  # ~8-16 s of subprocesses; CI runs it in its slow phase
 def test_a_bad_split_or_batch_size_is_one_line_before_the_model_is_loaded(damaged_run):
     model = f"--model_dir={damaged_run}"  # its latest checkpoints do not restore: every check here comes first
     cases = {
@@ -131,6 +132,7 @@ def test_a_bad_split_or_batch_size_is_one_line_before_the_model_is_loaded(damage
         assert value in line and fix in line, (name, line)
 
 
+@pytest.mark.slow  # ~8-16 s of subprocesses; CI runs it in its slow phase
 def test_an_output_path_that_cannot_be_written_is_refused_before_evaluating(damaged_run, tmp_path):
     model = f"--model_dir={damaged_run}"
     (tmp_path / "a_file").write_text("")

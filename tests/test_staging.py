@@ -140,6 +140,7 @@ def test_prepare_keeps_the_users_folders_and_removes_a_killed_preparations(tmp_p
     assert staging.MARKER not in os.listdir(data_dir)
 
 
+@pytest.mark.slow  # ~8-16 s of subprocesses; CI runs it in its slow phase
 def test_export_keeps_the_users_folders(tmp_path):
     run = tmp_path / "run"
     make_run(run, [0.0])

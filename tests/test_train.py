@@ -85,6 +85,7 @@ def test_sigterm_ends_a_long_host_loop_after_the_current_step(char_data, tmp_pat
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith(f"ckpt-{step}")
 
 
+@pytest.mark.slow  # ~8-16 s of subprocesses; CI runs it in its slow phase
 def test_sigterm_abandons_a_long_evaluation_which_shows_its_progress(tmp_path):
     """The whole validation split (~20,000 tokens), one token per segment: progress lines (tokens, rate, time left)
     after a few seconds, and a SIGTERM then ends the evaluation after its current segment, saves and exits
@@ -112,6 +113,7 @@ def test_sigterm_abandons_a_long_evaluation_which_shows_its_progress(tmp_path):
     assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith("ckpt-2")
 
 
+@pytest.mark.slow  # ~8-16 s of subprocesses; CI runs it in its slow phase
 def test_a_second_trainer_on_the_same_folder_is_refused_and_a_dead_holder_blocks_nothing(char_data, tmp_path):
     """Two trainers on one --model_dir would interleave checkpoints, config.gin and event files: the second one
     stops with one line naming the holder, before it writes anything; after a kill -9 of the holder (the kernel
