@@ -45,6 +45,7 @@ grace=${STOP_GRACE_S:-120}
 [[ $grace =~ ^[0-9]+$ ]] || { echo "STOP_GRACE_S=$grace must be a number of seconds" >&2; exit 2; }
 pids=()
 stop_requested_at=""
+killed=""
 cleanup() {
   [[ -z $stop_requested_at ]] && stop_requested_at=$SECONDS
   for pid in "${pids[@]}"; do
@@ -83,14 +84,14 @@ while :; do
     fi
   done
   ((alive == 0)) && break
-  if [[ -n $stop_requested_at ]] && ((SECONDS - stop_requested_at >= grace)); then
+  if [[ -n $stop_requested_at && -z $killed ]] && ((SECONDS - stop_requested_at >= grace)); then
+    killed=1
     for index in "${!pids[@]}"; do
       [[ -z ${pids[$index]} ]] && continue
       echo "worker $index did not stop within ${grace} s (STOP_GRACE_S) of the stop request; killing it" >&2
       kill -KILL "${pids[$index]}" 2>/dev/null
       ((status == 0)) && status=1
     done
-    stop_requested_at=$((SECONDS + 3600))  # kill once
   fi
   sleep 0.5
 done

@@ -44,6 +44,23 @@ def _read_until(process, marker):
     raise AssertionError(f"the run ended ({process.returncode}) before printing {marker!r}:\n{''.join(lines)}")
 
 
+def _sigterm_after(process, marker, delay=0.0):
+    """Reads the run's output until `marker`, waits `delay` s, sends SIGTERM; asserts a clean exit and returns
+    (output before the signal, output after it, seconds from the signal to the exit)."""
+    import time
+
+    try:
+        before = _read_until(process, marker)
+        time.sleep(delay)
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 0, before + rest
+    return before, rest, time.monotonic() - signalled
+
+
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(char_data, tmp_path):
     params = tiny_params(char_data, **{"TrainConfig.train_steps": 100000, "TrainConfig.checkpoint_every": 0,
                                        "ModelConfig.n_layer": 1})
@@ -64,22 +81,11 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(char_data, tmp_path):
 def test_sigterm_ends_a_long_host_loop_after_the_current_step(char_data, tmp_path):
     """A host loop of 100,000 steps (one tf.function call) does not delay the stop: the signal's thread sets the
     trainer's stop flag, which the compiled loop reads after every step."""
-    import time
-
     params = tiny_params(char_data, **{"TrainConfig.train_steps": 100000, "TrainConfig.steps_per_loop": 100000,
                                        "TrainConfig.log_every": 100000, "TrainConfig.checkpoint_every": 0,
                                        "ModelConfig.n_layer": 1})
-    process = _start(tmp_path, params)
-    try:
-        _read_until(process, "model:")
-        time.sleep(3)  # tracing, then steps of ~10 ms
-        signalled = time.monotonic()
-        process.send_signal(signal.SIGTERM)
-        rest, _ = process.communicate(timeout=120)
-    finally:
-        process.kill()
-    assert process.returncode == 0, rest
-    assert time.monotonic() - signalled < 20, rest
+    _, rest, seconds = _sigterm_after(_start(tmp_path, params), "model:", delay=3)  # tracing, then ~10 ms steps
+    assert seconds < 20, rest
     step = int(re.search(r"stopped at step (\d+) on request", rest).group(1))
     assert 0 < step < 100000
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith(f"ckpt-{step}")
@@ -90,22 +96,12 @@ def test_sigterm_abandons_a_long_evaluation_which_shows_its_progress(tmp_path):
     """The whole validation split (~20,000 tokens), one token per segment: progress lines (tokens, rate, time left)
     after a few seconds, and a SIGTERM then ends the evaluation after its current segment, saves and exits
     cleanly."""
-    import time
-
     data = prepare_tiny_corpus(str(tmp_path), "char", n_lines=8000)
     params = tiny_params(data, **{"TrainConfig.train_steps": 4, "TrainConfig.eval_every": 2,
-                                       "TrainConfig.checkpoint_every": 0, "TrainConfig.eval_steps": 0, "EvalConfig.max_steps": 0,
-                                       "EvalConfig.tgt_len": 1, "EvalConfig.batch_size": 1})
-    process = _start(tmp_path / "run", params)
-    try:
-        progress = _read_until(process, "evaluating: [")
-        signalled = time.monotonic()
-        process.send_signal(signal.SIGTERM)
-        rest, _ = process.communicate(timeout=120)
-    finally:
-        process.kill()
-    assert process.returncode == 0, progress + rest
-    assert time.monotonic() - signalled < 10, rest
+                                  "TrainConfig.checkpoint_every": 0, "TrainConfig.eval_steps": 0,
+                                  "EvalConfig.max_steps": 0, "EvalConfig.tgt_len": 1, "EvalConfig.batch_size": 1})
+    progress, rest, seconds = _sigterm_after(_start(tmp_path / "run", params), "evaluating: [")
+    assert seconds < 10, rest
     line = progress.splitlines()[-1]
     assert re.search(r"evaluating: \[#* *\] +\d+\.\d% [\d,]+/[\d,]+ tokens [\d,.]+ tokens/s, \d+ (s|min) left", line), line
     assert re.search(r"the evaluation \(stopped after [\d,]+ tokens\) at step 2: abandoned on the stop request", rest), rest
