@@ -16,21 +16,26 @@ import tempfile
 import time
 import zipfile
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# First: txl_tf.cli sets TF_CPP_MIN_LOG_LEVEL (and txl_tf the Keras backend) before TensorFlow starts.
+from txl_tf import cli
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from absl import app, flags  # noqa: E402
+# isort: split
+import numpy as np
+import tensorflow as tf
+from absl import flags
 
-from txl_tf.data import corpora, pipeline  # noqa: E402
-from txl_tf.data import prepare as prep  # noqa: E402
+from txl_tf.data import corpora, pipeline
+from txl_tf.data import prepare as prep
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("scale_mb", 100, "Size of the repeated-text corpora (0 skips them).")
-flags.DEFINE_integer("batch_size", 22, "Streams per batch for the pipeline timing.")
-flags.DEFINE_integer("tgt_len", 512, "Segment length for the pipeline timing.")
-flags.DEFINE_integer("steps", 2000, "Batches to time.")
+
+
+def define_flags(flag_values) -> None:
+    fv = flag_values
+    flags.DEFINE_integer("scale_mb", 100, "Size of the repeated-text corpora (0 skips them).", flag_values=fv)
+    flags.DEFINE_integer("batch_size", 22, "Streams per batch for the pipeline timing.", flag_values=fv)
+    flags.DEFINE_integer("tgt_len", 512, "Segment length for the pipeline timing.", flag_values=fv)
+    flags.DEFINE_integer("steps", 2000, "Batches to time.", flag_values=fv)
 
 
 def _quiet(fn, *args, **kwargs):
@@ -109,4 +114,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, define_flags)

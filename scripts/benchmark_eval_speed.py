@@ -29,25 +29,32 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from absl import app, flags
 
-from absl import app, flags  # noqa: E402
+# txl_tf.cli sets TF_CPP_MIN_LOG_LEVEL before TensorFlow is imported (lazily, in the functions).
+from txl_tf import cli
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("attn_lens", ["800", "1800", "2800", "3800"], "Attention lengths to compare.")
-flags.DEFINE_integer("tgt_len", 80, "Transformer-XL segment length (memory = attention length - tgt_len).")
-flags.DEFINE_integer("xl_segments", 6, "Transformer-XL segments timed per attention length.")
-flags.DEFINE_integer("vanilla_passes", 2, "Vanilla forward passes (= predicted tokens) timed per length.")
-flags.DEFINE_list("dtypes", ["float32", "mixed_bfloat16"], "Compute dtypes, each a table: float32, mixed_bfloat16.")
-flags.DEFINE_bool("jit_compile", False, "XLA (slower for bf16 on CPUs with AMX; faster on GPUs).")
-flags.DEFINE_string("arch", "12,512,8,64,2048", "n_layer,d_model,n_head,d_head,d_inner (enwik8 base).")
-flags.DEFINE_integer("n_token", 204, "Vocabulary size (enwik8).")
-flags.DEFINE_string("peer", None, "A directory made by ../shared/peer/setup.sh: also time the authors' PyTorch "
-                    "code (its table7.py) in this run.")
+
+
+def define_flags(flag_values) -> None:
+    fv = flag_values
+    flags.DEFINE_list("attn_lens", ["800", "1800", "2800", "3800"], "Attention lengths to compare.", flag_values=fv)
+    flags.DEFINE_integer("tgt_len", 80, "Transformer-XL segment length (memory = attention length - tgt_len).",
+                         flag_values=fv)
+    flags.DEFINE_integer("xl_segments", 6, "Transformer-XL segments timed per attention length.", flag_values=fv)
+    flags.DEFINE_integer("vanilla_passes", 2, "Vanilla forward passes (= predicted tokens) timed per length.",
+                         flag_values=fv)
+    flags.DEFINE_list("dtypes", ["float32", "mixed_bfloat16"], "Compute dtypes, each a table: float32, "
+                      "mixed_bfloat16.", flag_values=fv)
+    flags.DEFINE_bool("jit_compile", False, "XLA (slower for bf16 on CPUs with AMX; faster on GPUs).", flag_values=fv)
+    flags.DEFINE_string("arch", "12,512,8,64,2048", "n_layer,d_model,n_head,d_head,d_inner (enwik8 base).",
+                        flag_values=fv)
+    flags.DEFINE_integer("n_token", 204, "Vocabulary size (enwik8).", flag_values=fv)
+    flags.DEFINE_string("peer", None, "A directory made by ../shared/peer/setup.sh: also time the authors' PyTorch "
+                        "code (its table7.py) in this run.", flag_values=fv)
 
 PAPER_RATIO = {800: 363, 1800: 773, 2800: 1409, 3800: 1874}
 PEER_DTYPE = {"float32": "fp32", "mixed_bfloat16": "bf16"}
@@ -56,8 +63,8 @@ PEER_LINE = re.compile(r"A=(\d+): vanilla ([\d.]+) s/token, XL ([\d.]+) ms/token
 
 def build_models(attn_lens, arch, n_token, dtype):
     """(vanilla al_rfou model with positions for the longest window, Transformer-XL model)."""
+    from txl_tf.loading import dtype_policy
     from txl_tf.model import TransformerXL
-    from txl_tf.run_dir import dtype_policy
 
     n_layer, d_model, n_head, d_head, d_inner = arch
     common = dict(n_token=n_token, n_layer=n_layer, d_model=d_model, n_head=n_head, d_head=d_head,
@@ -211,5 +218,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-    app.run(main)
+    cli.run(main, define_flags)

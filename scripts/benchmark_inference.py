@@ -22,43 +22,49 @@ Timings are wall times of this process on this machine; only figures from one ru
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from absl import flags
 
-from absl import app, flags  # noqa: E402
+# txl_tf.cli sets TF_CPP_MIN_LOG_LEVEL before TensorFlow is imported (lazily, in the functions).
+from txl_tf import cli
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model_dir", None, "A trained run (default: random weights of --arch).")
-flags.DEFINE_string("arch", "4,256,4,64,1024", "n_layer,d_model,n_head,d_head,d_inner of the random model.")
-flags.DEFINE_integer("n_token", 204, "Vocabulary size of the random model.")
-flags.DEFINE_integer("max_len", 128, "Longest segment of the random model's calls (a run uses EvalConfig.tgt_len).")
-flags.DEFINE_integer("mem_len", None, "Memory length (default: the run's EvalConfig.mem_len; 2000 for --arch).")
-flags.DEFINE_list("contexts", ["100", "500", "1000", "2000"], "Context lengths (prompt tokens) to time at.")
-flags.DEFINE_list("batches", ["1", "32"], "Batch sizes.")
-flags.DEFINE_integer("tokens", 64, "Tokens timed per cell (after 3 warm-up tokens).")
-flags.DEFINE_integer("segments", 10, "Scoring segments timed per cell (after one warm-up).")
-flags.DEFINE_integer("repeats", 5, "Decode loops timed per cell; the fastest counts.")
-flags.DEFINE_enum("dtype", "float32", ["float32", "mixed_bfloat16"], "Compute dtype.")
 
+
+def define_flags(flag_values) -> None:
+    fv = flag_values
+    cli.define(fv, "model_dir")  # a trained run (default: random weights of --arch)
+    flags.DEFINE_string("arch", "4,256,4,64,1024", "n_layer,d_model,n_head,d_head,d_inner of the random model.",
+                        flag_values=fv)
+    flags.DEFINE_integer("n_token", 204, "Vocabulary size of the random model.", flag_values=fv)
+    flags.DEFINE_integer("max_len", 128, "Longest segment of the random model's calls (a run uses "
+                         "EvalConfig.tgt_len).", flag_values=fv)
+    flags.DEFINE_integer("mem_len", None, "Memory length (default: the run's EvalConfig.mem_len; 2000 for --arch).",
+                         flag_values=fv)
+    flags.DEFINE_list("contexts", ["100", "500", "1000", "2000"], "Context lengths (prompt tokens) to time at.",
+                      flag_values=fv)
+    flags.DEFINE_list("batches", ["1", "32"], "Batch sizes.", flag_values=fv)
+    flags.DEFINE_integer("tokens", 64, "Tokens timed per cell (after 3 warm-up tokens).", flag_values=fv)
+    flags.DEFINE_integer("segments", 10, "Scoring segments timed per cell (after one warm-up).", flag_values=fv)
+    flags.DEFINE_integer("repeats", 5, "Decode loops timed per cell; the fastest counts.", flag_values=fv)
+    flags.DEFINE_enum("dtype", "float32", ["float32", "mixed_bfloat16"], "Compute dtype.", flag_values=fv)
 
 def load_model():
     """(model, Protocol, max_len, description)."""
     from txl_tf.protocol import Protocol
 
     if FLAGS.model_dir:
-        from txl_tf import run_dir
+        from txl_tf import loading
 
         dtype = None if FLAGS.dtype == "float32" else FLAGS.dtype
-        model, configs, prefix = run_dir.load_model(FLAGS.model_dir, dtype=dtype)
+        model, configs, prefix = loading.load_model(FLAGS.model_dir, dtype=dtype)
         e = configs.eval
         protocol = Protocol(FLAGS.mem_len or e.mem_len, e.clamp_len, same_length=False)
         return model, protocol, e.tgt_len, prefix
+    from txl_tf.loading import dtype_policy
     from txl_tf.model import TransformerXL
-    from txl_tf.run_dir import dtype_policy
 
     n_layer, d_model, n_head, d_head, d_inner = (int(x) for x in FLAGS.arch.split(","))
     with dtype_policy(FLAGS.dtype):
@@ -145,8 +151,8 @@ def main(argv):
     score_signature = loaded.signatures["score"]
 
     def served_score(tokens, targets, state):
-        out = score_signature(tokens=tokens, targets=targets, **state)
-        return out["nll"], {name: tf.ensure_shape(out[name], value.shape) for name, value in state.items()}
+        out = score_signature(tokens=tokens, targets=targets, **state.named())
+        return out["nll"], generation.state_outputs(out, state)
 
     paths = {
         "Python": (generation.model_step(recurrent), recurrent.initial_state, recurrent.score, None),
@@ -201,5 +207,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-    app.run(main)
+    cli.run(main, define_flags)

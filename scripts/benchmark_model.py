@@ -1,7 +1,7 @@
 """Training throughput of TransformerXL on this machine, beside the authors' code (a benchmark, not a test).
 
     python scripts/benchmark_model.py [--batch=2,8 --tgt_len=512 --mem_len=512 --steps=5 --modes=f32,bf16,...]
-        [--peer=DIR] [--profile]
+        [--kernels=tf,fused] [--peer=DIR] [--profile]
 
 Times one training step (forward, per-token NLL, backward, clipping by global norm, Adam update: the trainer's
 step on one replica, and what the peer's step does) of the enwik8 base architecture
@@ -10,6 +10,10 @@ step on one replica, and what the peer's step does) of the enwik8 base architect
 FLOPs utilisation (MFU) against two peaks measured in the same run: TensorFlow's best square-matmul peak of the
 mode's precision (`tf.function`, with or without XLA), and the best bfloat16 peak of the CPU (the larger of
 TensorFlow's and, with --peer, PyTorch's).
+
+--kernels: the training step's kernels (`TrainConfig.kernels`) each mode without XLA is timed with: `tf`
+(TensorFlow's ops, the trainer's default) and/or `fused` (the C++ CPU kernels of `txl_tf/fused.py`; rows
+`MODE+fused`). XLA cannot run the fused kernels, so the XLA modes are timed with TensorFlow's ops only.
 
 --peer=DIR: also times the authors' PyTorch code (a directory made by `../shared/peer/setup.sh`; it runs
 `DIR/code/train_step.py BATCH` with `DIR/venv/bin/python` right after our modes of that batch, and measures
@@ -38,28 +42,41 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# First: txl_tf.cli sets TF_CPP_MIN_LOG_LEVEL (and txl_tf the Keras backend) before TensorFlow starts.
+from txl_tf import cli
 
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from absl import app, flags  # noqa: E402
+# isort: split
+import keras
+import tensorflow as tf
+from absl import app, flags
 
-from txl_tf import TransformerXL, fused, run_dir, schedules  # noqa: E402
-from txl_tf.configs import TrainConfig  # noqa: E402
-from txl_tf.flops import measure_matmul_peak, model_flops_per_token  # noqa: E402
+from txl_tf import TransformerXL, fused, loading, schedules
+from txl_tf.configs import TrainConfig
+from txl_tf.flops import measure_matmul_peak, model_flops_per_token
 
-flags.DEFINE_list("batch", ["2"], "batch sizes (comma-separated)")
-flags.DEFINE_integer("tgt_len", 512, "segment length")
-flags.DEFINE_integer("mem_len", 512, "memory length")
-flags.DEFINE_integer("n_layer", 12, "layers (enwik8 base: 12)")
-flags.DEFINE_integer("steps", 5, "timed steps per mode (after 2 warm-up steps); the median counts")
-flags.DEFINE_list("modes", ["f32", "bf16", "f32_xla", "bf16_xla"], "modes to time")
-flags.DEFINE_integer("matmul_size", 4096, "square matmul size for the peak measurement")
-flags.DEFINE_string("peer", None, "directory made by ../shared/peer/setup.sh: also time the authors' PyTorch code")
-flags.DEFINE_bool("profile", False, "record 3 steps per mode with TensorFlow's profiler and print the breakdown")
-flags.DEFINE_string("child_mode", None, "internal: time only this mode and print the result as JSON")
 FLAGS = flags.FLAGS
+
+
+def define_flags(flag_values) -> None:
+    fv = flag_values
+    flags.DEFINE_list("batch", ["2"], "batch sizes (comma-separated)", flag_values=fv)
+    flags.DEFINE_integer("tgt_len", 512, "segment length", flag_values=fv)
+    flags.DEFINE_integer("mem_len", 512, "memory length", flag_values=fv)
+    flags.DEFINE_integer("n_layer", 12, "layers (enwik8 base: 12)", flag_values=fv)
+    flags.DEFINE_integer("steps", 5, "timed steps per mode (after 2 warm-up steps); the median counts",
+                         flag_values=fv)
+    flags.DEFINE_list("modes", ["f32", "bf16", "f32_xla", "bf16_xla"], "modes to time", flag_values=fv)
+    flags.DEFINE_list("kernels", [TrainConfig().kernels], "the step's kernels to time each mode without XLA with: "
+                      "tf (TensorFlow's ops) and/or fused (txl_tf/fused.py); XLA modes run TensorFlow's ops only",
+                      flag_values=fv)
+    flags.DEFINE_integer("matmul_size", 4096, "square matmul size for the peak measurement", flag_values=fv)
+    flags.DEFINE_string("peer", None, "directory made by ../shared/peer/setup.sh: also time the authors' PyTorch "
+                        "code", flag_values=fv)
+    flags.DEFINE_bool("profile", False, "record 3 steps per mode with TensorFlow's profiler and print the breakdown",
+                      flag_values=fv)
+    flags.DEFINE_string("child_mode", None, "internal: time only this mode and print the result as JSON",
+                        flag_values=fv)
+
 
 ARCH = dict(n_token=204, d_model=512, n_head=8, d_head=64, d_inner=2048, dropout=0.1, dropatt=0.0)
 PEER_LENGTH = 512  # the peer's train_step.py runs tgt_len = mem_len = 512
@@ -75,19 +92,21 @@ def train_flops_per_step(batch, qlen, mlen, n_layer, n_token, d_model, n_head, d
     return per_token * batch * qlen
 
 
-def build(mode, mlen, n_layer):
-    """The model and the trainer's optimizer (txl_tf.schedules.make_optimizer, TrainConfig defaults)."""
-    with run_dir.dtype_policy("mixed_bfloat16" if mode.startswith("bf16") else "float32"):
+def build(mode, mlen, n_layer, kernels="tf"):
+    """The model (its training calls on `kernels`) and the trainer's optimizer (txl_tf.schedules.make_optimizer,
+    TrainConfig defaults)."""
+    with loading.dtype_policy("mixed_bfloat16" if mode.startswith("bf16") else "float32"):
         keras.utils.set_random_seed(0)
-        model = TransformerXL(n_layer=n_layer, mem_len=mlen, **ARCH)
+        model = TransformerXL(n_layer=n_layer, mem_len=mlen, fused_kernels=kernels == "fused", **ARCH)
         optimizer = schedules.make_optimizer(TrainConfig(), 2.5e-4)
         optimizer.build(model.trainable_variables)
     return model, optimizer
 
 
-def time_training(mode, batch, qlen, mlen, n_layer, steps, profile_dir=None):
-    """Seconds per training step (median of `steps`) in `mode`, and the profile breakdown when asked."""
-    model, optimizer = build(mode, mlen, n_layer)
+def time_training(mode, batch, qlen, mlen, n_layer, steps, profile_dir=None, kernels="tf"):
+    """Seconds per training step (median of `steps`) in `mode` with `kernels`, and the profile breakdown when
+    asked."""
+    model, optimizer = build(mode, mlen, n_layer, kernels)
 
     @tf.function(jit_compile=mode.endswith("xla"))
     def train_step(tokens, targets, mems):
@@ -100,7 +119,7 @@ def time_training(mode, batch, qlen, mlen, n_layer, steps, profile_dir=None):
         return loss, new_mems
 
     data = tf.random.uniform([batch, qlen + 1], 0, ARCH["n_token"], tf.int32, seed=1)
-    mems = model.initial_mems(batch)
+    mems = model.initial_memory(batch)  # a txl_tf.state.Memory
     times = []
     for step in range(steps + 2):
         start = time.perf_counter()
@@ -196,9 +215,16 @@ def precision_of(mode: str) -> str:
     return "bf16" if mode.startswith("bf16") else "f32"
 
 
-def time_in_subprocess(mode, batch):
-    """Times `mode` in a fresh process, so modes do not share thread pools, caches or Keras global state."""
-    args = [sys.executable, os.path.abspath(__file__), f"--child_mode={mode}", f"--batch={batch}",
+def row_label(mode: str, kernels: str) -> str:
+    """A table row's name: the mode, with "+fused" when timed with the fused kernels."""
+    return mode if kernels == "tf" else f"{mode}+{kernels}"
+
+
+def time_in_subprocess(mode, batch, kernels):
+    """Times `mode` with `kernels` in a fresh process, so modes do not share thread pools, caches or Keras global
+    state."""
+    args = [sys.executable, os.path.abspath(__file__), f"--child_mode={mode}", f"--kernels={kernels}",
+            f"--batch={batch}",
             f"--tgt_len={FLAGS.tgt_len}", f"--mem_len={FLAGS.mem_len}", f"--n_layer={FLAGS.n_layer}",
             f"--steps={FLAGS.steps}", f"--profile={FLAGS.profile}"]
     result = subprocess.run(args, capture_output=True, text=True, check=False)
@@ -274,15 +300,27 @@ def main(argv):
         batch = int(FLAGS.batch[0])
         with tempfile.TemporaryDirectory() as logdir:
             seconds, breakdown = time_training(FLAGS.child_mode, batch, FLAGS.tgt_len, FLAGS.mem_len,
-                                               FLAGS.n_layer, FLAGS.steps, logdir if FLAGS.profile else None)
+                                               FLAGS.n_layer, FLAGS.steps, logdir if FLAGS.profile else None,
+                                               FLAGS.kernels[0])
         print(json.dumps({"mode": FLAGS.child_mode, "seconds": seconds, "breakdown": breakdown}))
         return
     if FLAGS.peer and (FLAGS.tgt_len != PEER_LENGTH or FLAGS.mem_len != PEER_LENGTH):
         raise app.UsageError(f"--peer times the authors' code at tgt_len = mem_len = {PEER_LENGTH} only; got "
                              f"--tgt_len={FLAGS.tgt_len} --mem_len={FLAGS.mem_len}")
+    unknown = sorted(set(FLAGS.kernels) - set(fused.KERNELS))
+    if unknown:
+        raise app.UsageError(f"--kernels={','.join(FLAGS.kernels)}: {', '.join(unknown)} is not one of "
+                             f"{', '.join(fused.KERNELS)}")
+    why = fused.unavailable() if "fused" in FLAGS.kernels else None
+    if why:
+        raise app.UsageError(f"--kernels=fused: the fused CPU kernels cannot run here ({why}); time --kernels=tf")
+    # (mode, kernels) pairs, in order: the XLA modes with TensorFlow's ops only.
+    runs = list(dict.fromkeys((mode, "tf" if mode.endswith("xla") else kernels)
+                              for mode in FLAGS.modes for kernels in FLAGS.kernels))
     batches = [int(b) for b in FLAGS.batch]
     print(f"load average before: {os.getloadavg()}")
-    print(f"fused CPU kernels (txl_tf/fused.py) in the non-XLA modes: {fused.describe()}")
+    print("timed: " + "; ".join(f"{row_label(mode, kernels)} with {fused.describe(kernels)}"
+                                for mode, kernels in runs))
     peaks = {
         "f32": measure_matmul_peak(tf.float32, FLAGS.matmul_size),
         "bf16": measure_matmul_peak(tf.bfloat16, FLAGS.matmul_size),
@@ -301,7 +339,7 @@ def main(argv):
     cpu_bf16 = max([best["bf16"], *torch_peaks.values()])
     print(f"MFU against TensorFlow's best peak of each precision (f32 {best['f32'] / 1e9:.1f}, bf16 "
           f"{best['bf16'] / 1e9:.1f} GFLOP/s) and against the CPU's best bf16 peak ({cpu_bf16 / 1e9:.1f} GFLOP/s)")
-    header = (f"{'mode':9s} {'batch':>5s} {'s/step':>8s} {'tokens/s':>9s} {'GFLOP/s':>8s} {'MFU(TF peak)':>13s} "
+    header = (f"{'mode':10s} {'batch':>5s} {'s/step':>8s} {'tokens/s':>9s} {'GFLOP/s':>8s} {'MFU(TF peak)':>13s} "
               f"{'MFU(CPU bf16)':>14s}" + (f" {'peer tokens/s':>14s} {'ratio':>6s}" if FLAGS.peer else ""))
     rows, profiles = [], []
     for batch in batches:
@@ -310,16 +348,17 @@ def main(argv):
         print(f"model: {FLAGS.n_layer} layers, batch {batch}, tgt_len {FLAGS.tgt_len}, mem_len {FLAGS.mem_len}; "
               f"{flops / tokens / 1e6:.0f} MFLOP per trained token", flush=True)
         ours = {}
-        for mode in FLAGS.modes:
-            result = time_in_subprocess(mode, batch)
-            ours[mode] = result["seconds"]
+        for mode, kernels in runs:
+            result = time_in_subprocess(mode, batch, kernels)
+            ours[mode, kernels] = result["seconds"]
             if result["breakdown"]:
-                profiles.append((mode, batch, result["breakdown"], flops, best[precision_of(mode)]))
+                profiles.append((row_label(mode, kernels), batch, result["breakdown"], flops,
+                                 best[precision_of(mode)]))
         peer = peer_tokens_per_second(FLAGS.peer, batch) if FLAGS.peer else {}
-        for mode, seconds in ours.items():
+        for (mode, kernels), seconds in ours.items():
             rate = flops / seconds
             precision = precision_of(mode)
-            line = (f"{mode:9s} {batch:5d} {seconds:8.3f} {tokens / seconds:9.1f} {rate / 1e9:8.1f} "
+            line = (f"{row_label(mode, kernels):10s} {batch:5d} {seconds:8.3f} {tokens / seconds:9.1f} {rate / 1e9:8.1f} "
                     f"{rate / best[precision]:12.1%} {rate / cpu_bf16:13.1%}")
             if FLAGS.peer:
                 theirs = peer.get(precision, float("nan"))
@@ -336,4 +375,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, define_flags)

@@ -7,6 +7,7 @@ import tensorflow as tf
 from layer_test_case import run_layer_checks
 
 from txl_tf.attention import MASK_VALUE, RelativeMultiHeadAttention, attention_bias, rel_shift
+from txl_tf.state import LayerMemory
 
 B, L, M, N, D, DM = 2, 3, 5, 2, 7, 12  # pairwise distinct; K = 8
 
@@ -52,8 +53,8 @@ def test_uniform_attention_by_hand():
     mem = tf.constant([[[2.0, 3.0]]])
     pos = tf.zeros([2, 2])
     zeros = tf.zeros([1, 2])
-    out, _, probs = layer(h, memory=mem, position_encoding=pos, attention_bias=attention_bias(1, 1),
-                       content_bias=zeros, position_bias=zeros, return_probs=True)
+    out, _, probs = layer(h, LayerMemory(mem), position_encoding=pos, attention_bias=attention_bias(1, 1),
+                          content_bias=zeros, position_bias=zeros, return_probs=True)
     np.testing.assert_allclose(probs.numpy().ravel(), [0.5, 0.5])
     # h + mean(v) = [0, 1] + [1, 2] = [1, 3] -> LayerNorm -> [-1, 1]
     np.testing.assert_allclose(out.numpy().ravel(), [-1.0, 1.0], atol=1e-6)
@@ -120,13 +121,12 @@ def test_matches_paper_oracle(clamp_len, same_length, state):
     encoding = RelativePositionalEncoding(DM)
     if state == "memory":
         pos = encoding(tf.constant(M + L), clamp_len=clamp_len)
-        out, _ = layer(h, memory=mem, position_encoding=pos, attention_bias=attention_bias(L, M, same_length),
-                       content_bias=u, position_bias=v)
+        out, _ = layer(h, LayerMemory(mem), position_encoding=pos,
+                       attention_bias=attention_bias(L, M, same_length), content_bias=u, position_bias=v)
     else:  # a zero cache of M positions fed `mem` as one segment keeps exactly mem's keys and values
         cache = layer.initial_cache(B, M, M, encoding(tf.constant(2 * M), clamp_len=clamp_len))
-        _, cache = layer(mem, cache=cache, attention_bias=attention_bias(M, M), content_bias=u, position_bias=v)
-        out, _ = layer(h, cache=cache, attention_bias=attention_bias(L, M, same_length), content_bias=u,
-                       position_bias=v)
+        _, cache = layer(mem, cache, attention_bias=attention_bias(M, M), content_bias=u, position_bias=v)
+        out, _ = layer(h, cache, attention_bias=attention_bias(L, M, same_length), content_bias=u, position_bias=v)
     expected = oracle(h, mem, w["q"], w["k"], w["v"], w["r"], w["o"], u, v, clamp_len, same_length, eps)
     np.testing.assert_allclose(out.numpy(), expected, atol=1e-5)
 
@@ -141,7 +141,7 @@ def _attention_call(attn_type):
         from txl_tf.embedding import RelativePositionalEncoding
 
         pos = RelativePositionalEncoding(DM, dtype=layer.dtype_policy)(tf.constant(M + L))
-        return layer(h, memory=mem, position_encoding=pos, attention_bias=attention_bias(L, M),
+        return layer(h, LayerMemory(mem), position_encoding=pos, attention_bias=attention_bias(L, M),
                      content_bias=uv, position_bias=uv, training=training)[0]
 
     return call

@@ -12,7 +12,7 @@ import tensorflow as tf
 from train_utils import AVERAGE_CONFIG as CONFIG
 from train_utils import make_run
 
-from txl_tf import average, run_dir
+from txl_tf import average, loading
 from txl_tf.configs import ModelConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,7 +30,7 @@ def float_weights(model):
 
 def test_identical_checkpoints_average_to_the_same_weights(tmp_path):
     saved = make_run(tmp_path / "run", [0.0, 0.0])
-    model = run_dir.build_model(ModelConfig(**CONFIG))
+    model = loading.build_model(ModelConfig(**CONFIG))
     average.average_weights(model, average.last_checkpoints(str(tmp_path / "run"), 2))
     for got, want in zip(float_weights(model), saved[0], strict=True):
         np.testing.assert_array_equal(got, want)
@@ -41,7 +41,7 @@ def test_different_checkpoints_average_to_their_mean(tmp_path):
     prefix = average.average(average.last_checkpoints(str(tmp_path / "run"), 2), str(tmp_path / "avg"),
                              model_dir=str(tmp_path / "run"))
     assert os.path.basename(prefix) == "ckpt-30"
-    model, _, found = run_dir.load_model(str(tmp_path / "avg"))  # what evaluate / export / generate do
+    model, _, found = loading.load_model(str(tmp_path / "avg"))  # what evaluate / export / generate do
     assert found == prefix
     for got, second, third in zip(float_weights(model), saved[1], saved[2], strict=True):
         np.testing.assert_allclose(got, (second + third) / 2, rtol=0, atol=1e-6)
@@ -59,7 +59,7 @@ def test_command_writes_into_the_run_without_touching_its_checkpoints(tmp_path):
     assert "averaged 2 checkpoints (ckpt-10, ckpt-20) -> " in proc.stdout
     assert {name: os.path.getmtime(run / name) for name in before} == before
     assert tf.train.latest_checkpoint(str(run)).endswith("ckpt-20")  # the run still resumes from its own
-    model, _, prefix = run_dir.load_model(str(run / "averaged"))
+    model, _, prefix = loading.load_model(str(run / "averaged"))
     assert prefix == str(run / "averaged" / "ckpt-20")
     for got, first, second in zip(float_weights(model), saved[0], saved[1], strict=True):
         np.testing.assert_allclose(got, (first + second) / 2, rtol=0, atol=1e-6)

@@ -36,7 +36,7 @@ def test_tiny_benchmark_prints_speed_and_profile():
     kinds = dict(re.findall(r"^  ([a-z -]+?)\s+([\d.]+) ms\s+[\d.]+%$", proc.stdout, re.M))
     assert set(kinds) == {"matmul", "attention elementwise", "dropout", "layer norm", "feed-forward elementwise",
                           "casts", "optimizer", "embedding and softmax", "other"}
-    # LayerNorm is one fused kernel each way now, under 0.05 ms on this tiny model: the kinds that stay visible.
+    # The kinds sure to show time on this tiny model (LayerNorm and dropout may round to 0.0 ms).
     assert float(kinds["matmul"]) > 0 and float(kinds["optimizer"]) > 0 and float(kinds["attention elementwise"]) > 0
 
 

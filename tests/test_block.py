@@ -8,6 +8,7 @@ from layer_test_case import run_layer_checks
 from txl_tf.attention import attention_bias
 from txl_tf.block import PositionwiseFeedForward, TransformerXLBlock
 from txl_tf.embedding import RelativePositionalEncoding
+from txl_tf.state import LayerMemory
 
 B, L, M, N, D, DM, DI = 2, 3, 5, 2, 7, 12, 11
 
@@ -46,8 +47,8 @@ def _block_call():
 
     def call(layer, training):
         pos = RelativePositionalEncoding(DM, dtype=layer.dtype_policy)(tf.constant(M + L))
-        return layer(h, memory=mem, position_encoding=pos, attention_bias=attention_bias(L, M), content_bias=uv,
-                     position_bias=uv, training=training)[0]
+        return layer(h, LayerMemory(mem), position_encoding=pos, attention_bias=attention_bias(L, M),
+                     content_bias=uv, position_bias=uv, training=training)[0]
 
     return call
 
@@ -65,9 +66,9 @@ def test_block_is_attention_then_feed_forward():
     pos = RelativePositionalEncoding(DM)(tf.constant(M + L))
     rng = np.random.default_rng(2)
     h, mem, uv = rng.normal(size=(B, L, DM)), rng.normal(size=(B, M, DM)), rng.normal(size=(N, D))
-    attn = block.attention(tf.constant(h, tf.float32), memory=tf.constant(mem, tf.float32), position_encoding=pos,
-                           attention_bias=attention_bias(L, M), content_bias=tf.constant(uv, tf.float32),
-                           position_bias=tf.constant(uv, tf.float32))[0]
+    attn = block.attention(tf.constant(h, tf.float32), LayerMemory(tf.constant(mem, tf.float32)),
+                           position_encoding=pos, attention_bias=attention_bias(L, M),
+                           content_bias=tf.constant(uv, tf.float32), position_bias=tf.constant(uv, tf.float32))[0]
     np.testing.assert_allclose(out.numpy(), block.feed_forward(attn).numpy(), atol=1e-6)
 
 

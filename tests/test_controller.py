@@ -8,9 +8,9 @@ import signal
 import numpy as np
 import pytest
 import tensorflow as tf
-from train_utils import prepare_tiny_corpus, tiny_controller, tiny_trainer
+from train_utils import in_memory_trainer, prepare_tiny_corpus, tiny_controller, tiny_trainer
 
-from txl_tf import run_dir
+from txl_tf import loading, run_dir
 from txl_tf.controller import Action, Controller
 from txl_tf.trainer import NonFiniteLossError
 
@@ -40,7 +40,7 @@ def weights(trainer):
 
 def test_host_loops_end_at_every_cadence_boundary(char_data, tmp_path):
     trainer = tiny_trainer(char_data, train_steps=20, steps_per_loop=5, log_every=3, checkpoint_every=4)
-    controller = Controller(trainer, model_dir=str(tmp_path), actions=[Recorder("a", 7, [])])
+    controller = tiny_controller(trainer, tmp_path, actions=[Recorder("a", 7, [])])
     step, ends = 0, []
     while step < 20:
         step = controller.next_boundary(step)
@@ -53,13 +53,45 @@ def test_host_loops_end_at_every_cadence_boundary(char_data, tmp_path):
 def test_actions_run_at_their_steps_in_order_before_the_checkpoint(char_data, tmp_path):
     calls = []
     trainer = tiny_trainer(char_data, train_steps=7, steps_per_loop=4, log_every=7, checkpoint_every=3)
-    controller = Controller(trainer, model_dir=str(tmp_path), log=lambda line: None,
-                            actions=[Recorder("a", 3, calls), Recorder("b", 2, calls)])
+    controller = tiny_controller(trainer, tmp_path, actions=[Recorder("a", 3, calls), Recorder("b", 2, calls)])
     metrics = controller.train()
     assert calls == [("b", 2, 2, None), ("a", 3, 3, None), ("b", 4, 4, "ckpt-3"), ("a", 6, 6, "ckpt-3"),
                      ("b", 6, 6, "ckpt-3"), ("a", 7, 7, "ckpt-6"), ("b", 7, 7, "ckpt-6")]
     assert metrics["a"] == metrics["b"] == metrics["step"] == 7 and np.isfinite(metrics["loss"])
     assert tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-7")
+
+
+class SaveBest(Action):
+    """Saves with the controller's best-checkpoint manager at its steps (as the evaluation does on a new best)."""
+
+    def __call__(self, controller, step):
+        controller.save(step, controller.checkpoints.best)
+        return {}
+
+
+def _steps(directory):
+    return sorted(int(name[5:-6]) for name in os.listdir(directory) if name.endswith(".index"))
+
+
+def test_the_controller_saves_through_the_checkpoint_managers_it_is_given(tmp_path):
+    """Managers over folders of the test's choosing (not model_dir) and an in-memory trainer: the periodic
+    checkpoints go to `latest` (pruned to its max_to_keep), the best ones to `best`; they restore the step."""
+    trainer = in_memory_trainer(train_steps=4, steps_per_loop=1, checkpoint_every=1)
+    latest, best = tmp_path / "latest", tmp_path / "kept"
+    checkpoints = run_dir.CheckpointManagers(
+        latest=tf.train.CheckpointManager(trainer.checkpoint, str(latest), max_to_keep=2,
+                                          step_counter=trainer.step_var),
+        best=tf.train.CheckpointManager(trainer.checkpoint, str(best), max_to_keep=1, step_counter=trainer.step_var))
+    lines = []
+    metrics = Controller(trainer, checkpoints, model_dir=str(tmp_path / "run"), level="word",
+                         actions=[SaveBest(every=3)], log=lines.append).train()
+    assert metrics["step"] == 4 and np.isfinite(metrics["ppl"])
+    assert _steps(latest) == [3, 4] and _steps(best) == [4]
+    assert not glob.glob(str(tmp_path / "run" / "ckpt-*"))
+    assert [line.split(" |")[0] for line in lines if line.startswith("step")] == [f"step {s:>7d}/4" for s in range(1, 5)]
+    again = in_memory_trainer(train_steps=4)
+    again.restore_checkpoint(str(best / "ckpt-4"))
+    assert int(again.step_var.numpy()) == 4 and int(again.optimizer.iterations.numpy()) == 4
 
 
 def _event_tags(directory):
@@ -74,7 +106,7 @@ def test_default_actions_evaluate_keep_the_best_and_sample_and_the_list_extends(
     lines, calls = [], []
     config_str = "ModelConfig.n_layer = 2\n"
     trainer = tiny_trainer(char_data, train_steps=4, eval_every=2, checkpoint_every=2, sample_tokens=5)
-    controller = tiny_controller(trainer, tmp_path, config_str=config_str, log=lines.append)
+    controller = tiny_controller(trainer, tmp_path, char_data, config_str=config_str, log=lines.append)
     controller.actions.append(Recorder("extra", 4, calls))
     metrics = controller.train()
     assert metrics["step"] == 4 and np.isfinite(metrics["valid_bpc"]) and calls == [("extra", 4, 4, "ckpt-2")]
@@ -89,8 +121,8 @@ def test_default_actions_evaluate_keep_the_best_and_sample_and_the_list_extends(
     reader = tf.train.load_checkpoint(best)
     assert reader.get_tensor("best_valid_loss/.ATTRIBUTES/VARIABLE_VALUE") == float(trainer.best_loss.numpy())
     # The pinned key `model`: evaluate's restore rebuilds the model and gets the trained weights.
-    model = run_dir.build_model(trainer.model_config, trainer.n_token)
-    run_dir.restore_weights(model, tf.train.latest_checkpoint(str(tmp_path)))
+    model = loading.build_model(trainer.model_config, trainer.n_token)
+    loading.restore_weights(model, tf.train.latest_checkpoint(str(tmp_path)))
     for a, b in zip(model.trainable_variables, trainer.model.trainable_variables, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     assert {"loss", "bpc", "learning_rate", "grad_norm", "tokens_per_second", "step_time", "config"} <= \
@@ -100,10 +132,11 @@ def test_default_actions_evaluate_keep_the_best_and_sample_and_the_list_extends(
 
 def test_resume_restores_step_memory_and_optimizer(char_data, tmp_path):
     first = tiny_trainer(char_data, train_steps=2, checkpoint_every=2)
-    tiny_controller(first, tmp_path).train()
+    tiny_controller(first, tmp_path, char_data).train()
     saved = (first.saved_mems.numpy(), weights(first), int(first.optimizer.iterations.numpy()))
     second = tiny_trainer(char_data, train_steps=2)
-    assert tiny_controller(second, tmp_path).restore() == 2
+    tiny_controller(second, tmp_path, char_data)
+    assert int(second.step_var.numpy()) == 2
     np.testing.assert_array_equal(second.saved_mems.numpy(), saved[0])
     for a, b in zip(weights(second), saved[1], strict=True):
         np.testing.assert_array_equal(a, b)
@@ -113,7 +146,7 @@ def test_resume_restores_step_memory_and_optimizer(char_data, tmp_path):
 def test_nonfinite_stop_raises_and_writes_no_checkpoint(char_data, tmp_path):
     trainer = tiny_trainer(char_data, model=dict(init_std=1e30, proj_init_std=1e30), checkpoint_every=1)
     with pytest.raises(NonFiniteLossError, match="nonfinite='skip'"):
-        tiny_controller(trainer, tmp_path).train()
+        tiny_controller(trainer, tmp_path, char_data).train()
     assert tf.train.latest_checkpoint(str(tmp_path)) is None
 
 
@@ -136,10 +169,10 @@ def test_sigterm_saves_at_the_host_loop_boundary_and_puts_the_handler_back(char_
     lines = []
     before = signal.getsignal(signal.SIGTERM)
     trainer = tiny_trainer(char_data, train_steps=50, steps_per_loop=1)
-    metrics = Controller(trainer, model_dir=str(tmp_path), actions=[Terminate(2, before)],
-                         log=lines.append).train()
+    metrics = tiny_controller(trainer, tmp_path, actions=[Terminate(2, before)], log=lines.append).train()
     assert metrics["step"] == 2 and tf.train.latest_checkpoint(str(tmp_path)).endswith("ckpt-2")
     assert lines[-1].startswith("stopped at step 2 on request") and "Re-run the same command" in lines[-1]
     assert signal.getsignal(signal.SIGTERM) is before
     resumed = tiny_trainer(char_data, train_steps=50)
-    assert tiny_controller(resumed, tmp_path).restore() == 2
+    tiny_controller(resumed, tmp_path, char_data)
+    assert int(resumed.step_var.numpy()) == 2

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from txl_tf import TransformerXL, convert
+from txl_tf import TransformerXL, convert, fused
 
 SEGMENTS = 3
 
@@ -22,23 +22,29 @@ def _golden(fixture_dir):
 def _run_segments(model, golden, tgt_len, training=False):
     """Per-segment (nll [L, B], [mem_i [M, B, d]]) time-major like the fixture, starting from zero memory."""
     tokens = golden["tokens"].T  # [B, T] batch-major
-    mems = model.initial_mems(tokens.shape[0])
+    mems = model.initial_memory(tokens.shape[0])
     outputs = []
     for s in range(SEGMENTS):
         inputs = tokens[:, s * tgt_len : (s + 1) * tgt_len]
         targets = tokens[:, s * tgt_len + 1 : (s + 1) * tgt_len + 1]
         hidden, mems = model(inputs, mems, training=training)
         nll = model.nll(hidden, targets).numpy().T  # [L, B]
-        outputs.append((nll, [np.transpose(m, (1, 0, 2)) for m in mems.numpy()]))
+        outputs.append((nll, [np.transpose(m, (1, 0, 2)) for m in mems.hidden.numpy()]))
     return outputs
 
 
-# training=True: the pass of a training step (no dropout in this model), which on CPU runs the fused softmax kernel
-# (txl_tf/fused.py) in place of TensorFlow's ops; it must meet the authors' numbers as closely.
-@pytest.mark.parametrize("training", [False, True])
-def test_parity_with_original_tf(fixture_dir, training):
+# training=True: the pass of a training step (no dropout in this model); with fused_kernels (TrainConfig.kernels=
+# "fused") it runs the fused CPU kernels (txl_tf/fused.py) in place of TensorFlow's ops, and must meet the authors'
+# numbers as closely.
+@pytest.mark.parametrize("training, fused_kernels", [(False, False), (True, False), (True, True)])
+def test_parity_with_original_tf(fixture_dir, training, fused_kernels):
+    if fused_kernels and fused.unavailable():
+        pytest.skip(f"the fused CPU kernels cannot run here: {fused.unavailable()}")
     golden, info = _golden(fixture_dir)
     model = convert.from_original_tf(str(fixture_dir / "model.ckpt"), mem_len=info["mem_len"])
+    if fused_kernels:
+        converted, model = model, TransformerXL.from_config({**model.get_config(), "fused_kernels": True})
+        model.set_weights(converted.get_weights())
     assert (model.n_layer, model.d_model, model.n_head, model.d_head, model.d_inner, model.n_token) == (
         info["n_layer"], info["d_model"], info["n_head"], info["d_head"], info["d_inner"], info["n_token"])
     assert model.dropout == 0 and model.dropatt == 0

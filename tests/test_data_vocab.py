@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from txl_tf.data.vocab import Vocab, char_vocab_from_bytes, frequency_order, tf_tokenizer
+from txl_tf.data.tf_tokenize import TFTokenizer
+from txl_tf.data.vocab import Vocab, char_vocab_from_bytes, frequency_order
 
 WORDS = Vocab(["<eos>", "the", "cat", "<unk>", "sat", "on", "mat"], "word", eos="<eos>", unk="<unk>")
 SENTENCES = Vocab(["<S>", "</S>", "<UNK>", "a", "b"], "word", bos="<S>", eos="<S>", unk="<UNK>")
@@ -65,7 +66,7 @@ def test_json_storage(tmp_path):
 
 @pytest.mark.parametrize("vocab", [WORDS, SENTENCES], ids=["eos", "sentences"])
 def test_tf_tokenizer_matches_encode_words(vocab):
-    got = tf_tokenizer(vocab)(TEXTS)
+    got = TFTokenizer(vocab)(TEXTS)
     assert got.dtype == tf.int32
     assert got.to_list() == [vocab.encode(t) for t in TEXTS]
 
@@ -73,7 +74,7 @@ def test_tf_tokenizer_matches_encode_words(vocab):
 def test_tf_tokenizer_matches_encode_chars():
     texts = ["Zürich\n<page>", "", "a\n\nb"]
     vocab = char_vocab_from_bytes([np.frombuffer("".join(texts).encode("utf-8"), np.uint8)], drop=[10])
-    tokenizer = tf_tokenizer(vocab)
+    tokenizer = TFTokenizer(vocab)
     assert tokenizer(texts).to_list() == [vocab.encode(t) for t in texts]
     with pytest.raises(tf.errors.InvalidArgumentError, match="not in the vocabulary"):
         tokenizer(["q"])

@@ -85,7 +85,7 @@ def _stream_oracle(model, stream, tgt_len, mems):
     for start in range(0, len(stream) - 1, tgt_len):
         inputs = stream[None, start:min(start + tgt_len, len(stream) - 1)]
         targets = stream[None, start + 1:start + 1 + inputs.shape[1]]
-        hidden, mems = model(inputs, mems=mems)
+        hidden, mems = model(inputs, mems)
         losses.append(model.nll(hidden, targets).numpy()[0])
     return np.concatenate(losses), mems
 
@@ -103,7 +103,7 @@ def test_every_token_scored_once_in_corpus_order(num_tokens):
     span = (num_tokens - 1) // batch
     expected, mems = [], None
     for b in range(batch):
-        losses, mems = _stream_oracle(model, tokens[b * span:(b + 1) * span + 1], tgt_len, model.initial_mems(1))
+        losses, mems = _stream_oracle(model, tokens[b * span:(b + 1) * span + 1], tgt_len, model.initial_memory(1))
         expected.append(losses)
     if (num_tokens - 1) % batch:
         expected.append(_stream_oracle(model, tokens[batch * span:], tgt_len, mems)[0])

@@ -86,7 +86,7 @@ def _segments(model, tokens, mems):
     """Hidden states of tokens [B, T] fed in segments of MAX_LEN with the hidden memory (the authors' form)."""
     pieces = []
     for start in range(0, tokens.shape[1], MAX_LEN):
-        hidden, mems = model(tokens[:, start:start + MAX_LEN], mems=mems, protocol=PROTOCOL)
+        hidden, mems = model(tokens[:, start:start + MAX_LEN], mems, protocol=PROTOCOL)
         pieces.append(hidden)
     return tf.concat(pieces, axis=1), mems
 
@@ -94,11 +94,11 @@ def _segments(model, tokens, mems):
 def _python_reference(model, vocab, inputs):
     """What the signatures must give, from the Python model with the hidden-state memory."""
     ref = {}
-    hidden, mems = model(inputs["tokens"], mems=model.initial_mems(2, PROTOCOL), protocol=PROTOCOL)
+    hidden, mems = model(inputs["tokens"], model.initial_memory(2, PROTOCOL), protocol=PROTOCOL)
     ref["nll"] = model.nll(hidden, inputs["targets"]).numpy()
     logits = []
     for row, length in enumerate(inputs["next_lengths"]):  # each row alone, only its own tokens
-        hidden, _ = model(inputs["next"][row:row + 1, :length], mems=mems[:, row:row + 1], protocol=PROTOCOL)
+        hidden, _ = model(inputs["next"][row:row + 1, :length], mems.select_rows(row, row + 1), protocol=PROTOCOL)
         logits.append(model.log_probs(hidden[:, -1:]).numpy()[0, 0])
     ref["logits"] = np.stack(logits)
     ids = [vocab.encode(t) for t in TEXTS]
@@ -108,7 +108,7 @@ def _python_reference(model, vocab, inputs):
     ref["text_nll"] = np.zeros([len(ids), width - 1], np.float32)
     for row, row_ids in enumerate(ids):  # each text alone, in segments of max_len
         row_ids = np.array([row_ids], np.int32)
-        hidden, _ = _segments(model, row_ids[:, :-1], model.initial_mems(1, PROTOCOL))
+        hidden, _ = _segments(model, row_ids[:, :-1], model.initial_memory(1, PROTOCOL))
         ref["text_nll"][row, :len(row_ids[0]) - 1] = model.nll(hidden, row_ids[:, 1:]).numpy()[0]
     ref["max_len"] = MAX_LEN
     return ref

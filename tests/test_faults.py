@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from train_utils import REPO_ROOT, prepare_tiny_corpus, subprocess_env, tiny_params
 
-from txl_tf import errors, run_dir, train
+from txl_tf import errors, loading, run_dir, train
 from txl_tf.configs import ModelConfig, TrainConfig
 from txl_tf.data import corpora, records
 from txl_tf.data import prepare as prep
@@ -99,7 +99,7 @@ def test_corrupt_latest_checkpoint_falls_back_in_train_and_evaluate(char_data, t
     else:
         content = content[: len(content) // 2]
     data.write_bytes(bytes(content))
-    model, _, prefix = run_dir.load_model(str(run))  # evaluate, export and generate load through this
+    model, _, prefix = loading.load_model(str(run))  # evaluate, export and generate load through this
     err = capsys.readouterr().err
     assert prefix.endswith("ckpt-4") and "skipped ckpt-6" in err and data.name in err, err
     _train(run, char_data, **{"TrainConfig.train_steps": 8})
@@ -145,10 +145,10 @@ def test_misspelt_bindings_are_rejected_by_every_entry_point(char_data, tmp_path
     _train(run, char_data, **{"TrainConfig.train_steps": 2})
     for binding, word in (("EvalConfg.mem_len = 384", "EvalConfg"), ("EvalConfig.mem_lenn = 384", "mem_lenn")):
         with pytest.raises(errors.ConfigError, match=word):
-            run_dir.parse_configs(str(run), gin_params=[binding])
+            run_dir.read_configs(str(run), gin_params=[binding])
         with pytest.raises(errors.ConfigError, match=word):
-            run_dir.load_model(str(run), gin_params=[binding])
-    assert run_dir.parse_configs(str(run), gin_params=["EvalConfig.mem_len = 384"]).eval.mem_len == 384
+            loading.load_model(str(run), gin_params=[binding])
+    assert run_dir.read_configs(str(run), gin_params=["EvalConfig.mem_len = 384"]).eval.mem_len == 384
 
 
 # ---- defect 5: wrong types and ranges failed late ---------------------------------------------------------
@@ -176,7 +176,7 @@ def test_an_architecture_change_in_a_run_directory_is_refused_with_both_values(c
     run = tmp_path / "run"
     _train(run, char_data, **{"TrainConfig.train_steps": 2})
     config = (run / "config.gin").read_text()
-    with pytest.raises(run_dir.RunDirError, match=r"ModelConfig.n_layer=2 .* gives 3"):
+    with pytest.raises(errors.ConfigError, match=r"ModelConfig.n_layer=2 .* gives 3"):
         _train(run, char_data, **{"TrainConfig.train_steps": 4, "ModelConfig.n_layer": 3})
     assert (run / "config.gin").read_text() == config
 

@@ -6,16 +6,15 @@ import re
 import numpy as np
 import pytest
 from golden_utils import ARCHITECTURE, MEM_LEN, PROTOCOL, convert_golden, golden_data, golden_model
-from train_utils import tiny_text
+from train_utils import make_trainer, tiny_controller, tiny_text
 
-from txl_tf import distribute, evaluation
-from txl_tf.configs import DataConfig, EvalConfig, ModelConfig, TrainConfig
-from txl_tf.controller import Controller, default_actions
+from txl_tf import evaluation
+from txl_tf.configs import EvalConfig, ModelConfig, TrainConfig
+from txl_tf.controller import default_actions
 from txl_tf.data import corpora, pipeline, prepare
 from txl_tf.data.sources import SourceError
 from txl_tf.data.vocab import Vocab
 from txl_tf.protocol import Protocol
-from txl_tf.trainer import Trainer
 
 # 50 byte values, one per id of the golden fixture's 50-token vocabulary.
 SYMBOLS = list(b"\n .abcdefghijklmnopqrstuvwxyz0123456789,;:!?'-()AT")
@@ -41,11 +40,11 @@ def make_run(data_dir, model_dir, lines=None, **train):
     settings = dict(batch_size=3, tgt_len=5, train_steps=20, warmup_steps=0, learning_rate=3e-3, steps_per_loop=5,
                     log_every=5, eval_every=0, checkpoint_every=0, sample_tokens=0, measure_mfu=False)
     settings.update(train)
-    trainer = Trainer(ModelConfig(**ARCHITECTURE, mem_len=MEM_LEN, dropout=0.0, dropatt=0.0),
-                      DataConfig(dataset="text", data_dir=data_dir), TrainConfig(**settings),
-                      strategy=distribute.make_strategy("default"))
-    return Controller(trainer, model_dir=str(model_dir), actions=default_actions(trainer, EvalConfig(**PROTOCOL)),
-                      log=(lines.append if lines is not None else lambda line: None))
+    trainer = make_trainer(ModelConfig(**ARCHITECTURE, mem_len=MEM_LEN, dropout=0.0, dropatt=0.0),
+                           TrainConfig(**settings), data_dir)
+    actions = default_actions(trainer, EvalConfig(**PROTOCOL), data_dir=data_dir, vocab=pipeline.load_vocab(data_dir))
+    return tiny_controller(trainer, model_dir, data_dir, actions=actions,
+                           log=(lines.append if lines is not None else lambda line: None))
 
 
 def valid_loss(model, data_dir):

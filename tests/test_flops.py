@@ -13,6 +13,7 @@ from txl_tf.flops import (
     model_flops_per_token,
     utilisation_line,
 )
+from txl_tf.state import Memory
 
 
 def graph_matmul_flops(model, batch, qlen, mlen):
@@ -20,7 +21,7 @@ def graph_matmul_flops(model, batch, qlen, mlen):
 
     @tf.function
     def forward(tokens, mems):
-        hidden, _ = model(tokens, mems=mems, training=False)
+        hidden, _ = model(tokens, Memory(mems), training=False)
         return model.nll(hidden, tokens)
 
     graph = forward.get_concrete_function(

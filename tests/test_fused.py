@@ -1,7 +1,8 @@
 """The fused CPU kernels, built and loaded for real: the attention's softmax chain checked against TensorFlow's
 ops (values and gradients, float32 and bfloat16), dropout's rate, scale, reproducibility and gradient, the residual
 LayerNorm against Keras' LayerNormalization, the heads' split and merge against tf.split and tf.transpose, and
-where they are used (training steps on CPU; never inference or XLA)."""
+where they are used (training calls of layers built with fused_kernels=True; never inference), whatever the
+environment."""
 
 import os
 import subprocess
@@ -16,20 +17,16 @@ from txl_tf import fused as fused_mod
 from txl_tf.attention import RelativeMultiHeadAttention, attention_bias, shift_padded
 from txl_tf.block import PositionwiseFeedForward
 from txl_tf.dropout import Dropout
+from txl_tf.state import LayerMemory
 
 if fused_mod._compiler() is None and not os.environ.get("CI"):
     pytest.skip("no C++ compiler to build the kernels (CI installs g++)", allow_module_level=True)
 
 
-@pytest.fixture(autouse=True)
-def _auto_mode(monkeypatch):
-    monkeypatch.setenv(fused_mod.ENV, "auto")
-
-
 def test_builds_and_loads():
     library, reason = fused_mod._load()
     assert library is not None, reason
-    assert fused_mod.library() is library
+    assert fused_mod.unavailable() is None
 
 
 def _reference(content, position, bias):
@@ -92,11 +89,19 @@ def test_bad_shapes_name_the_tensor():
         library.txl_rel_softmax(tf.zeros([2, 3, 4]), tf.zeros([2, 3, 5]), tf.zeros([4, 3]))
 
 
-def _layer(seed=0):
+def _layer(seed=0, fused_kernels=True):
     tf.random.set_seed(seed)
-    layer = RelativeMultiHeadAttention(d_model=16, n_head=2, d_head=8)
+    layer = RelativeMultiHeadAttention(d_model=16, n_head=2, d_head=8, fused_kernels=fused_kernels)
     layer.build((None, None, 16))
     return layer
+
+
+def _twin(layer):
+    """A layer of `layer`'s config and weights with fused_kernels=False: TensorFlow's ops."""
+    twin = type(layer).from_config({**layer.get_config(), "fused_kernels": False})
+    twin.build((None, None, layer.d_model))
+    twin.set_weights(layer.get_weights())
+    return twin
 
 
 def _attention_step(layer, training):
@@ -107,31 +112,30 @@ def _attention_step(layer, training):
     u = tf.constant(rng.normal(size=[2, 8]), tf.float32)
     v = tf.constant(rng.normal(size=[2, 8]), tf.float32)
     with tf.GradientTape() as tape:
-        out = layer(x, memory=memory, mem_len=5, position_encoding=pos, attention_bias=attention_bias(6, 5),
+        out = layer(x, LayerMemory(memory), mem_len=5, position_encoding=pos, attention_bias=attention_bias(6, 5),
                     content_bias=u, position_bias=v, training=training)[0]
         loss = tf.reduce_sum(out * out)
     return [out.numpy()] + [g.numpy() for g in tape.gradient(loss, layer.trainable_weights)]
 
 
-def test_training_layer_equals_tensorflow_ops(monkeypatch):
+def test_training_layer_equals_tensorflow_ops():
     """A training call of the attention layer (no dropout) gives TensorFlow's outputs and weight gradients."""
     layer = _layer()
     fused = _attention_step(layer, training=True)
-    monkeypatch.setenv(fused_mod.ENV, "0")
-    plain = _attention_step(layer, training=True)
+    plain = _attention_step(_twin(layer), training=True)
     for got, want in zip(fused, plain, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
-def _op_types(training):
-    layer = _layer()
+def _op_types(training, fused_kernels=True):
+    layer = _layer(fused_kernels=fused_kernels)
     fn = tf.function(lambda: _attention_step_graph(layer, training))
     return {op.type for op in fn.get_concrete_function().graph.get_operations()}
 
 
 def _attention_step_graph(layer, training):
     x = tf.ones([1, 4, 16])
-    out = layer(x, memory=tf.ones([1, 3, 16]), mem_len=3, position_encoding=tf.ones([7, 16]),
+    out = layer(x, LayerMemory(tf.ones([1, 3, 16])), mem_len=3, position_encoding=tf.ones([7, 16]),
                 attention_bias=attention_bias(4, 3), content_bias=tf.ones([2, 8]), position_bias=tf.ones([2, 8]),
                 training=training)[0]
     return out
@@ -140,45 +144,37 @@ def _attention_step_graph(layer, training):
 _ATTENTION_OPS = {"TxlRelSoftmax", "TxlAddLayerNorm", "TxlSplitHeads", "TxlMergeHeads"}
 
 
-def test_used_for_training_only(monkeypatch):
+def test_used_for_training_calls_of_fused_layers_only():
     assert _ATTENTION_OPS <= _op_types(training=True)
     # Inference and SavedModels keep TensorFlow's ops.
     assert not _ATTENTION_OPS & _op_types(training=False)
-    monkeypatch.setenv(fused_mod.ENV, "0")
-    assert not _ATTENTION_OPS & _op_types(training=True)
+    assert not _ATTENTION_OPS & _op_types(training=True, fused_kernels=False)
 
 
-def test_mode_is_checked(monkeypatch):
-    monkeypatch.setenv(fused_mod.ENV, "yes")
-    with pytest.raises(ValueError, match="TXL_TF_FUSED_KERNELS='yes'"):
-        fused_mod.library()
+def test_applies_is_a_pure_function_of_its_arguments():
+    assert fused_mod.applies(True, tf.float32, True) and fused_mod.applies(True, "bfloat16", True)
+    assert not fused_mod.applies(False, tf.float32, True)
+    assert not fused_mod.applies(True, tf.float32, False) and not fused_mod.applies(True, tf.float32, None)
+    assert not fused_mod.applies(True, tf.float16, True)
 
 
-def test_failed_build_falls_back_or_stops(tmp_path):
-    """A broken compiler: `auto` warns once and trains with TensorFlow's ops; `1` stops with the log's path."""
+def test_a_failed_build_says_why_and_a_fused_layer_names_it(tmp_path):
+    """A broken compiler: `unavailable` names the compiler's log (the trainer then trains with TensorFlow's ops,
+    tests/test_train_kernels.py), and a layer built with the kernels anyway stops with that reason."""
     script = (
         "import tensorflow as tf\n"
         "from txl_tf import fused\n"
-        "print('usable', fused.usable(tf.float32, True))\n"
+        "from txl_tf.dropout import Dropout\n"
+        "print('unavailable:', fused.unavailable())\n"
+        "Dropout(0.5, fused_kernels=True)(tf.ones([4]), training=True)\n"
     )
-    env = {**os.environ, "CXX": "false", "TXL_TF_CACHE": str(tmp_path), fused_mod.ENV: "auto"}
-    auto = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert auto.returncode == 0, auto.stderr
-    assert "usable False" in auto.stdout
-    assert auto.stderr.count("fused CPU kernels unavailable") == 1
-    assert "output is in" in auto.stderr
-    env[fused_mod.ENV] = "1"
-    required = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert required.returncode != 0
-    assert "TXL_TF_FUSED_KERNELS=1 but the fused CPU kernels are unavailable" in required.stderr
+    env = {**os.environ, "CXX": "false", "TXL_TF_CACHE": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "unavailable: " in proc.stdout and "failed; its output is in" in proc.stdout, proc.stdout
+    assert "the fused CPU kernels are unavailable: " in proc.stderr and "fused_kernels=False" in proc.stderr
     log = next(tmp_path.rglob("*.log"))
     assert "false" in log.read_text()
-
-
-def test_not_used_under_xla():
-    layer = _layer()
-    graph = tf.function(lambda: _attention_step_graph(layer, True), jit_compile=True).get_concrete_function().graph
-    assert not _ATTENTION_OPS & {op.type for op in graph.get_operations()}
 
 
 def test_dropout_rate_scale_and_gradient():
@@ -202,27 +198,27 @@ def test_dropout_rate_scale_and_gradient():
     assert not np.array_equal(kept[0], kept[1])
 
 
-def test_dropout_bfloat16_and_layer(monkeypatch):
+def test_dropout_bfloat16_and_layer():
     x = tf.ones([3, 5, 40], tf.bfloat16)
     y = fused_mod.dropout(x, tf.constant([1, 2]), 32768, 2.0)
     assert y.dtype == tf.bfloat16
     assert set(np.unique(y.numpy().astype(np.float32))) == {0.0, 2.0}
-    # The layer takes the kernel when training on CPU, and TensorFlow's ops when the kernels are off; both
-    # reproducible from the Keras seed and with the rate's drop probability.
-    for setting in ("auto", "0"):
-        monkeypatch.setenv(fused_mod.ENV, setting)
+    # The layer takes the kernel in training calls when built with it, else TensorFlow's ops; both reproducible
+    # from the Keras seed and with the rate's drop probability, and their masks differ.
+    masks = []
+    for fused_kernels in (True, False):
         outs = []
         for _ in range(2):
-            layer = Dropout(0.25, seed=3)
+            layer = Dropout(0.25, seed=3, fused_kernels=fused_kernels)
             outs.append(layer(tf.ones([50, 200]), training=True).numpy())
         np.testing.assert_array_equal(outs[0], outs[1])
         assert abs((outs[0] == 0).mean() - 0.25) < 0.01
-    layer = Dropout(0.2)
-    graph = tf.function(lambda: layer(tf.ones([4, 4]), training=True)).get_concrete_function().graph
-    assert "TxlDropout" not in {op.type for op in graph.get_operations()}  # kernels off (setting "0")
-    monkeypatch.setenv(fused_mod.ENV, "auto")
-    graph = tf.function(lambda: layer(tf.ones([4, 4]), training=True)).get_concrete_function().graph
-    assert "TxlDropout" in {op.type for op in graph.get_operations()}
+        masks.append(outs[0] == 0)
+    assert not np.array_equal(masks[0], masks[1])
+    for fused_kernels in (True, False):
+        layer = Dropout(0.2, fused_kernels=fused_kernels)
+        graph = tf.function(lambda lay=layer: lay(tf.ones([4, 4]), training=True)).get_concrete_function().graph
+        assert ("TxlDropout" in {op.type for op in graph.get_operations()}) == fused_kernels
 
 
 def test_dropout_bad_input():
@@ -255,11 +251,11 @@ def test_bias_broadcasts_like_tensorflows_add():
                                _reference(content, position, row).numpy(), atol=1e-6)
 
 
-def test_describe_says_whether_training_uses_them(monkeypatch):
-    assert fused_mod.describe() == "on (TXL_TF_FUSED_KERNELS=auto)"
-    assert fused_mod.describe(jit_compile=True).startswith("off (XLA")
-    monkeypatch.setenv(fused_mod.ENV, "0")
-    assert fused_mod.describe() == "off (TXL_TF_FUSED_KERNELS=0)"
+def test_describe_names_each_choice():
+    assert fused_mod.describe("tf") == "TensorFlow's ops"
+    assert fused_mod.describe("fused").startswith("fused C++ CPU kernels in training steps")
+    with pytest.raises(ValueError, match="kernels='auto': use one of tf, fused"):
+        fused_mod.describe("auto")
 
 
 def _norm(width, epsilon, seed, **kwargs):
@@ -337,14 +333,14 @@ def test_add_layer_norm_keeps_keras_for_other_norms():
         assert "TxlAddLayerNorm" not in {op.type for op in graph.get_operations()}
 
 
-def test_feed_forward_training_equals_tensorflow_ops(monkeypatch):
+def test_feed_forward_training_equals_tensorflow_ops():
     """A training call of the feed-forward layer (no dropout) gives Keras' outputs and weight gradients."""
     tf.random.set_seed(5)
-    layer = PositionwiseFeedForward(d_model=16, d_inner=32)
+    layer = PositionwiseFeedForward(d_model=16, d_inner=32, fused_kernels=True)
     layer.build((None, None, 16))
     x = tf.constant(np.random.default_rng(6).normal(size=[2, 7, 16]), tf.float32)
 
-    def step():
+    def step(layer):
         with tf.GradientTape() as tape:
             tape.watch(x)
             out = layer(x, training=True)
@@ -353,9 +349,8 @@ def test_feed_forward_training_equals_tensorflow_ops(monkeypatch):
 
     graph = tf.function(lambda: layer(x, training=True)).get_concrete_function().graph
     assert {"TxlAddLayerNorm", "TxlBiasReluDropout"} <= {op.type for op in graph.get_operations()}
-    fused = step()
-    monkeypatch.setenv(fused_mod.ENV, "0")
-    plain = step()
+    fused = step(layer)
+    plain = step(_twin(layer))
     for got, want in zip(fused, plain, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 

@@ -44,15 +44,15 @@ def test_greedy_matches_step_by_step_oracle(model):
     result = _generate(model, temperature=0.0, use_cache=False)
     # Oracle: plain model calls; the prompt in segments of 3 (zero memory at first, so segmentation matters),
     # then one token per call with memory.
-    hidden, mems = model(PROMPT[:, :3], mems=model.initial_mems(2))
-    hidden, mems = model(PROMPT[:, 3:], mems=mems)
+    hidden, mems = model(PROMPT[:, :3], model.initial_memory(2))
+    hidden, mems = model(PROMPT[:, 3:], mems)
     expected = []
     for _ in range(6):
         token = np.argmax(model.log_probs(hidden[:, -1:]).numpy()[:, 0], axis=-1).astype(np.int32)
         expected.append(token)
-        hidden, mems = model(token[:, None], mems=mems)
+        hidden, mems = model(token[:, None], mems)
     np.testing.assert_array_equal(result.tokens, np.stack(expected, axis=1))
-    np.testing.assert_allclose(result.state.numpy(), mems.numpy(), atol=1e-5)  # memory after every token
+    np.testing.assert_allclose(result.state.hidden.numpy(), mems.hidden.numpy(), atol=1e-5)  # after every token
     np.testing.assert_array_equal(_generate(model, top_k=1, seed=5).tokens, result.tokens)
     np.testing.assert_array_equal(_generate(model, top_p=1e-6, seed=5).tokens, result.tokens)
     # The keys/values cache (the default) samples the same tokens.

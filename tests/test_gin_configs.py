@@ -69,6 +69,6 @@ def test_gin_file_trains_one_step_and_evaluates(path, tiny_corpora, tmp_path, cl
     assert metrics["step"] == 1
     assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["valid_loss"])
     expected = (ModelConfig(), EvalConfig())
-    configs = run_dir.parse_configs(str(tmp_path))  # the written config.gin alone
+    configs = run_dir.read_configs(str(tmp_path))  # the written config.gin alone
     assert (configs.model, configs.eval) == expected
     assert configs.data.data_dir == data_dir

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from txl_tf import TransformerXL
 from txl_tf.protocol import Protocol
+from txl_tf.state import Cache, Memory
 
 V, NL, DM, NH, DH, DI = 23, 2, 12, 2, 5, 17
 
@@ -54,27 +55,31 @@ def test_segments_with_memory_equal_one_long_pass():
     # with a memory shorter than the context the second segment differs
     short = Protocol(mem_len=2)
     _, short_mems = model(x[:, :5], protocol=short)
-    assert short_mems.shape[2] == 2
+    assert short_mems.hidden.shape[2] == 2
     assert np.abs(model(x[:, 5:], short_mems, protocol=short)[0].numpy() - second.numpy()).max() > 1e-3
 
 
 def test_memory_contents_and_shapes():
     model = make_model(mem_len=4, dropout=0.3)
     x = tokens(2, 3)
-    mems = model.initial_mems(2)
+    mems = model.initial_memory(2)
+    assert isinstance(mems, Memory)
+    mems = mems.hidden
     assert mems.shape == (NL, 2, 4, DM) and mems.dtype == tf.float32 and not np.any(mems.numpy())
-    hidden, new = model(x, mems)
+    hidden, new = model(x, Memory(mems))
+    assert isinstance(new, Memory)
+    new = new.hidden
     assert hidden.shape == (2, 3, DM) and new.shape == (NL, 2, 4, DM)
     np.testing.assert_array_equal(new[0, :, 1:].numpy(), model.embedding(x).numpy())  # layer 0 = embedding
     np.testing.assert_array_equal(new[:, :, :1].numpy(), mems[:, :, 3:].numpy())  # oldest kept: last mem slot
-    _, new2 = model(x, new)
-    np.testing.assert_array_equal(new2[:, :, :1].numpy(), new[:, :, 3:].numpy())
+    _, new2 = model(x, Memory(new))
+    np.testing.assert_array_equal(new2.hidden[:, :, :1].numpy(), new[:, :, 3:].numpy())
     # longer memories than mem_len are accepted; the result is cut to mem_len
-    assert model(x, tf.zeros([NL, 2, 9, DM]))[1].shape == (NL, 2, 4, DM)
+    assert model(x, Memory(tf.zeros([NL, 2, 9, DM])))[1].hidden.shape == (NL, 2, 4, DM)
     # mem_len = 0 turns recurrence off
     model0 = make_model(mem_len=0)
-    hidden0, new0 = model0(x, model0.initial_mems(2))
-    assert new0.shape == (NL, 2, 0, DM)
+    hidden0, new0 = model0(x, model0.initial_memory(2))
+    assert new0.hidden.shape == (NL, 2, 0, DM)
     np.testing.assert_allclose(hidden0.numpy(), model0(x)[0].numpy(), atol=1e-6)
 
 
@@ -86,7 +91,7 @@ def test_no_gradient_reaches_memory():
         _, mems = model(x, training=True)
         hidden, _ = model(x, mems, training=True)
         loss = tf.reduce_sum(model.nll(hidden, x))
-        mem_sum = tf.reduce_sum(mems)
+        mem_sum = tf.reduce_sum(mems.hidden)
     assert tape.gradient(mem_sum, model.trainable_weights) == [None] * len(model.trainable_weights)
     grads = tape.gradient(loss, model.trainable_weights)
     assert all(g is not None for g in grads)
@@ -95,8 +100,12 @@ def test_no_gradient_reaches_memory():
 
 def test_bad_mems_rejected():
     model = make_model()
-    with pytest.raises(ValueError, match="mems shape"):
-        model(tokens(2, 3), tf.zeros([NL + 1, 2, 4, DM]))
+    with pytest.raises(ValueError, match="memory shape"):
+        model(tokens(2, 3), Memory(tf.zeros([NL + 1, 2, 4, DM])))
+    with pytest.raises(ValueError, match="3 rows but the tokens have 2"):
+        model(tokens(2, 3), Memory(tf.zeros([NL, 3, 4, DM])))
+    with pytest.raises(TypeError, match="Memory or Cache; got EagerTensor"):
+        model(tokens(2, 3), tf.zeros([NL, 2, 4, DM]))  # a bare tensor: wrap it as Memory(tensor)
 
 
 def test_protocol_is_a_value_passed_to_the_call(tmp_path):
@@ -108,7 +117,7 @@ def test_protocol_is_a_value_passed_to_the_call(tmp_path):
     before = loaded.get_config()
     protocol = Protocol(mem_len=6, clamp_len=2, same_length=True)
     hidden, mems = loaded(x[:, 4:], loaded(x[:, :4], protocol=protocol)[1], protocol=protocol)
-    assert mems.shape == (NL, 2, 6, DM)
+    assert mems.hidden.shape == (NL, 2, 6, DM)
     assert loaded.get_config() == before and loaded.protocol == Protocol(mem_len=4)
     fresh = make_model(mem_len=6, clamp_len=2, same_length=True)
     fresh.set_weights(model.get_weights())
@@ -144,19 +153,19 @@ def test_cache_equals_memory(kwargs, same_length):
     of different lengths (one token included) and a memory that slides."""
     model = make_model(**kwargs)
     protocol = Protocol(mem_len=5, clamp_len=3, same_length=same_length)
-    mems = model.initial_mems(2, protocol)
+    mems = model.initial_memory(2, protocol)
     cache = model.initial_cache(2, protocol, max_len=4)
-    assert cache["keys"].shape == (NL, NH, 2, 5, DH) and ("position_keys" in cache) == (kwargs["attn_type"] in
-                                                                                        ("xl", "shaw"))
+    assert isinstance(cache, Cache) and cache.keys.shape == (NL, NH, 2, 5, DH)
+    assert ("position_keys" in cache.named()) == (kwargs["attn_type"] in ("xl", "shaw"))
     x = tokens(2, 13, seed=3)
     start = 0
     for length in (4, 1, 3, 1, 4):
         segment = x[:, start:start + length]
         start += length
-        from_memory, mems = model(segment, mems=mems, protocol=protocol)
-        from_cache, cache = model(segment, cache=cache, protocol=protocol)
+        from_memory, mems = model(segment, mems, protocol=protocol)
+        from_cache, cache = model(segment, cache, protocol=protocol)
         np.testing.assert_allclose(from_cache.numpy(), from_memory.numpy(), atol=2e-5)
-    assert cache["keys"].shape == (NL, NH, 2, 5, DH)
+    assert cache.keys.shape == (NL, NH, 2, 5, DH)
 
 
 @pytest.mark.parametrize("attn_type", ["xl", "shaw"])
@@ -166,12 +175,12 @@ def test_cached_token_by_token_equals_segment(attn_type):
     model = make_model(attn_type=attn_type, untie_r=True)
     protocol = Protocol(mem_len=4, clamp_len=-1, same_length=True)
     cache = model.initial_cache(2, protocol, max_len=6)
-    _, cache = model(tokens(2, 5, seed=1), cache=cache, protocol=protocol)  # a real (non-zero) memory
+    _, cache = model(tokens(2, 5, seed=1), cache, protocol=protocol)  # a real (non-zero) memory
     x = tokens(2, 6)
-    full, _ = model(x, cache=cache, protocol=protocol)
+    full, _ = model(x, cache, protocol=protocol)
     steps = []
     for t in range(6):
-        out, cache = model(x[:, t:t + 1], cache=cache, protocol=protocol)
+        out, cache = model(x[:, t:t + 1], cache, protocol=protocol)
         steps.append(out)
     np.testing.assert_allclose(tf.concat(steps, 1).numpy(), full.numpy(), atol=1e-5)
 
@@ -186,12 +195,11 @@ def test_padded_rows_leave_the_state_as_their_own_tokens_would(state):
 
     def initial(batch):
         if state == "cache":
-            return dict(cache=model.initial_cache(batch, protocol, max_len=5))
-        return dict(mems=model.initial_mems(batch, protocol))
+            return model.initial_cache(batch, protocol, max_len=5)
+        return model.initial_memory(batch, protocol)
 
     def run(segment, current, lengths=None):
-        hidden, new = model(segment, **current, protocol=protocol, lengths=lengths)
-        return hidden, dict(cache=new) if state == "cache" else dict(mems=new)
+        return model(segment, current, protocol=protocol, lengths=lengths)
 
     padded_hidden, padded = run(x, initial(2), lengths=tf.constant([5, 2]))
     alone_hidden, alone = run(x[1:, :2], initial(1))
@@ -208,11 +216,13 @@ def test_cache_misuse_is_refused():
     protocol = Protocol(mem_len=4)
     cache = model.initial_cache(1, protocol, max_len=2)
     with pytest.raises(ValueError, match="mem_len"):
-        model(tokens(1, 2), cache=cache, protocol=Protocol(mem_len=5))
+        model(tokens(1, 2), cache, protocol=Protocol(mem_len=5))
     with pytest.raises(ValueError, match="inference"):
-        model(tokens(1, 2), cache=cache, protocol=protocol, training=True)
+        model(tokens(1, 2), cache, protocol=protocol, training=True)
     with pytest.raises(tf.errors.InvalidArgumentError, match="max_len"):
-        model(tokens(1, 3), cache=cache, protocol=protocol)
+        model(tokens(1, 3), cache, protocol=protocol)
+    with pytest.raises(ValueError, match="lacks position_keys"):
+        model(tokens(1, 2), cache._replace(position_keys=()), protocol=protocol)
     absolute = make_model(attn_type="al_rfou", pre_lnorm=True)
     assert not absolute.supports_cache(protocol) and absolute.supports_cache(Protocol(mem_len=0))
     with pytest.raises(ValueError, match="hidden-state memory"):
@@ -249,7 +259,7 @@ def test_call_with_attention():
     assert np.all(np.triu(probs.numpy()[..., 4:], 1) == 0)  # no attention to future tokens
     ref_hidden, ref_mems = model(x, mems)
     np.testing.assert_allclose(hidden.numpy(), ref_hidden.numpy(), atol=1e-6)
-    np.testing.assert_allclose(new_mems.numpy(), ref_mems.numpy())
+    np.testing.assert_allclose(new_mems.hidden.numpy(), ref_mems.hidden.numpy())
 
 
 def test_mixed_precision_and_xla():
@@ -259,8 +269,8 @@ def test_mixed_precision_and_xla():
     finally:
         keras.config.set_dtype_policy("float32")
     x = tokens(2, 3)
-    mems = model.initial_mems(2)
-    assert mems.dtype == tf.bfloat16
+    mems = model.initial_memory(2)
+    assert mems.hidden.dtype == tf.bfloat16
 
     @tf.function(jit_compile=True)
     def step(x, mems):
@@ -270,6 +280,6 @@ def test_mixed_precision_and_xla():
         return loss, new_mems, tape.gradient(loss, model.trainable_weights)
 
     loss, new_mems, grads = step(x, mems)
-    assert new_mems.dtype == tf.bfloat16 and loss.dtype == tf.float32
+    assert new_mems.hidden.dtype == tf.bfloat16 and loss.dtype == tf.float32
     assert np.isfinite(loss.numpy()) and all(g is not None for g in grads)
     assert model.log_probs(model(x, mems)[0]).dtype == tf.float32

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from txl_tf import run_dir
+from txl_tf import loading, run_dir
 from txl_tf.configs import ModelConfig
 
 CONFIG = """
@@ -27,7 +27,7 @@ Trainer.unknown_to_this_module = 1
 
 @pytest.fixture(autouse=True)
 def _clean_gin():
-    """parse_configs binds the global gin config: leave none behind for other tests."""
+    """read_configs binds the global gin config: leave none behind for other tests."""
     yield
     gin.clear_config()
 
@@ -36,9 +36,9 @@ def _model_dir(tmp_path):
     model_dir = tmp_path / "run"
     model_dir.mkdir()
     (model_dir / "config.gin").write_text(CONFIG.format(data_dir=tmp_path / "data"))
-    configs = run_dir.parse_configs(str(model_dir))
+    configs = run_dir.read_configs(str(model_dir))
     tf.keras.utils.set_random_seed(0)
-    model = run_dir.build_model(configs.model)
+    model = loading.build_model(configs.model)
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), str(model_dir), max_to_keep=2)
     manager.save(checkpoint_number=7)
     best = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), str(model_dir / "best"), max_to_keep=1)
@@ -50,12 +50,12 @@ def test_parse_order_and_overrides(tmp_path):
     model_dir, _ = _model_dir(tmp_path)
     extra = tmp_path / "extra.gin"
     extra.write_text("EvalConfig.tgt_len = 4\nEvalConfig.batch_size = 2\n")
-    configs = run_dir.parse_configs(str(model_dir), [str(extra)], ["EvalConfig.batch_size = 6"])
+    configs = run_dir.read_configs(str(model_dir), [str(extra)], ["EvalConfig.batch_size = 6"])
     assert (configs.model.n_layer, configs.eval.mem_len, configs.eval.tgt_len, configs.eval.batch_size) == (
         2, 11, 4, 6)
     assert configs.data.data_dir == str(tmp_path / "data")
     with pytest.raises(FileNotFoundError, match="no gin config"):
-        run_dir.parse_configs(str(tmp_path / "nowhere"))
+        run_dir.read_configs(str(tmp_path / "nowhere"))
 
 
 def test_find_checkpoint_latest_best_prefix(tmp_path):
@@ -71,7 +71,7 @@ def test_find_checkpoint_latest_best_prefix(tmp_path):
 def test_load_model_restores_every_weight(tmp_path):
     model_dir, saved = _model_dir(tmp_path)
     tf.keras.utils.set_random_seed(1)  # a different initialisation, overwritten by the restore
-    model, configs, prefix = run_dir.load_model(str(model_dir))
+    model, configs, prefix = loading.load_model(str(model_dir))
     assert prefix.endswith("ckpt-7") and len(model.weights) == len(saved.weights)
     for a, b in zip(model.weights, saved.weights, strict=True):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
@@ -81,7 +81,7 @@ def test_load_model_restores_every_weight(tmp_path):
 def test_mismatched_architecture_is_reported(tmp_path):
     model_dir, _ = _model_dir(tmp_path)
     with pytest.raises(ValueError, match="does not match the configured model"):
-        run_dir.load_model(str(model_dir), gin_params=["ModelConfig.n_layer = 3"])
+        loading.load_model(str(model_dir), gin_params=["ModelConfig.n_layer = 3"])
 
 
 def test_converted_checkpoint_directory(tmp_path, fixture_dir):
@@ -93,7 +93,7 @@ def test_converted_checkpoint_directory(tmp_path, fixture_dir):
     fields = ("n_token", "n_layer", "d_model", "n_head", "d_head", "d_inner")
     text = "".join(f"ModelConfig.{k} = {getattr(converted, k)}\n" for k in fields)
     run_dir.write_config(str(out), text, name=run_dir.CONVERTED_CONFIG_FILE)  # as convert writes it
-    model, configs, prefix = run_dir.load_model(checkpoint=str(out), gin_params=["ModelConfig.dropout = 0.0"])
+    model, configs, prefix = loading.load_model(checkpoint=str(out), gin_params=["ModelConfig.dropout = 0.0"])
     assert prefix.endswith("ckpt-1") and configs.model.n_token == 50
     tokens = np.arange(12, dtype=np.int32).reshape(2, 6)
     np.testing.assert_allclose(model(tokens)[0].numpy(), converted(tokens)[0].numpy(), atol=1e-6)
@@ -103,7 +103,7 @@ def test_converted_checkpoint_directory(tmp_path, fixture_dir):
 def test_build_model_in_mixed_precision_reaches_every_layer():
     import keras
 
-    model = run_dir.build_model(ModelConfig(n_layer=2, d_model=8, n_head=2, d_head=4, d_inner=12, mem_len=3), 7,
+    model = loading.build_model(ModelConfig(n_layer=2, d_model=8, n_head=2, d_head=4, d_inner=12, mem_len=3), 7,
                                 dtype="mixed_bfloat16")
     assert {block.attention.compute_dtype for block in model.blocks} == {"bfloat16"}
     assert model.blocks[1].feed_forward.inner.compute_dtype == "bfloat16"
@@ -111,12 +111,12 @@ def test_build_model_in_mixed_precision_reaches_every_layer():
     assert keras.config.dtype_policy().name == "float32"  # the global policy is put back
 
 
-def test_written_config_is_the_base_of_parse_configs(tmp_path):
+def test_written_config_is_the_base_of_read_configs(tmp_path):
     model_dir = tmp_path / "new" / "run"
     path = run_dir.write_config(str(model_dir), CONFIG.format(data_dir=tmp_path), "written by a test")
     with open(path) as f:
         assert f.readline() == "# written by a test\n" and path == str(model_dir / run_dir.CONFIG_FILE)
-    configs = run_dir.parse_configs(str(model_dir), gin_params=["EvalConfig.batch_size = 5"])
+    configs = run_dir.read_configs(str(model_dir), gin_params=["EvalConfig.batch_size = 5"])
     assert (configs.model.n_layer, configs.model.n_token, configs.eval.batch_size) == (2, 13, 5)
-    unchecked = run_dir.build_model(configs.model, check=False)  # built (every weight made), not called
-    assert [w.shape for w in unchecked.weights] == [w.shape for w in run_dir.build_model(configs.model).weights]
+    unchecked = loading.build_model(configs.model, check=False)  # built (every weight made), not called
+    assert [w.shape for w in unchecked.weights] == [w.shape for w in loading.build_model(configs.model).weights]

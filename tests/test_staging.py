@@ -12,7 +12,7 @@ import sys
 import pytest
 from train_utils import REPO_ROOT, make_run, subprocess_env, tiny_text
 
-from txl_tf import average, run_dir, staging
+from txl_tf import average, loading, staging
 from txl_tf.study import report
 
 USER_FOLDERS = ("old-2024", "tmp-mine")
@@ -199,7 +199,7 @@ def test_average_killed_before_its_record_is_written_can_be_rerun(tmp_path):
         pytest.fail("the average finished three times before its checkpoint was seen")
     prefix = average.average(average.last_checkpoints(str(run), 2), str(run / "averaged"), model_dir=str(run))
     assert prefix == str(run / "averaged" / "ckpt-20")
-    assert run_dir.load_model(str(run / "averaged"))[2] == prefix
+    assert loading.load_model(str(run / "averaged"))[2] == prefix
     assert _siblings(run / "averaged") == [] and staging.MARKER not in os.listdir(run / "averaged")
 
 

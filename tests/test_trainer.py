@@ -1,11 +1,12 @@
 """txl_tf.trainer (the step): host loops against independent oracles (NumPy Adam step, the model's own NLL),
-strategy equivalence (MirroredStrategy on 2 logical CPUs vs the default strategy), gradient accumulation and
-non-finite handling. What the loop around it writes is tests/test_controller.py's."""
+strategy equivalence (MirroredStrategy on 2 logical CPUs vs the default strategy), gradient accumulation,
+non-finite handling, and training on an in-memory dataset (no corpus on disk). What the loop around it writes is
+tests/test_controller.py's."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from train_utils import B, L, prepare_tiny_corpus, tiny_controller, tiny_trainer
+from train_utils import B, L, in_memory_trainer, prepare_tiny_corpus, tiny_controller, tiny_trainer
 
 from txl_tf import distribute
 from txl_tf.data import pipeline
@@ -37,7 +38,7 @@ def test_first_step_matches_numpy_adam_with_global_norm_clipping(char_data):
     inputs, targets = first_batch(char_data)
     start = weights(trainer)
     with tf.GradientTape() as tape:
-        hidden, _ = model(inputs, mems=model.initial_mems(B), training=False)
+        hidden, _ = model(inputs, model.initial_memory(B), training=False)
         nll = model.nll(hidden, targets)  # [B, L]
         loss = tf.reduce_mean(nll[:, L // 2:] if recent_half else nll)
     grads = [tf.convert_to_tensor(g).numpy() for g in tape.gradient(loss, model.trainable_variables)]
@@ -62,7 +63,7 @@ def test_mirrored_on_two_cpus_matches_default(char_data, tmp_path):
         trainer = tiny_trainer(char_data, strategy=name, train_steps=4, eval_every=4, sample_tokens=3,
                                adam_epsilon=1e-4)  # see the first-step test
         assert trainer.replicas == (2 if name == "mirrored" else 1)
-        metrics = tiny_controller(trainer, tmp_path / name).train()
+        metrics = tiny_controller(trainer, tmp_path / name, char_data).train()
         assert np.isfinite(metrics["valid_loss"])
         runs[name] = (metrics["loss"], weights(trainer), trainer.saved_mems.numpy())
     (loss_d, weights_d, mems_d), (loss_m, weights_m, mems_m) = runs["default"], runs["mirrored"]
@@ -121,3 +122,41 @@ def test_nonfinite_stop_ends_the_host_loop_at_that_step(char_data):
     trainer.start(0)
     stats = trainer.train_loop(3)
     assert stats.steps == 1 and stats.nonfinite == 1
+
+
+def test_a_training_loop_on_an_in_memory_dataset_learns_the_batch():
+    """No corpus, no data directory: the trainer trains on what its dataset_fn gives (one batch, repeated), from
+    the step it is started at; the loss of the repeated batch falls host loop after host loop (from ln 11 = 2.4)."""
+    starts = []
+    trainer = in_memory_trainer(starts, train_steps=30, learning_rate=1e-2)
+    trainer.start(0)
+    loops = [trainer.train_loop(1)] + [trainer.train_loop(5) for _ in range(4)] + [trainer.train_loop(1)]
+    assert starts == [0]
+    assert [s.steps for s in loops] == [1, 5, 5, 5, 5, 1] and int(trainer.optimizer.iterations.numpy()) == 22
+    assert [s.tokens for s in loops] == [B * L * s.steps for s in loops] and not any(s.nonfinite for s in loops)
+    losses = [s.loss for s in loops]
+    assert np.isfinite(losses[0]) and all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses
+    assert losses[-1] < losses[0] - 0.5, losses
+    trainer.start(7)
+    assert starts == [0, 7]
+
+
+def test_the_memory_is_carried_from_host_loop_to_host_loop():
+    """One host loop of two steps = two host loops of one step (the memory of step 1 feeds step 2 either way);
+    starting again at step 1 with a zero memory (the saved one, never synced here) gives another memory."""
+    runs = {}
+    for name, loops in {"one loop": [2], "two loops": [1, 1], "restart": [1, "start", 1]}.items():
+        trainer = in_memory_trainer()
+        trainer.start(0)
+        for loop in loops:
+            if loop == "start":
+                trainer.start(1)
+            else:
+                trainer.train_loop(loop)
+        trainer.sync_checkpoint(2)
+        runs[name] = trainer.saved_mems.numpy(), weights(trainer)
+    (mems_one, weights_one), (mems_two, weights_two), (mems_restart, _) = runs.values()
+    np.testing.assert_allclose(mems_two, mems_one, atol=1e-6)
+    for a, b in zip(weights_two, weights_one, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert np.abs(mems_one).max() > 0.1 and np.abs(mems_restart - mems_one).max() > 0.05

@@ -47,7 +47,7 @@ def evil(tmp_path, monkeypatch):
 
 def _run_folder(directory, first_line: str) -> str:
     """A run folder whose config.gin is the one training writes for the tiny sample setup, `first_line` first."""
-    run_dir.parse_configs(gin_files=["gin/sample.gin"], gin_params=tiny_params(str(directory / "data")))
+    configs.parse_configs(["gin/sample.gin"], tiny_params(str(directory / "data")))
     text = gin.config_str()
     gin.clear_config()
     run_dir.write_config(str(directory), f"{first_line}\n{text}")
@@ -95,7 +95,7 @@ def test_import_statements_are_refused_before_gin_runs_them(evil, tmp_path, stat
         files, params, model_dir = ["gin/sample.gin"], [*params, line], None
         named = f"gin binding {line!r}"
     with pytest.raises(ConfigError) as raised:
-        run_dir.parse_configs(model_dir, files, params)
+        run_dir.read_configs(model_dir, files, params)
     assert not marker.exists() and name not in sys.modules, f"{name} was imported"
     assert str(raised.value) == (f"{named}: {line!r} — {REFUSAL}; remove the line or set TXL_TF_GIN_ALLOW_IMPORTS=1 "
                                  "to allow it")
@@ -106,10 +106,10 @@ def test_imports_run_only_with_the_opt_in(evil, tmp_path, monkeypatch):
     run_dir.write_config(str(tmp_path), f"import {name}\nEvalConfig.mem_len = 8\n")
     monkeypatch.setenv(ALLOW_IMPORTS, "perhaps")
     with pytest.raises(ConfigError, match=f"^{ALLOW_IMPORTS}='perhaps' is not a switch"):
-        run_dir.parse_configs(str(tmp_path))
+        run_dir.read_configs(str(tmp_path))
     assert not marker.exists()
     monkeypatch.setenv(ALLOW_IMPORTS, "1")
-    assert run_dir.parse_configs(str(tmp_path)).eval.mem_len == 8
+    assert run_dir.read_configs(str(tmp_path)).eval.mem_len == 8
     assert marker.exists()  # the user's own choice: gin imported the module
 
 

@@ -91,29 +91,97 @@ B, L, M = 4, 5, 6  # global batch, tgt_len, mem_len of `tiny_trainer` (pairwise 
 TINY_EVAL = dict(tgt_len=4, mem_len=7, clamp_len=-1, same_length=True, batch_size=3, max_steps=3)
 
 
-def tiny_trainer(data_dir: str, strategy: str = "default", model: dict | None = None, **train):
-    """A txl_tf.trainer.Trainer of a 1-layer model on `data_dir`; TrainConfig fields as keywords."""
+def make_trainer(model_config, train_config, data_dir: str, strategy: str = "default"):
+    """A txl_tf.trainer.Trainer on the prepared `data_dir`, put together as txl_tf.train.run does: the global seeds
+    first, the data's vocabulary size, the distributed train batches (`train.training_batches`)."""
     from txl_tf import distribute
-    from txl_tf.configs import DataConfig, ModelConfig, TrainConfig
-    from txl_tf.trainer import Trainer
+    from txl_tf.data import pipeline
+    from txl_tf.train import training_batches
+    from txl_tf.trainer import Trainer, set_global_seeds
 
-    model_config = ModelConfig(n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=24, mem_len=M, dropout=0.0,
-                               dropatt=0.0, **(model or {}))
+    strategy = distribute.make_strategy(strategy)
+    set_global_seeds(train_config)
+    return Trainer(model_config, train_config, strategy=strategy, n_token=len(pipeline.load_vocab(data_dir)),
+                   dataset_fn=training_batches(strategy, data_dir, train_config))
+
+
+def tiny_train_config(**train):
+    """The TrainConfig of `tiny_trainer`: fields as keywords."""
+    from txl_tf.configs import TrainConfig
+
     settings = dict(batch_size=B, tgt_len=L, train_steps=3, warmup_steps=0, learning_rate=1e-3, steps_per_loop=2,
                     log_every=1, eval_every=0, checkpoint_every=0, sample_tokens=0, measure_mfu=False)
     settings.update(train)
-    return Trainer(model_config, DataConfig(dataset="text", data_dir=data_dir), TrainConfig(**settings),
-                   strategy=distribute.make_strategy(strategy))
+    return TrainConfig(**settings)
 
 
-def tiny_controller(trainer, model_dir, evaluation: dict | None = None, **kwargs):
-    """A txl_tf.controller.Controller of `trainer` in `model_dir` with the default actions (evaluation with
-    TINY_EVAL updated by `evaluation`, samples) and no console output unless `log` is given."""
+def tiny_model_config(**model):
+    """The ModelConfig of `tiny_trainer` (1 layer, mem_len M, no dropout): fields as keywords."""
+    from txl_tf.configs import ModelConfig
+
+    return ModelConfig(n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=24, mem_len=M, dropout=0.0, dropatt=0.0,
+                       **model)
+
+
+def tiny_trainer(data_dir: str, strategy: str = "default", model: dict | None = None, **train):
+    """A txl_tf.trainer.Trainer of a 1-layer model on `data_dir`; TrainConfig fields as keywords."""
+    return make_trainer(tiny_model_config(**(model or {})), tiny_train_config(**train), data_dir, strategy)
+
+
+V = 11  # vocabulary of the in-memory batches
+
+
+def repeated_batch(seed: int = 0):
+    """(inputs, targets) int32 [B, L]: one batch of B streams of random tokens (targets = inputs shifted by one)."""
+    import numpy as np
+
+    streams = np.random.default_rng(seed).integers(0, V, [B, L + 1]).astype(np.int32)
+    return streams[:, :-1], streams[:, 1:]
+
+
+def in_memory_trainer(starts: list | None = None, model: dict | None = None, **train):
+    """A Trainer of `tiny_trainer`'s model (vocabulary V) under the default strategy, fed by one in-memory batch
+    repeated (`repeated_batch`; no corpus, no data directory). Each step its dataset_fn is asked to start at is
+    appended to `starts`. TrainConfig fields as keywords."""
+    import tensorflow as tf
+
+    from txl_tf.trainer import Trainer, set_global_seeds
+
+    batch = repeated_batch()
+
+    def dataset_fn(start_step: int):
+        if starts is not None:
+            starts.append(start_step)
+        return tf.data.Dataset.from_tensors(batch).repeat()
+
+    config = tiny_train_config(**train)
+    set_global_seeds(config)
+    return Trainer(tiny_model_config(**(model or {})), config, strategy=tf.distribute.get_strategy(), n_token=V,
+                   dataset_fn=dataset_fn)
+
+
+def tiny_controller(trainer, model_dir, data_dir: str | None = None, evaluation: dict | None = None,
+                    actions=None, **kwargs):
+    """A txl_tf.controller.Controller of `trainer` in `model_dir`, put together as txl_tf.train.run does: the
+    trainer restored from model_dir's newest checkpoint (if any), then the checkpoint managers. Its actions are
+    `actions`, else the default ones on `data_dir` (evaluation with TINY_EVAL updated by `evaluation`, samples);
+    the metric's level is the data's ("char" without data). No console output unless `log` is given."""
+    from txl_tf import run_dir
     from txl_tf.configs import EvalConfig
     from txl_tf.controller import Controller, default_actions
+    from txl_tf.data import pipeline
 
-    actions = default_actions(trainer, EvalConfig(**{**TINY_EVAL, **(evaluation or {})}))
-    return Controller(trainer, model_dir=str(model_dir), actions=actions, **{"log": lambda line: None, **kwargs})
+    kwargs.setdefault("log", lambda line: None)
+    model_dir = str(model_dir)
+    run_dir.resume_training(model_dir, trainer.restore_checkpoint, chief=True, log=kwargs["log"])
+    checkpoints = run_dir.checkpoint_managers(trainer.checkpoint, model_dir, strategy=trainer.strategy,
+                                              step_counter=trainer.step_var, keep=trainer.config.keep_checkpoints)
+    vocab = pipeline.load_vocab(data_dir) if data_dir else None
+    if actions is None:
+        actions = default_actions(trainer, EvalConfig(**{**TINY_EVAL, **(evaluation or {})}), data_dir=data_dir,
+                                  vocab=vocab)
+    return Controller(trainer, checkpoints, model_dir=model_dir, level=vocab.level if vocab else "char",
+                      actions=actions, **kwargs)
 
 
 AVERAGE_CONFIG = dict(n_layer=1, d_model=8, n_head=2, d_head=3, d_inner=10, n_token=11, mem_len=4, dropout=0.0,
@@ -126,12 +194,12 @@ def make_run(directory, offsets):
     float weights."""
     import tensorflow as tf
 
-    from txl_tf import average, run_dir
+    from txl_tf import average, loading
     from txl_tf.configs import ModelConfig
 
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.gin").write_text("".join(f"ModelConfig.{k} = {v!r}\n" for k, v in AVERAGE_CONFIG.items()))
-    model = run_dir.build_model(ModelConfig(**AVERAGE_CONFIG))
+    model = loading.build_model(ModelConfig(**AVERAGE_CONFIG))
     base = [v.numpy() for v in model.weights]
     step = tf.Variable(0, dtype=tf.int64)
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model, step=step, extra=tf.Variable(1.0)),

@@ -17,11 +17,14 @@ Terms (b) and (d) are computed for all queries against all K rows of R with one 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import keras
 import tensorflow as tf
 
 from txl_tf import fused
 from txl_tf.dropout import Dropout
+from txl_tf.state import LayerCache, LayerMemory, check_type
 
 ATTN_TYPES = ("xl", "shaw", "vaswani", "al_rfou")
 MASK_VALUE = -1e30  # the TF original's value for blocked scores
@@ -92,7 +95,7 @@ def keep_last(memory, new, mem_len, lengths=None, axis=1):
         memory [B, T, d]: axis 1; cached keys [N, B, T, D]: axis 2).
       lengths: optional [B] int32: row b's new positions from lengths[b] on are padding (prompts of different
         lengths in one batch) and are not kept, so row b's window ends after its own last token. Needs a memory
-        of mem_len positions already (`initial_mems` / `initial_cache`).
+        of mem_len positions already (`TransformerXL.initial_memory` / `initial_cache`).
 
     Returns:
       [..., min(mem_len, M + L), ...].
@@ -137,7 +140,7 @@ def _split_heads(x, n_head, d_head):
 
 
 def _to_heads(x, n_head, d_head, num_splits=1, kernels=False):
-    """[B, T, S*N*D] -> S tensors [N, B, T, D]: with `kernels` (training on CPU, `fused.usable`) one copy
+    """[B, T, S*N*D] -> S tensors [N, B, T, D]: with `kernels` (a training call, `fused.applies`) one copy
     (`fused.split_heads`), else split, reshape and transpose."""
     if kernels:
         return fused.split_heads(x, n_head, num_splits)
@@ -176,6 +179,30 @@ def _dense_after_memory(memory, x, kernel):
     return project(x, kernel)
 
 
+class _Positions(NamedTuple):
+    """The absolute positions of a call (see `RelativeMultiHeadAttention.call`)."""
+
+    memory: tf.Tensor | None = None  # [M, d] absolute positions added to the memory (vaswani's first layer, al_rfou)
+    inputs: tf.Tensor | None = None  # [L, d] absolute positions added to the inputs (al_rfou)
+
+
+class _ScoreTerms(NamedTuple):
+    """What the scores add to q.k (see `RelativeMultiHeadAttention.call`)."""
+
+    mask: tf.Tensor | None = None  # [L, K] additive, 0 or MASK_VALUE
+    content_bias: tf.Tensor | None = None  # u [N, D] (xl)
+    position_bias: tf.Tensor | None = None  # v [N, D] (xl)
+
+
+class _Operands(NamedTuple):
+    """Queries, keys, values and position keys of one call, whichever state form gave them."""
+
+    q: tf.Tensor  # [B, L, N*D]
+    k: tf.Tensor  # [N, B, K, D]
+    v: tf.Tensor  # [N, B, K, D]
+    r: tf.Tensor | None  # position keys [N, K, D], descending distance (xl, shaw), else None
+
+
 @keras.saving.register_keras_serializable(package="txl_tf")
 class RelativeMultiHeadAttention(keras.layers.Layer):
     """Multi-head attention over [memory, segment] with relative positions, residual and LayerNorm.
@@ -194,17 +221,18 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
       layer_norm_epsilon: LayerNorm epsilon (the TF original uses 1e-12).
       max_position: rows of the learned relative table (shaw); longer distances use the last row.
       init_std: standard deviation of the kernels' normal initialiser.
+      fused_kernels: training calls run the score chain, head layout, dropout and residual LayerNorm as fused CPU
+        kernels (`txl_tf.fused`; `TrainConfig.kernels="fused"`); inference always runs TensorFlow's ops.
 
-    The recurrent state goes in and comes out of the call, in one of two forms:
-      memory (training, and the authors' semantics): the hidden states [B, M, d] that entered this layer in earlier
-        segments; keys and values are projected from concat([memory, inputs]) at every call.
-      cache (inference): `initial_cache`'s dict, the memory's keys / values [N, B, M, D] and the position keys;
-        only the segment's positions are projected. Same outputs as the memory (tested).
+    The recurrent state goes in and comes out of the call as one value of `txl_tf.state`, in one of two forms:
+      `LayerMemory` (training, and the authors' semantics): the hidden states [B, M, d] that entered this layer in
+        earlier segments; keys and values are projected from concat([memory, inputs]) at every call.
+      `LayerCache` (inference): `initial_cache`'s value, the memory's keys / values [N, B, M, D] and the position
+        keys; only the segment's positions are projected. Same outputs as the memory (tested).
 
     Call args:
       inputs: segment h [B, L, d].
-      memory: [B, M, d] or None (M = 0). Ignored when `cache` is given.
-      cache: the keys/values state (inference only), or None.
+      state: a `LayerMemory`, a `LayerCache` (inference only), or None (no memory, M = 0).
       mem_len: positions of memory the returned state keeps (memory form; the cache keeps its own length).
       lengths: optional [B] int32 tokens per row; the rest of a row is padding and does not enter the state.
       position_encoding: R [K, d] rows in descending distance (xl, memory form).
@@ -217,7 +245,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
 
     Returns:
       (outputs [B, L, d], new state) and the probabilities as a third element when `return_probs`. The new state
-      is the memory [B, min(mem_len, M + L), d] (gradient stopped) or the updated cache.
+      has the type of the state given: a `LayerMemory` of [B, min(mem_len, M + L), d] (gradient stopped; also
+      for None), or the updated `LayerCache`.
     """
 
     def __init__(
@@ -232,6 +261,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         layer_norm_epsilon=1e-12,
         max_position=1024,
         init_std=0.02,
+        fused_kernels=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -247,9 +277,10 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.max_position = max_position
         self.init_std = init_std
+        self.fused_kernels = fused_kernels
         self.scale = d_head**-0.5
-        self.output_dropout = Dropout(dropout)
-        self.attention_dropout = Dropout(dropatt)
+        self.output_dropout = Dropout(dropout, fused_kernels=fused_kernels)
+        self.attention_dropout = Dropout(dropatt, fused_kernels=fused_kernels)
         self.layer_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="layer_norm")
 
     def build(self, input_shape=None):
@@ -277,7 +308,13 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         r = tf.gather(tf.cast(self.relative_table, self.compute_dtype), distances)  # [K, N, D]
         return tf.transpose(r, [1, 0, 2])  # [N, K, D]
 
-    def initial_cache(self, batch_size, mem_len, max_len, position_encoding=None):
+    def _split_kernel(self):
+        """(q_kernel [d, N*D], kv_kernel [d, 2*N*D]) in the compute dtype."""
+        width = self.n_head * self.d_head
+        # Split with tf.split rather than strided slices: StridedSliceGrad is slow on CPU.
+        return tf.split(tf.cast(self.qkv_kernel, self.compute_dtype), [width, 2 * width], axis=1)
+
+    def initial_cache(self, batch_size, mem_len, max_len, position_encoding=None) -> LayerCache:
         """The keys/values cache of a zero memory (the TF original's first segment), for calls of up to `max_len`.
 
         Args:
@@ -287,26 +324,25 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
           position_encoding: R [P, d] in descending distance (xl), without dropout.
 
         Returns:
-          {"key": [N, B, M, D], "value": [N, B, M, D]} in the compute dtype, plus "position_key" [N, P, D] (xl, shaw):
-          W_R R or the learned table for distances P-1 .. 0, computed once here instead of at every call.
+          A `LayerCache` in the compute dtype: keys, values [N, B, M, D] and, for xl and shaw, position_keys
+          [N, P, D] (W_R R or the learned table for distances P-1 .. 0, computed once here instead of at every
+          call; () for the absolute-position types).
         """
-        dtype = self.compute_dtype
-        width = self.n_head * self.d_head
-        zeros = tf.zeros([batch_size, mem_len, self.d_model], dtype)  # [B, M, d]
+        zeros = tf.zeros([batch_size, mem_len, self.d_model], self.compute_dtype)  # [B, M, d]
         x = self.layer_norm(zeros) if self.pre_lnorm else zeros
-        _, kv_kernel = tf.split(tf.cast(self.qkv_kernel, dtype), [width, 2 * width], axis=1)
+        _, kv_kernel = self._split_kernel()
         keys, values = tf.split(_dense(x, kv_kernel), 2, axis=-1)  # [B, M, N*D] each
-        cache = {"key": _split_heads(keys, self.n_head, self.d_head),
-                 "value": _split_heads(values, self.n_head, self.d_head)}  # [N, B, M, D]
+        position_keys = ()
         if self.attn_type in ("xl", "shaw"):
-            cache["position_key"] = self._relative_keys(mem_len + max_len, position_encoding)  # [N, P, D]
-        return cache
+            position_keys = self._relative_keys(mem_len + max_len, position_encoding)  # [N, P, D]
+        return LayerCache(_split_heads(keys, self.n_head, self.d_head), _split_heads(values, self.n_head, self.d_head),
+                          position_keys)  # [N, B, M, D] each
 
     def call(
         self,
         inputs,
-        memory=None,
-        cache=None,
+        state=None,
+        *,
         mem_len=0,
         lengths=None,
         position_encoding=None,
@@ -318,18 +354,20 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         return_probs=False,
         training=None,
     ):
+        check_type(state, (LayerMemory, LayerCache), "RelativeMultiHeadAttention")
+        positions = _Positions(memory_positions, input_positions)
+        terms = _ScoreTerms(attention_bias, content_bias, position_bias)
         dtype = self.compute_dtype
         raw = tf.cast(inputs, dtype)  # [B, L, d]: what the recurrent state keeps
         h = raw if input_positions is None else raw + tf.cast(input_positions, dtype)  # queries and residual
-        width = self.n_head * self.d_head
-        # Split with tf.split rather than strided slices: StridedSliceGrad is slow on CPU.
-        q_kernel, kv_kernel = tf.split(tf.cast(self.qkv_kernel, dtype), [width, 2 * width], axis=1)
-        if cache is not None:
+        if isinstance(state, LayerCache):
             if training:
                 raise ValueError("the keys/values cache serves inference; train with the hidden-state memory")
-            return self._call_cached(raw, h, cache, lengths, q_kernel, kv_kernel, memory_positions,
-                                     input_positions, attention_bias, content_bias, position_bias, return_probs)
-        new_memory = keep_last(memory, raw, mem_len, lengths)  # [B, min(mem_len, M + L), d]
+            return self._call_cached(raw, h, state, lengths, positions, terms, return_probs)
+        q_kernel, kv_kernel = self._split_kernel()
+        memory = None if state is None else state.hidden  # [B, M, d]
+        new_memory = LayerMemory(keep_last(memory, raw, mem_len, lengths,
+                                           axis=LayerMemory.TIME_AXIS))  # [B, min(mem_len, M + L), d]
         if memory is not None:
             memory = tf.cast(memory, dtype)  # [B, M, d]
             if memory_positions is not None:
@@ -347,29 +385,31 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         else:
             kv = _dense(tf.concat([memory, h_in], axis=1), kv_kernel)  # [B, K, 2*N*D]
         klen = tf.shape(kv)[1]
-        kernels = fused.usable(dtype, training)
+        kernels = fused.applies(self.fused_kernels, dtype, training)
         # Head-major layout [N, B, T, D]: the position term then needs no broadcast over the batch.
         k, v = _to_heads(kv, self.n_head, self.d_head, 2, kernels)  # [N, B, K, D] each
         r = self._relative_keys(klen, position_encoding, kernels) if self.attn_type in ("xl", "shaw") else None
-        out = self._attend(h, q, k, v, r, attention_bias, content_bias, position_bias, return_probs, training)
+        out = self._attend(h, _Operands(q, k, v, r), terms, return_probs, training)
         return (out[0], new_memory, *out[1:])
 
-    def _call_cached(self, raw, h, cache, lengths, q_kernel, kv_kernel, memory_positions, input_positions,
-                     attention_bias, content_bias, position_bias, return_probs):
-        """Inference with the keys/values of the memory carried in `cache` (see `initial_cache`).
+    def _call_cached(self, raw, h, cache, lengths, positions, terms, return_probs):
+        """Inference with the keys/values of the memory carried in `cache` (a `LayerCache`, see `initial_cache`).
 
+        raw: the inputs [B, L, d] (what the cache keeps); h: with the absolute positions (queries and residual).
         Only the segment's L positions are projected; the memory's keys/values come from the cache and the
         position keys from its table. Absolute positions (vaswani's first layer, al_rfou) depend on where a
         memory position sits in the current window, so the cache keeps keys/values without them and their
         projection is added per call.
         """
+        memory_positions, input_positions = positions.memory, positions.inputs
         if self.pre_lnorm and (memory_positions is not None or input_positions is not None):
             raise ValueError("a keys/values cache cannot hold LayerNorm(memory + absolute positions) "
                              "(pre_lnorm with attn_type 'vaswani' or 'al_rfou'); use the hidden-state memory")
         dtype = self.compute_dtype
+        q_kernel, kv_kernel = self._split_kernel()
         heads = lambda x: _split_heads(x, self.n_head, self.d_head)  # noqa: E731  [B, T, N*D] -> [N, B, T, D]
-        keys, values = tf.cast(cache["key"], dtype), tf.cast(cache["value"], dtype)  # [N, B, M, D]
-        mem_len = keys.shape[2] if keys.shape[2] is not None else tf.shape(keys)[2]
+        keys, values = tf.cast(cache.keys, dtype), tf.cast(cache.values, dtype)  # [N, B, M, D]
+        mem_len, time = cache.mem_len, LayerCache.TIME_AXIS
         h_in = self.layer_norm(h) if self.pre_lnorm else h
         if input_positions is None:
             q = _dense(h_in, q_kernel)  # [B, L, N*D]
@@ -381,37 +421,39 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             k_pos, v_pos = tf.split(_dense(tf.cast(input_positions, dtype)[None], kv_kernel), 2, axis=-1)
             k_seg, v_seg = k_new + k_pos, v_new + v_pos
         k_new, v_new = heads(k_new), heads(v_new)  # [N, B, L, D]
-        k_cat, v_cat = tf.concat([keys, k_new], axis=2), tf.concat([values, v_new], axis=2)  # [N, B, K, D]
+        k_cat, v_cat = tf.concat([keys, k_new], axis=time), tf.concat([values, v_new], axis=time)  # [N, B, K, D]
         qlen = tf.shape(h)[1]
-        new_cache = dict(cache, key=tf.ensure_shape(keep_window(k_cat, qlen, mem_len, lengths, axis=2), keys.shape),
-                         value=tf.ensure_shape(keep_window(v_cat, qlen, mem_len, lengths, axis=2),
-                                               values.shape))  # [N, B, M, D]: the cache keeps its shape
+        new_cache = cache._replace(  # [N, B, M, D]: the cache keeps its shape
+            keys=tf.ensure_shape(keep_window(k_cat, qlen, mem_len, lengths, axis=time), keys.shape),
+            values=tf.ensure_shape(keep_window(v_cat, qlen, mem_len, lengths, axis=time), values.shape))
         k, v = k_cat, v_cat  # the keys/values attended: the cache's own, unless positions are added
         if memory_positions is not None:  # the window's positions of the memory: [1, M, N*D] -> [N, 1, M, D]
             k_pos, v_pos = tf.split(_dense(tf.cast(memory_positions, dtype)[None], kv_kernel), 2, axis=-1)
             keys, values = keys + heads(k_pos), values + heads(v_pos)
         if memory_positions is not None or input_positions is not None:
-            k = tf.concat([keys, heads(k_seg)], axis=2)  # [N, B, K, D]
-            v = tf.concat([values, heads(v_seg)], axis=2)
+            k = tf.concat([keys, heads(k_seg)], axis=time)  # [N, B, K, D]
+            v = tf.concat([values, heads(v_seg)], axis=time)
         r = None
         if self.attn_type in ("xl", "shaw"):
-            table = cache["position_key"]  # [N, P, D], descending distance
-            klen, rows = tf.shape(k)[2], tf.shape(table)[1]
+            table = cache.position_keys  # [N, P, D], descending distance
+            klen, rows = tf.shape(k)[time], tf.shape(table)[1]
             tf.debugging.assert_less_equal(klen, rows, message="a call with a cache passes at most the max_len "
                                            "tokens the cache was made for (its position keys cover mem_len + "
                                            "max_len distances)")
             r = tf.cast(table[:, rows - klen:], dtype)  # [N, K, D]: distances K-1 .. 0
-        out = self._attend(h, q, k, v, r, attention_bias, content_bias, position_bias, return_probs, False)
+        out = self._attend(h, _Operands(q, k, v, r), terms, return_probs, False)
         return (out[0], new_cache, *out[1:])
 
-    def _attend(self, h, q, k, v, r, attention_bias, content_bias, position_bias, return_probs, training):
+    def _attend(self, h, operands, terms, return_probs, training):
         """Scores, softmax, values, output projection and residual: the part both states share.
 
-        h: residual [B, L, d]; q: [B, L, N*D]; k, v: [N, B, K, D]; r: position keys [N, K, D] (xl, shaw) or None.
+        h: residual [B, L, d]; operands: `_Operands` (q, k, v, r); terms: `_ScoreTerms` (mask, u, v).
         """
+        q, k, v, r = operands
+        attention_bias, content_bias, position_bias = terms
         dtype = self.compute_dtype
         batch, qlen, klen = tf.shape(h)[0], tf.shape(h)[1], tf.shape(k)[2]
-        kernels = fused.usable(dtype, training)
+        kernels = fused.applies(self.fused_kernels, dtype, training)
         q = _to_heads(q, self.n_head, self.d_head, kernels=kernels)[0] * tf.cast(self.scale, dtype)  # [N, B, L, D]
         if self.attn_type == "xl":
             u = tf.cast(content_bias, dtype)[:, None, None, :] * tf.cast(self.scale, dtype)  # [N, 1, 1, D]
@@ -458,7 +500,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             attn = tf.reshape(tf.transpose(attn, [1, 2, 0, 3]), [batch, qlen, width])  # [B, L, N*D]
         out = _dense(attn, tf.cast(self.o_kernel, dtype))  # [B, L, d]
         out = self.output_dropout(out, training=training)
-        out = h + out if self.pre_lnorm else fused.add_layer_norm(self.layer_norm, h, out, training)  # [B, L, d]
+        out = h + out if self.pre_lnorm else fused.add_layer_norm(self.layer_norm, h, out, kernels)  # [B, L, d]
         return (out,)
 
     def get_config(self):
@@ -474,4 +516,5 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "max_position": self.max_position,
             "init_std": self.init_std,
+            "fused_kernels": self.fused_kernels,
         }

@@ -1,7 +1,7 @@
 r"""Checkpoint averaging: the element-wise mean of several checkpoints' weights, as one checkpoint.
 
     python -m txl_tf.average --model_dir=runs/ptb --last=5
-    python -m txl_tf.average --model_dir=runs/ptb --checkpoint=runs/ptb/ckpt-38000 --checkpoint=runs/ptb/ckpt-40000
+    python -m txl_tf.average --model_dir=runs/ptb --checkpoints=runs/ptb/ckpt-38000 --checkpoints=runs/ptb/ckpt-40000
     python -m txl_tf.evaluate --model_dir=runs/ptb/averaged --split=test
 
 The paper averaged the weights of its last PTB checkpoints. The output directory (default MODEL_DIR/averaged)
@@ -25,14 +25,12 @@ import re
 import sys
 from collections.abc import Sequence
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import tensorflow as tf
+from absl import flags
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from txl_tf import errors, run_dir, staging  # noqa: E402
-from txl_tf.errors import ConfigError  # noqa: E402
+from txl_tf import cli, loading, run_dir, staging
+from txl_tf.errors import ConfigError
 
 OUTPUT_DIR = "averaged"
 RECORD_FILE = "averaged.json"
@@ -62,7 +60,7 @@ def average_weights(model, prefixes: Sequence[str]) -> None:
         raise ConfigError("no checkpoints to average")
     sums = None
     for prefix in prefixes:
-        run_dir.restore_weights(model, prefix)
+        loading.restore_weights(model, prefix)
         values = [np.asarray(v.numpy(), np.float64) if is_float(v) else None for v in model.weights]
         sums = values if sums is None else [s if s is None else s + x for s, x in zip(sums, values, strict=True)]
     for variable, total in zip(model.weights, sums, strict=True):
@@ -96,12 +94,12 @@ def average(prefixes: Sequence[str], output_dir: str, *, model_dir: str | None =
 
     prefixes = [run_dir.find_checkpoint(p) for p in prefixes]
     _check_output_dir(output_dir, prefixes, overwrite)
-    configs = run_dir.parse_configs(model_dir, gin_files, gin_params, checkpoint=prefixes[-1])
-    n_token = configs.model.n_token or run_dir.vocab_size(configs.data)
+    configs = run_dir.read_configs(model_dir, gin_files, gin_params, checkpoint=prefixes[-1])
+    n_token = configs.model.n_token or loading.vocab_size(configs.data)
     if n_token is None:
         raise ConfigError("the vocabulary size is unknown: bind ModelConfig.n_token or prepare the data in "
                          f"DataConfig.data_dir={configs.data.data_dir!r}")
-    model = run_dir.build_model(configs.model, n_token)
+    model = loading.build_model(configs.model, n_token)
     average_weights(model, prefixes)
     match = _NUMBERED.search(prefixes[-1])
     step = int(match.group(1)) if match else 1
@@ -116,34 +114,28 @@ def average(prefixes: Sequence[str], output_dir: str, *, model_dir: str | None =
     return os.path.join(output_dir, os.path.basename(prefix))
 
 
-def define_flags() -> None:
-    from absl import flags
-
-    flags.DEFINE_string("model_dir", None, "Run directory: its config.gin, and its checkpoints for --last.")
-    flags.DEFINE_integer("last", None, "Average the last N checkpoints (highest ckpt-N) of --model_dir.")
-    flags.DEFINE_multi_string("checkpoint", [], "Checkpoint prefixes to average, oldest first (instead of --last).")
-    flags.DEFINE_string("output_dir", None, f"Where to write the average (default MODEL_DIR/{OUTPUT_DIR}).")
-    flags.DEFINE_multi_string("gin_file", [], "Gin files read after model_dir/config.gin.")
-    flags.DEFINE_multi_string("gin_param", [], "Gin bindings applied last.")
-    flags.DEFINE_bool("overwrite", False, "Replace an average this command wrote before.")
+def define_flags(flag_values) -> None:
+    cli.define(flag_values, "model_dir", "gin_file", "gin_param")
+    flags.DEFINE_integer("last", None, "Average the last N checkpoints (highest ckpt-N) of --model_dir.",
+                         flag_values=flag_values)
+    flags.DEFINE_multi_string("checkpoints", [], "Checkpoint prefixes to average, oldest first; repeat the flag "
+                              "(instead of --last).", flag_values=flag_values)
+    flags.DEFINE_string("output_dir", None, f"Where to write the average (default MODEL_DIR/{OUTPUT_DIR}).",
+                        flag_values=flag_values)
+    flags.DEFINE_bool("overwrite", False, "Replace an average this command wrote before.", flag_values=flag_values)
 
 
 def main(argv) -> None:
-    from absl import flags
-    from absl import logging as absl_logging
-
-    absl_logging.set_verbosity(absl_logging.WARNING)  # TF's saver logs INFO lines
     fv = flags.FLAGS
-    if len(argv) > 1:
-        raise ConfigError(f"unexpected arguments {argv[1:]}; see --helpshort")
-    if bool(fv.last) == bool(fv.checkpoint):
-        raise ConfigError("give exactly one of --last=N (with --model_dir) and --checkpoint=PREFIX (repeated)")
+    cli.no_arguments(argv)
+    if bool(fv.last) == bool(fv.checkpoints):
+        raise ConfigError("give exactly one of --last=N (with --model_dir) and --checkpoints=PREFIX (repeated)")
     if fv.last and not fv.model_dir:
         raise ConfigError("--last needs --model_dir")
     output_dir = fv.output_dir or (os.path.join(fv.model_dir, OUTPUT_DIR) if fv.model_dir else None)
     if not output_dir:
         raise ConfigError("give --output_dir (or --model_dir, whose averaged/ is the default)")
-    prefixes = last_checkpoints(fv.model_dir, fv.last) if fv.last else list(fv.checkpoint)
+    prefixes = last_checkpoints(fv.model_dir, fv.last) if fv.last else list(fv.checkpoints)
     prefix = average(prefixes, output_dir, model_dir=fv.model_dir, gin_files=fv.gin_file, gin_params=fv.gin_param,
                      overwrite=fv.overwrite)
     print(f"averaged {len(prefixes)} checkpoints ({', '.join(os.path.basename(p) for p in prefixes)}) -> {prefix}")
@@ -151,5 +143,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    define_flags()
-    errors.run(main)
+    cli.run(main, define_flags)

@@ -17,7 +17,8 @@ from txl_tf.dropout import Dropout
 class PositionwiseFeedForward(keras.layers.Layer):
     """Dense(F, bias) -> ReLU -> dropout -> Dense(d, bias) -> dropout -> LayerNorm(x + out).
 
-    With `pre_lnorm`: x + ffn(LayerNorm(x)) instead.
+    With `pre_lnorm`: x + ffn(LayerNorm(x)) instead. With `fused_kernels`, training calls run the bias, ReLU and
+    dropout after the first matmul, and the residual LayerNorm, as fused CPU kernels (`txl_tf.fused`).
 
     Call args:
       inputs: [B, L, d]; training: dropout on/off.
@@ -27,7 +28,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
     """
 
     def __init__(self, d_model, d_inner, dropout=0.0, pre_lnorm=False, layer_norm_epsilon=1e-12,
-                 init_std=0.02, **kwargs):
+                 init_std=0.02, fused_kernels=False, **kwargs):
         super().__init__(**kwargs)
         self.d_model = d_model
         self.d_inner = d_inner
@@ -35,11 +36,12 @@ class PositionwiseFeedForward(keras.layers.Layer):
         self.pre_lnorm = pre_lnorm
         self.layer_norm_epsilon = layer_norm_epsilon
         self.init_std = init_std
+        self.fused_kernels = fused_kernels
         init = keras.initializers.RandomNormal(stddev=init_std)
         self.inner = keras.layers.Dense(d_inner, activation="relu", kernel_initializer=init, name="inner")
         self.outer = keras.layers.Dense(d_model, kernel_initializer=init, name="outer")
-        self.inner_dropout = Dropout(dropout)
-        self.output_dropout = Dropout(dropout)
+        self.inner_dropout = Dropout(dropout, fused_kernels=fused_kernels)
+        self.output_dropout = Dropout(dropout, fused_kernels=fused_kernels)
         self.layer_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="layer_norm")
 
     def build(self, input_shape=None):
@@ -53,7 +55,8 @@ class PositionwiseFeedForward(keras.layers.Layer):
         # On [B*L, d] rows the dense layers are plain 2-D matmuls, which TensorFlow's grappler fuses with the
         # bias and ReLU into one oneDNN kernel (a rank-3 input goes through Tensordot's reshapes, which it cannot).
         rows = tf.reshape(x, [-1, self.d_model])  # [B*L, d]
-        if fused.usable(rows.dtype, training):  # training on CPU: bias, ReLU and dropout in one kernel each way
+        kernels = fused.applies(self.fused_kernels, rows.dtype, training)
+        if kernels:  # bias, ReLU and dropout in one kernel each way
             seed, threshold, scale = self.inner_dropout.draw()
             hidden = fused.bias_relu_dropout(tf.matmul(rows, tf.cast(self.inner.kernel, rows.dtype)),
                                              self.inner.bias, seed, threshold, scale)  # [B*L, F]
@@ -61,7 +64,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
             hidden = self.inner_dropout(self.inner(rows), training=training)  # [B*L, F]
         out = self.output_dropout(self.outer(hidden), training=training)  # [B*L, d]
         out = tf.reshape(out, tf.shape(inputs))  # [B, L, d]
-        return inputs + out if self.pre_lnorm else fused.add_layer_norm(self.layer_norm, inputs, out, training)
+        return inputs + out if self.pre_lnorm else fused.add_layer_norm(self.layer_norm, inputs, out, kernels)
 
     def get_config(self):
         return {
@@ -72,6 +75,7 @@ class PositionwiseFeedForward(keras.layers.Layer):
             "pre_lnorm": self.pre_lnorm,
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "init_std": self.init_std,
+            "fused_kernels": self.fused_kernels,
         }
 
 
@@ -83,17 +87,20 @@ class TransformerXLBlock(keras.layers.Layer):
     to its input and memory (key position p gets row p, positions past the table its last row) before attention, as
     in Al-Rfou et al. (2018).
 
-    Args: as `RelativeMultiHeadAttention` plus `d_inner` (feed-forward width).
+    Args: as `RelativeMultiHeadAttention` (`fused_kernels` included, passed to both sublayers) plus `d_inner`
+      (feed-forward width).
 
-    Call args: as `RelativeMultiHeadAttention` (the recurrent state is the attention's: `memory` or `cache`,
-      `mem_len`, `lengths`), without `input_positions` (al_rfou's come from this block).
+    Call args: as `RelativeMultiHeadAttention` (the recurrent state is the attention's: `state`, a
+      `txl_tf.state.LayerMemory` or `LayerCache` or None, with `mem_len` and `lengths`), without `input_positions`
+      (al_rfou's come from this block).
 
     Returns:
       (outputs [B, L, d], new state) plus the attention probabilities [B, N, L, K] float32 when `return_probs`.
     """
 
     def __init__(self, d_model, n_head, d_head, d_inner, dropout=0.0, dropatt=0.0, attn_type="xl",
-                 pre_lnorm=False, layer_norm_epsilon=1e-12, max_position=1024, init_std=0.02, **kwargs):
+                 pre_lnorm=False, layer_norm_epsilon=1e-12, max_position=1024, init_std=0.02, fused_kernels=False,
+                 **kwargs):
         super().__init__(**kwargs)
         self.d_model = d_model
         self.n_head = n_head
@@ -106,14 +113,15 @@ class TransformerXLBlock(keras.layers.Layer):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.max_position = max_position
         self.init_std = init_std
+        self.fused_kernels = fused_kernels
         self.attention = RelativeMultiHeadAttention(
             d_model, n_head, d_head, dropout=dropout, dropatt=dropatt, attn_type=attn_type,
             pre_lnorm=pre_lnorm, layer_norm_epsilon=layer_norm_epsilon, max_position=max_position,
-            init_std=init_std, name="attention",
+            init_std=init_std, fused_kernels=fused_kernels, name="attention",
         )
         self.feed_forward = PositionwiseFeedForward(
             d_model, d_inner, dropout=dropout, pre_lnorm=pre_lnorm, layer_norm_epsilon=layer_norm_epsilon,
-            init_std=init_std, name="feed_forward",
+            init_std=init_std, fused_kernels=fused_kernels, name="feed_forward",
         )
 
     def build(self, input_shape=None):
@@ -135,21 +143,17 @@ class TransformerXLBlock(keras.layers.Layer):
         return table[:mlen], table[mlen:]
 
     def initial_cache(self, batch_size, mem_len, max_len, position_encoding=None):
-        """The attention's keys/values cache of a zero memory (`RelativeMultiHeadAttention.initial_cache`)."""
+        """The attention's `LayerCache` of a zero memory (`RelativeMultiHeadAttention.initial_cache`)."""
         return self.attention.initial_cache(batch_size, mem_len, max_len, position_encoding)
 
-    def call(self, inputs, memory=None, cache=None, mem_len=0, lengths=None, position_encoding=None,
-             memory_positions=None, attention_bias=None, content_bias=None, position_bias=None, return_probs=False,
-             training=None):
+    def call(self, inputs, state=None, *, mem_len=0, lengths=None, position_encoding=None, memory_positions=None,
+             attention_bias=None, content_bias=None, position_bias=None, return_probs=False, training=None):
         input_positions = None
         if self.attn_type == "al_rfou":
-            if cache is not None:
-                mlen = tf.shape(cache["key"])[2]
-            else:
-                mlen = 0 if memory is None else tf.shape(memory)[1]
+            mlen = 0 if state is None else state.mem_len
             memory_positions, input_positions = self._absolute_positions(tf.shape(inputs)[1], mlen)
         out = self.attention(
-            inputs, memory=memory, cache=cache, mem_len=mem_len, lengths=lengths,
+            inputs, state, mem_len=mem_len, lengths=lengths,
             position_encoding=position_encoding, memory_positions=memory_positions,
             input_positions=input_positions, attention_bias=attention_bias, content_bias=content_bias,
             position_bias=position_bias, return_probs=return_probs, training=training,
@@ -171,4 +175,5 @@ class TransformerXLBlock(keras.layers.Layer):
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "max_position": self.max_position,
             "init_std": self.init_std,
+            "fused_kernels": self.fused_kernels,
         }

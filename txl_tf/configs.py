@@ -10,7 +10,8 @@ entry points instantiate. Every `gin/<setup>.gin` file binds them (see `gin/comm
 
 Every field is checked when a config is made (type and range; `validate`), and `parse_gin` rejects unknown
 configurables and parameters, so a misspelt binding or a bad value stops a command with one line before it
-writes anything.
+writes anything. `parse_configs` makes the four of them (`Configs`) from gin files and bindings (a run's saved
+config.gin comes from txl_tf.run_dir.read_configs); `compare_configs` checks a new set against a run's saved one.
 """
 
 from __future__ import annotations
@@ -121,6 +122,10 @@ class TrainConfig:
     # with AMX or AVX-512 BF16; txl_tf.distribute.has_fast_bfloat16)
     mixed_precision: bool | str = False
     jit_compile: bool = False  # XLA (which is faster depends on the device: docs/performance.md)
+    # The training step's elementwise ops: "tf" (TensorFlow's) or "fused" (txl_tf.fused's C++ CPU kernels; their
+    # dropout draws other masks, so the two give different runs from one seed; not with jit_compile). The trainer
+    # falls back to "tf" with one warning where the kernels cannot run, and config.gin records what ran.
+    kernels: str = "tf"
     steps_per_loop: int = 10
     log_every: int = 10
     eval_every: int = 1000
@@ -140,6 +145,7 @@ class TrainConfig:
 
     def __post_init__(self):
         validate(self)
+        check_kernels(self)
 
 
 @gin.configurable
@@ -235,6 +241,14 @@ def validate(config) -> None:
                 raise ConfigError(f"{where} must be {description}; {fix}")
 
 
+def check_kernels(config: TrainConfig) -> None:
+    """Raises ConfigError when `config.kernels` cannot go with its other fields: XLA (`jit_compile`) compiles the
+    step itself and cannot run the fused kernels, which are custom ops."""
+    if config.kernels == "fused" and config.jit_compile:
+        raise ConfigError("TrainConfig.kernels='fused' cannot run under TrainConfig.jit_compile=True (XLA cannot "
+                          "compile custom ops); set TrainConfig.kernels='tf' or TrainConfig.jit_compile=False")
+
+
 _ELEMENTS = {"ModelConfig": {"cutoffs": int, "tie_projs": bool}}
 _RULES = {
     "ModelConfig": {
@@ -256,6 +270,7 @@ _RULES = {
         "mixed_precision": ((lambda v: v == "auto"), "True, False or 'auto'"), "steps_per_loop": _at_least(1), "log_every": _at_least(1),
         "eval_every": _at_least(0), "eval_steps": _at_least(0), "checkpoint_every": _at_least(0),
         "keep_checkpoints": _at_least(1), "nonfinite": _one_of("stop", "skip"), "sample_tokens": _at_least(0),
+        "kernels": _one_of("tf", "fused"),
     },
     "EvalConfig": {
         "tgt_len": _at_least(1), "mem_len": _at_least(0), "clamp_len": _at_least(-1), "batch_size": _at_least(1),
@@ -469,3 +484,64 @@ def make_configs() -> dict:
             raise gin_error(error) from None
     return made
 
+
+
+@dataclasses.dataclass
+class Configs:
+    """The four gin dataclasses as one set of bindings makes them, and the gin files read for it."""
+
+    model: ModelConfig
+    data: DataConfig
+    train: TrainConfig
+    eval: EvalConfig
+    files: tuple = ()
+
+    def values(self) -> dict:
+        """{"ModelConfig.n_layer": 12, ...}: every field of the four configs by its gin name."""
+        values = {}
+        for config in (self.model, self.data, self.train, self.eval):
+            for field in dataclasses.fields(config):
+                value = getattr(config, field.name)
+                values[f"{type(config).__name__}.{field.name}"] = tuple(value) if isinstance(value, list) else value
+        return values
+
+
+def parse_configs(gin_files: Sequence[str] = (), gin_params: Sequence[str] = (), *,
+                  base_files: Sequence[str] = ()) -> Configs:
+    """Clears gin, parses `base_files`, then `gin_files`, then `gin_params` (later values win); returns the configs.
+
+    `base_files` (a run's saved config.gin: txl_tf.run_dir.read_configs) may bind configurables of modules not
+    imported here; an unknown configurable or parameter in `gin_files` or `gin_params` is an error (ConfigError).
+    """
+    gin.clear_config()
+    files = parse_gin(gin_files, gin_params, lenient_files=base_files)
+    made = make_configs()
+    return Configs(model=made["ModelConfig"], data=made["DataConfig"], train=made["TrainConfig"],
+                   eval=made["EvalConfig"], files=tuple(files))
+
+
+# ModelConfig fields that shape the weights, and fields that shape the rest of the saved training state: a run
+# directory's checkpoints cannot be restored into a model whose value differs.
+ARCHITECTURE = ("ModelConfig.n_layer", "ModelConfig.d_model", "ModelConfig.n_head", "ModelConfig.d_head",
+                "ModelConfig.d_inner", "ModelConfig.n_token", "ModelConfig.d_embed", "ModelConfig.cutoffs",
+                "ModelConfig.div_val", "ModelConfig.tie_projs", "ModelConfig.proj_same_dim", "ModelConfig.untie_r",
+                "ModelConfig.attn_type", "ModelConfig.max_position")
+SAVED_STATE = ("ModelConfig.mem_len", "TrainConfig.batch_size", "TrainConfig.checkpoint_memory")
+
+
+def compare_configs(model_dir: str, saved: Configs, new: Configs) -> list[str]:
+    """Checks a new configuration against the one a run in `model_dir` saved; returns the changed bindings.
+
+    Raises ConfigError when a field in ARCHITECTURE or SAVED_STATE differs (the checkpoints cannot be restored).
+    """
+    old_values, new_values = saved.values(), new.values()
+    changed = [name for name in new_values if name in old_values and old_values[name] != new_values[name]]
+    fixed = [name for name in changed if name in ARCHITECTURE + SAVED_STATE]
+    if fixed:
+        what = ", ".join(f"{name}={old_values[name]!r}" for name in fixed)
+        now = ", ".join(f"{new_values[name]!r}" for name in fixed)
+        raise ConfigError(
+            f"{model_dir} was trained with {what} (its config.gin) but this command gives {now}: its "
+            "checkpoints cannot be restored into a different architecture or state; drop the changed bindings, "
+            "or pass another --model_dir for a new run")
+    return [f"{name}: {old_values[name]!r} -> {new_values[name]!r}" for name in changed]

@@ -5,8 +5,9 @@ The trainer is the step (model, optimizer, distributed host loop, memory, the ch
 
 * cadence: each host loop runs up to the next boundary of `steps_per_loop`, `log_every`, `checkpoint_every`,
   every action's `every` and `train_steps`, so that each of them falls on the end of a host loop;
-* checkpoints: `tf.train.CheckpointManager(step_counter=step)` of model_dir (latest) and model_dir/best/; resume
-  and fallback through `txl_tf.run_dir` (the one owner of the run directory's files);
+* checkpoints: saved through the CheckpointManagers it is given (`run_dir.checkpoint_managers`: model_dir and
+  model_dir/best/, made after the run was restored with `run_dir.resume_training`; txl_tf.train does both), and
+  the run starts at the trainer's restored step;
 * summaries (`tf.summary`, model_dir/train and model_dir/valid), console lines or a progress bar, the MFU line;
 * actions after host loops (`Action`): `EvaluateAndKeepBest` (the validation split through an `Evaluator` with the
   setup's EvalConfig; a new best validation loss is kept in model_dir/best/) and `SampleText` (a continuation of
@@ -35,7 +36,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from txl_tf import distribute, flops, fused, run_dir
+from txl_tf import distribute, flops, fused, loading, run_dir
 from txl_tf.configs import EvalConfig
 from txl_tf.evaluation import StopRequested
 from txl_tf.trainer import LoopStats, NonFiniteLossError, Trainer
@@ -120,14 +121,14 @@ class EvaluateAndKeepBest(Action):
 
     def __call__(self, controller: Controller, step: int) -> dict:
         trainer = controller.trainer
-        level = trainer.vocab.level
+        level = controller.level
         name = metric_name(level)
         result = self.evaluator.evaluate("valid", progress=controller.chief, stop=controller.stop_requested)
         metric = level_metric(result.loss, level)
         improved = result.loss < float(trainer.best_loss.numpy())
         if improved:
             trainer.best_loss.assign(result.loss)
-            controller.save(step, controller.best_manager)
+            controller.save(step, controller.checkpoints.best)
         with controller.valid_writer.as_default():
             tf.summary.scalar("loss", result.loss, step=step)
             tf.summary.scalar(name, metric, step=step)
@@ -139,16 +140,17 @@ class EvaluateAndKeepBest(Action):
 
 
 class SampleText(Action):
-    """A continuation of the start of `prompt_tokens()` (the prompt shown in brackets), seeded by the step."""
+    """A continuation of the start of `prompt_tokens()` (the prompt shown in brackets, decoded with `vocab`, a
+    txl_tf.data.vocab.Vocab), seeded by the step."""
 
-    def __init__(self, prompt_tokens: Callable[[], np.ndarray], max_tokens: int, every: int):
+    def __init__(self, prompt_tokens: Callable[[], np.ndarray], vocab, max_tokens: int, every: int):
         super().__init__(every)
-        self.prompt_tokens, self.max_tokens = prompt_tokens, max_tokens
+        self.prompt_tokens, self.vocab, self.max_tokens = prompt_tokens, vocab, max_tokens
 
     def text(self, trainer: Trainer, step: int) -> str:
         from txl_tf import generation
 
-        vocab = trainer.vocab
+        vocab = self.vocab
         tokens = self.prompt_tokens()
         prompt = vocab.decode(tokens[: min(len(tokens) - 1, 64 if vocab.level == "char" else 16)])
         text = generation.generate_text(trainer.model, vocab, prompt, max_tokens=self.max_tokens, temperature=1.0,
@@ -164,21 +166,22 @@ class SampleText(Action):
         return {}
 
 
-def default_actions(trainer: Trainer, eval_config: EvalConfig) -> list[Action]:
-    """The evaluation (every TrainConfig.eval_every steps, TrainConfig.eval_steps or EvalConfig.max_steps
-    segments) and, when TrainConfig.sample_tokens > 0, a text sample at the same cadence."""
+def default_actions(trainer: Trainer, eval_config: EvalConfig, *, data_dir: str, vocab) -> list[Action]:
+    """The evaluation of the valid split of the prepared `data_dir` (every TrainConfig.eval_every steps,
+    TrainConfig.eval_steps or EvalConfig.max_steps segments) and, when TrainConfig.sample_tokens > 0, a text sample
+    decoded with `vocab` (the data's txl_tf.data.vocab.Vocab) at the same cadence."""
     c = trainer.config
-    evaluator = Evaluator(trainer.model, trainer.data_config.data_dir, eval_config,
-                          max_steps=c.eval_steps or eval_config.max_steps)
+    evaluator = Evaluator(trainer.model, data_dir, eval_config, max_steps=c.eval_steps or eval_config.max_steps)
     actions: list[Action] = [EvaluateAndKeepBest(evaluator, every=c.eval_every)]
     if c.sample_tokens > 0:
-        actions.append(SampleText(functools.partial(evaluator.tokens, "valid"), c.sample_tokens, every=c.eval_every))
+        actions.append(SampleText(functools.partial(evaluator.tokens, "valid"), vocab, c.sample_tokens,
+                                  every=c.eval_every))
     return actions
 
 
 # ---- stop requests and the loop ---------------------------------------------------------------------------
-# Why not tf.distribute.experimental.PreemptionCheckpointHandler (TF 2.21, tensorflow/python/distribute/
-# failure_handling/failure_handling.py); see also docs/training.md:
+# Why not tf.distribute.experimental.PreemptionCheckpointHandler (TF 2.21, failure_handling.py in the
+# distribute/failure_handling folder of TensorFlow's Python sources); see also docs/training.md:
 # * on a Google Cloud CPU VM it does nothing: its constructor asks the GCE metadata server where it runs
 #   (failure_handling_util.detect_platform/on_gcp), and for GCE_CPU it starts no watcher ("does not support usage
 #   with TPU or CPU device on GCP") and `save_checkpoint_if_preempted` returns without checking, so SIGTERM would
@@ -258,25 +261,31 @@ class Controller:
     """Trains `trainer` in model_dir until TrainConfig.train_steps or a stop request (`train()`).
 
     Args:
-      trainer: the step (txl_tf.trainer.Trainer); its TrainConfig sets the cadence.
-      model_dir: where checkpoints, config.gin and TensorBoard logs go (the chief's; other workers write
-        to temporary directories inside it).
+      trainer: the step (txl_tf.trainer.Trainer), restored already when the run resumes (the run starts at its
+        step); its TrainConfig sets the cadence.
+      checkpoints: the managers that save `trainer.checkpoint` (txl_tf.run_dir.checkpoint_managers, made after
+        the restore).
+      model_dir: where config.gin and TensorBoard logs go (the chief's; the checkpoints go where `checkpoints`
+        save them).
+      level: the vocabulary's level, "char" or "word": the metric beside the loss (bits per character or
+        perplexity).
       actions: run after host loops at their cadence (see `Action`; `default_actions` gives the evaluation and
         the text sample), in this order; `controller.actions` may be extended.
       config_str: the effective gin config to save as model_dir/config.gin (None: not written).
       log: where console lines go.
     """
 
-    def __init__(self, trainer: Trainer, *, model_dir: str, actions: Sequence[Action] = (),
-                 config_str: Optional[str] = None, log: Callable[[str], None] = functools.partial(print, flush=True)):
-        self.trainer, self.config = trainer, trainer.config
-        self.model_dir, self.config_str, self.log = model_dir, config_str, log
+    def __init__(self, trainer: Trainer, checkpoints: run_dir.CheckpointManagers, *, model_dir: str, level: str,
+                 actions: Sequence[Action] = (), config_str: Optional[str] = None,
+                 log: Callable[[str], None] = functools.partial(print, flush=True)):
+        if level not in ("char", "word"):
+            raise ValueError(f"level must be 'char' or 'word' (the vocabulary's); got {level!r}")
+        self.trainer, self.config, self.checkpoints = trainer, trainer.config, checkpoints
+        self.model_dir, self.level, self.config_str, self.log = model_dir, level, config_str, log
         self.actions = list(actions)
         self.chief = distribute.is_chief(trainer.strategy)
-        self.write_dir = distribute.worker_dir(model_dir, trainer.strategy)
         self.train_writer = self.valid_writer = tf.summary.create_noop_writer()
         self._stop = _StopRequest()
-        self._make_managers()
 
     # ---- cadence ----------------------------------------------------------------------------------------
     def next_boundary(self, step: int) -> int:
@@ -291,41 +300,20 @@ class Controller:
         return min(candidates)
 
     # ---- checkpoints ------------------------------------------------------------------------------------
-    def _make_managers(self) -> None:
-        """CheckpointManagers of write_dir and write_dir/best (they prune only checkpoints they saved)."""
-        checkpoint, step = self.trainer.checkpoint, self.trainer.step_var
-        self.manager = tf.train.CheckpointManager(checkpoint, self.write_dir, max_to_keep=self.config.keep_checkpoints,
-                                                  step_counter=step)
-        self.best_manager = tf.train.CheckpointManager(checkpoint, os.path.join(self.write_dir, run_dir.BEST_DIR),
-                                                       max_to_keep=1, step_counter=step)
-
-    def restore(self) -> int:
-        """Restores the newest intact checkpoint of model_dir (the chief's), if any; returns the step to start from.
-
-        Broken newer checkpoints are named and skipped (txl_tf.run_dir.resume_training); a directory whose
-        checkpoints all fail raises run_dir.RunDirError. The managers are made again afterwards, so that they
-        never prune the checkpoints that were there before this run.
-        """
-        step = run_dir.resume_training(self.model_dir, self.trainer.restore_checkpoint, chief=self.chief,
-                                       log=self.log)
-        if step:
-            step = int(self.trainer.step_var.numpy())
-        self._make_managers()
-        return step
-
     def init_weights(self, path: str) -> str:
         """The model's weights (only) from `path`: a converted directory, a run directory or a checkpoint prefix.
 
         Returns the checkpoint prefix used; the architecture must match (one line naming the mismatch if not).
         """
         prefix = run_dir.find_checkpoint(path)
-        run_dir.restore_weights(self.trainer.model, prefix)
+        loading.restore_weights(self.trainer.model, prefix)
         return prefix
 
     def save(self, step: int, manager: Optional[tf.train.CheckpointManager] = None) -> str:
-        """Saves the training state at `step` as ckpt-<step> (every worker must call it)."""
+        """Saves the training state at `step` as ckpt-<step> with `manager` (default: the latest checkpoints';
+        every worker must call it)."""
         self.trainer.sync_checkpoint(step)
-        return (manager or self.manager).save(checkpoint_number=step)
+        return (manager or self.checkpoints.latest).save(checkpoint_number=step)
 
     def write_config(self) -> None:
         if self.config_str is not None and self.chief:
@@ -346,9 +334,10 @@ class Controller:
         return bool(strategy.reduce(tf.distribute.ReduceOp.SUM, flags, axis=None).numpy() > 0)
 
     def _start(self) -> int:
-        """Restores or initialises the run, writes its config and opens the summary writers; returns the step."""
+        """Initialises the run (the trainer's step: 0, or the restored one), writes its config and opens the
+        summary writers; returns the step."""
         c = self.config
-        start_step = self.restore()
+        start_step = int(self.trainer.step_var.numpy())
         if c.init_checkpoint and start_step == 0:
             self.log(f"fine-tuning: weights from {self.init_weights(c.init_checkpoint)} "
                      "(TrainConfig.init_checkpoint); fresh optimizer, step 0, zero memory")
@@ -372,8 +361,8 @@ class Controller:
                     " (mixed_precision='auto': no native bfloat16 on these devices, so float32 is faster)")
         return (f"model: {trainer.num_parameters():,} parameters; {trainer.replicas} replica(s), global batch "
                 f"{trainer.global_batch} x tgt_len {c.tgt_len} (mem_len {trainer.model.mem_len}), "
-                f"{trainer.model.dtype_policy.name}{auto}{', XLA' if c.jit_compile else ''}; fused CPU kernels "
-                f"{fused.describe(c.jit_compile)}")
+                f"{trainer.model.dtype_policy.name}{auto}{', XLA' if c.jit_compile else ''}; kernels "
+                f"{trainer.kernels!r}: {fused.describe(trainer.kernels)}")
 
     def train(self) -> dict:
         """Trains until TrainConfig.train_steps (or a stop request); returns the last metrics and "step"."""
@@ -387,8 +376,7 @@ class Controller:
         stop = self._stop = _StopRequest(on_request=trainer.request_stop)
         stop.install()
         window, last_metrics, loops = LoopStats(), {}, 0
-        progress = keras.utils.Progbar(c.train_steps, stateful_metrics=["loss", metric_name(trainer.vocab.level),
-                                                                        "lr"]) \
+        progress = keras.utils.Progbar(c.train_steps, stateful_metrics=["loss", metric_name(self.level), "lr"]) \
             if sys.stdout.isatty() and self.chief else None
         try:
             while step < c.train_steps:
@@ -428,7 +416,7 @@ class Controller:
 
     def _log_train(self, step: int, window: LoopStats, flops_per_token: float, peak: float, progress) -> dict:
         """Summaries and a console line (or the progress bar) of the steps in `window`; returns the metrics."""
-        level = self.trainer.vocab.level
+        level = self.level
         name = metric_name(level)
         loss = window.loss
         lr = float(self.trainer.schedule(step - 1))  # the rate of the last step

@@ -17,12 +17,12 @@ import json
 import os
 import re
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+import numpy as np
+import tensorflow as tf
+from absl import flags
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from txl_tf.model import TransformerXL  # noqa: E402
+from txl_tf import cli
+from txl_tf.model import TransformerXL
 
 SCOPE = "transformer/"
 # Variables written by the original training code that are not model weights.
@@ -193,12 +193,17 @@ def _gin_text(config):
     return "\n".join(lines) + "\n"
 
 
-def main(argv):
-    del argv
-    from absl import flags
+def define_flags(flag_values) -> None:
+    cli.define(flag_values, "checkpoint", "gin_file", "gin_param")
+    flags.DEFINE_string("output_dir", None, "Where to write the native checkpoint and the model config.",
+                        flag_values=flag_values)
+    flags.mark_flags_as_required(["checkpoint", "output_dir"], flag_values=flag_values)
 
+
+def main(argv):
     from txl_tf import run_dir
 
+    cli.no_arguments(argv)
     flag_values = flags.FLAGS
     reader_shapes = _read_checkpoint(flag_values.checkpoint)[1]
     config, kwargs = _model_config_from_flags(reader_shapes, flag_values.gin_file, flag_values.gin_param)
@@ -213,13 +218,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from absl import flags
-
-    from txl_tf import errors
-
-    flags.DEFINE_string("checkpoint", None, "prefix of the original TF checkpoint (e.g. .../model.ckpt-400000)")
-    flags.DEFINE_string("output_dir", None, "where to write the native checkpoint and the model config")
-    flags.DEFINE_multi_string("gin_file", [], "gin files binding ModelConfig (default: inferred from shapes)")
-    flags.DEFINE_multi_string("gin_param", [], "extra gin bindings")
-    flags.mark_flags_as_required(["checkpoint", "output_dir"])
-    errors.run(main)
+    cli.run(main, define_flags)

@@ -78,14 +78,19 @@ def has_fast_bfloat16(strategy: tf.distribute.Strategy, cpuinfo: str = "/proc/cp
     """Whether the strategy's devices compute bfloat16 matmuls natively: GPUs and TPUs, or CPUs with AMX or
     AVX-512 BF16. Decides `TrainConfig.mixed_precision='auto'`. Each worker of a cluster reads its own CPU, so a
     cluster that mixes CPUs with and without native bfloat16 must set mixed_precision explicitly."""
-    try:
-        devices = strategy.extended.worker_devices
-    except RuntimeError:  # the default strategy: ops go to the first GPU if there is one
-        devices = [d.name for d in tf.config.list_logical_devices("GPU")[:1]]
-    kinds = {tf.DeviceSpec.from_string(d).device_type for d in devices}
-    if kinds & {"GPU", "TPU"}:
+    if device_kinds(strategy) & {"GPU", "TPU"}:
         return True
     return bool(cpu_flags(cpuinfo) & set(BF16_CPU_FLAGS))
+
+
+def device_kinds(strategy: tf.distribute.Strategy) -> set[str]:
+    """The kinds ("CPU", "GPU", "TPU") of the devices this worker's replicas of `strategy` compute on; for the
+    default strategy, where ops go: the first GPU if there is one, else the CPU."""
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:  # the default strategy
+        devices = [d.name for d in tf.config.list_logical_devices("GPU")[:1]] or ["/device:CPU:0"]
+    return {tf.DeviceSpec.from_string(d).device_type for d in devices}
 
 
 def task_info(strategy: tf.distribute.Strategy) -> tuple[Optional[str], int]:

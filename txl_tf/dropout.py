@@ -6,9 +6,10 @@ Here one 32-bit Philox draw serves two elements (bitcast to two uint16), an elem
 bits fall below round(rate * 65536) (drop probability within 1e-5 of `rate`), and kept elements are scaled by
 1 / (1 - rate), so the expectation is unchanged.
 
-Training steps on CPU run the same rule as one kernel (`txl_tf.fused`: `TxlDropout`, which draws the mask again
-in the backward pass instead of keeping it); its bits come from another Philox stream, so the masks differ from
-the TensorFlow ops' ones, with the same drop probability.
+A layer built with `fused_kernels=True` (`TrainConfig.kernels="fused"`) runs the same rule in training calls as
+one kernel (`txl_tf.fused`: `TxlDropout`, which draws the mask again in the backward pass instead of keeping it);
+its bits come from another Philox stream, so the masks differ from the TensorFlow ops' ones, with the same drop
+probability.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class Dropout(keras.layers.Layer):
     Args:
       rate: fraction of elements to drop, in [0, 1).
       seed: optional int seed of this layer's generator.
+      fused_kernels: training calls use the fused CPU kernel (`txl_tf.fused`), whose masks differ from
+        TensorFlow's ops' ones (see the module docstring).
 
     Call args:
       inputs: any shape; training: drop only when true.
@@ -36,12 +39,13 @@ class Dropout(keras.layers.Layer):
       `inputs` with dropped elements zeroed and the rest scaled by 1 / (1 - rate).
     """
 
-    def __init__(self, rate, seed=None, **kwargs):
+    def __init__(self, rate, seed=None, fused_kernels=False, **kwargs):
         super().__init__(**kwargs)
         if not 0.0 <= rate < 1.0:
             raise ValueError(f"dropout rate must be in [0, 1), got {rate}")
         self.rate = rate
         self.seed = seed
+        self.fused_kernels = fused_kernels
         self.threshold = round(rate * _LEVELS)
         self.seed_generator = keras.random.SeedGenerator(seed) if self.threshold > 0 else None
 
@@ -56,7 +60,7 @@ class Dropout(keras.layers.Layer):
         if not training or self.seed_generator is None:
             return inputs
         seed, threshold, scale = self.draw()
-        if fused.usable(inputs.dtype, training):  # training on CPU: draw, compare and scale in one pass
+        if fused.applies(self.fused_kernels, inputs.dtype, training):  # draw, compare and scale in one pass
             return fused.dropout(inputs, seed, threshold, scale)
         shape = tf.shape(inputs)
         size = tf.size(inputs)
@@ -66,4 +70,4 @@ class Dropout(keras.layers.Layer):
         return tf.where(keep, inputs * tf.cast(scale, inputs.dtype), tf.zeros((), inputs.dtype))
 
     def get_config(self):
-        return {**super().get_config(), "rate": self.rate, "seed": self.seed}
+        return {**super().get_config(), "rate": self.rate, "seed": self.seed, "fused_kernels": self.fused_kernels}

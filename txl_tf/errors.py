@@ -9,8 +9,8 @@ and the program exits with status 2. A full disk (OSError ENOSPC / EDQUOT, or Te
 device") is reported the same way, naming the file, its filesystem's free space and the fix. Anything else is a
 bug or an environment failure and keeps its traceback.
 
-Every absl entry point starts with `errors.run(main)` instead of `absl.app.run(main)`; flag parsing errors get
-the same one-line form.
+Every entry point runs through `errors.run(main)` (by way of `txl_tf.cli.run`) instead of `absl.app.run(main)`;
+flag parsing errors get the same one-line form.
 """
 
 from __future__ import annotations

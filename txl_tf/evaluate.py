@@ -13,20 +13,22 @@ tokens shifted by one token per prediction.
 
 from __future__ import annotations
 
-import os
+from absl import flags
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-
-from absl import flags  # noqa: E402
-
-from txl_tf import errors, run_dir  # noqa: E402
-from txl_tf.errors import ConfigError  # noqa: E402
+from txl_tf import cli, errors, loading, run_dir
+from txl_tf.errors import ConfigError
 
 FLAGS = flags.FLAGS
-run_dir.define_model_flags()
-flags.DEFINE_string("split", "test", "Split of the prepared data to evaluate (train, valid, test).")
-flags.DEFINE_string("token_losses", None, "Write per-token NLL in corpus order (.npy, or text otherwise).")
-flags.DEFINE_bool("progress", True, "Show progress (a bar on a terminal, a line every few seconds otherwise).")
+
+
+def define_flags(flag_values) -> None:
+    cli.define_model_flags(flag_values)
+    flags.DEFINE_string("split", "test", "Split of the prepared data to evaluate (train, valid, test).",
+                        flag_values=flag_values)
+    flags.DEFINE_string("token_losses", None, "Write per-token NLL in corpus order (.npy, or text otherwise).",
+                        flag_values=flag_values)
+    flags.DEFINE_bool("progress", True, "Show progress (a bar on a terminal, a line every few seconds "
+                      "otherwise).", flag_values=flag_values)
 
 
 def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_params=(), split="test",
@@ -35,7 +37,7 @@ def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_pa
     from txl_tf import evaluation
     from txl_tf.data.pipeline import load_vocab, read_split
 
-    configs = run_dir.parse_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
+    configs = run_dir.read_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
     protocol = configs.eval
     if protocol.protocol not in evaluation.PROTOCOLS:
         raise ConfigError(f"EvalConfig.protocol must be one of {evaluation.PROTOCOLS}; got {protocol.protocol!r}")
@@ -45,7 +47,7 @@ def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_pa
     if token_losses:
         errors.check_output_file(token_losses, "--token_losses", "token_losses.npy")
     dtype = None if protocol.compute_dtype == "float32" else protocol.compute_dtype
-    model, configs, prefix = run_dir.load_model(model_dir, checkpoint, which=which, dtype=dtype, configs=configs)
+    model, configs, prefix = loading.load_model(model_dir, checkpoint, which=which, dtype=dtype, configs=configs)
     data_dir = configs.data.data_dir
     tokens = read_split(data_dir, split)
     level = load_vocab(data_dir).level
@@ -69,8 +71,7 @@ def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_pa
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise ConfigError(f"unexpected arguments {argv[1:]}; give settings as --gin_param (see --helpshort)")
+    cli.no_arguments(argv, "give settings as --gin_param (see --helpshort)")
     if not FLAGS.model_dir and not FLAGS.checkpoint:
         raise ConfigError("give --model_dir (or --checkpoint with --gin_file)")
     run(FLAGS.model_dir, FLAGS.checkpoint, which=FLAGS.which, gin_files=FLAGS.gin_file,
@@ -78,4 +79,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    errors.run(main)
+    cli.run(main, define_flags)

@@ -222,7 +222,7 @@ def evaluate_streams(model, streams: np.ndarray, *, tgt_len: int, protocol: Prot
     state = _score_streams(recurrent, streams, recurrent.initial_state(batch_size), tgt_len, max_steps, bar,
                            totals, pieces)
     if with_tail:  # the last stream's state continues into the tail
-        tail_state = model.select_rows(state, batch_size - 1, batch_size)
+        tail_state = state.select_rows(batch_size - 1, batch_size)
         _score_streams(recurrent, np.asarray(tail, np.int32)[None], tail_state, tgt_len, 0, bar, totals,
                        tail_pieces)
     seconds = time.perf_counter() - start_time

@@ -10,7 +10,8 @@ The model's recurrent state travels through the signatures as named tensors: the
 `values` [n_layer, N, B, M, D] and, for attn_type xl and shaw, `position_keys` [n_layer, N, P, D]), or for the
 models a cache cannot serve (pre_lnorm with vaswani / al_rfou) the hidden memory `mems` [n_layer, B, M, d]. Take
 the state from `initial_state`, pass each tensor back by its name and replace it with the output of the same
-name. It is in the model's compute dtype (float32, or bfloat16 for a mixed_bfloat16 export). Shapes: B batch,
+name. It is in the model's compute dtype (float32, or bfloat16 for a mixed_bfloat16 export). In Python these are
+the `named()` tensors of a `txl_tf.state` value (`txl_tf.state.from_named` turns them back). Shapes: B batch,
 L tokens (at most `max_len`, the exported EvalConfig.tgt_len), M = mem_len, V = vocabulary size.
 
     initial_state      batch_size int32 [] -> the state of a zero memory
@@ -42,13 +43,14 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+import tensorflow as tf
+from absl import flags
 
-import tensorflow as tf  # noqa: E402
-
-from txl_tf.generation import decode_loop  # noqa: E402
-from txl_tf.inference import STATE_BATCH_AXIS, Recurrent  # noqa: E402
-from txl_tf.protocol import Protocol  # noqa: E402
+from txl_tf import cli, loading
+from txl_tf.generation import decode_loop
+from txl_tf.inference import Recurrent
+from txl_tf.protocol import Protocol
+from txl_tf.state import from_named
 
 SIGNATURES = ("initial_state", "next_token_logits", "generate", "score", "score_text")
 
@@ -74,14 +76,8 @@ class TransformerXLServing(tf.Module):
         self.max_len = tf.Variable(int(max_len), trainable=False, name="max_len")
         self.tokenizer = tokenizer
         self.vocab_asset = tf.saved_model.Asset(vocab_file) if vocab_file else None
-        example = self.recurrent.initial_state(1)
-        self.state_names = tuple(example) if isinstance(example, dict) else ("mems",)
-        state_specs = {}
-        for name, value in self._as_dict(example).items():
-            shape = value.shape.as_list()
-            if name in STATE_BATCH_AXIS:  # position_keys have no batch axis
-                shape[STATE_BATCH_AXIS[name]] = None
-            state_specs[name] = tf.TensorSpec(shape, value.dtype, name=name)
+        state_specs = self.recurrent.initial_state(1).named_specs()  # any batch size
+        self.state_names = tuple(state_specs)
         tokens = tf.TensorSpec([None, None], tf.int32, name="tokens")
         lengths = tf.TensorSpec([None], tf.int32, name="lengths")
         self.initial_state = tf.function(self._initial_state, input_signature=[
@@ -102,12 +98,6 @@ class TransformerXLServing(tf.Module):
             self.score_text = tf.function(self._with_state(self._score_text, 1, "text"), input_signature=[
                 tf.TensorSpec([None], tf.string, name="text"), *state_specs.values()])
 
-    def _as_dict(self, state) -> dict:
-        return dict(state) if isinstance(state, dict) else {"mems": state}
-
-    def _from_dict(self, state: dict):
-        return state if self.recurrent.use_cache else state["mems"]
-
     def _with_state(self, fn, leading: int, batch_from: str):
         """fn(*leading args, state) -> outputs dict, as a function of positional tensors (signature order).
 
@@ -117,16 +107,16 @@ class TransformerXLServing(tf.Module):
         names = self.state_names
 
         def wrapped(*args):
-            state = dict(zip(names, args[leading:], strict=True))
+            state = from_named(dict(zip(names, args[leading:], strict=True)))
             batch = tf.shape(args[0])[0]
             checks = [tf.debugging.assert_equal(
-                tf.shape(value)[STATE_BATCH_AXIS[name]], batch,
+                size, batch,
                 message=f"state {name}: its batch axis must match the batch size of {batch_from} (pass the state of "
                         f"initial_state(batch_size=B) or of an earlier call with the same B rows)")
-                for name, value in state.items() if name in STATE_BATCH_AXIS]
+                for name, size in state.named_batch_sizes().items()]
             inputs, state = _after(checks, args[:leading], state)
-            outputs, new_state = fn(*inputs, self._from_dict(state))
-            return {**outputs, **self._as_dict(new_state)}
+            outputs, new_state = fn(*inputs, state)
+            return {**outputs, **new_state.named()}
 
         return wrapped
 
@@ -139,7 +129,7 @@ class TransformerXLServing(tf.Module):
                 tf.debugging.assert_less(ids, tf.constant(n_token, ids.dtype), message=message)]
 
     def _initial_state(self, batch_size):
-        return self._as_dict(self.recurrent.initial_state(batch_size))
+        return self.recurrent.initial_state(batch_size).named()
 
     # The uncompiled forms of Recurrent's calls: each signature is then one flat graph, with no nested function
     # call to instantiate for every token.
@@ -213,9 +203,9 @@ def export_model(model, export_dir: str, *, protocol: Protocol, max_len: int, vo
     """Writes the SavedModel; `vocab` (a txl_tf Vocab) adds the in-graph tokenizer and `score_text`."""
     tokenizer = None
     if vocab is not None:
-        from txl_tf.data.vocab import tf_tokenizer
+        from txl_tf.data.tf_tokenize import TFTokenizer
 
-        tokenizer = tf_tokenizer(vocab)
+        tokenizer = TFTokenizer(vocab)
     module = TransformerXLServing(model, protocol=protocol, max_len=max_len, tokenizer=tokenizer,
                                   vocab_file=vocab_file)
     signatures = module.signatures()
@@ -245,22 +235,25 @@ def write_export(module_fn, export_dir: str) -> None:
         module_fn(tmp)
 
 
-def _main(argv):
-    from absl import flags
+def define_flags(flag_values) -> None:
+    cli.define_model_flags(flag_values)
+    flags.DEFINE_string("export_dir", None, "Where to write the SavedModel (a new or empty directory, or one "
+                        "holding an export with --overwrite).", flag_values=flag_values)
+    flags.DEFINE_bool("overwrite", False, "Replace an existing export in --export_dir (never another directory).",
+                      flag_values=flag_values)
+    flags.mark_flag_as_required("export_dir", flag_values=flag_values)
 
-    from txl_tf import run_dir
+
+def main(argv):
     from txl_tf.data.pipeline import load_vocab
     from txl_tf.data.vocab import VOCAB_FILE
-    from txl_tf.errors import ConfigError
-
-    if len(argv) > 1:
-        raise ConfigError(f"unexpected arguments {argv[1:]}; see --helpshort")
-    cfg = flags.FLAGS
     from txl_tf.staging import remove_stale
 
+    cli.no_arguments(argv)
+    cfg = flags.FLAGS
     remove_stale(cfg.export_dir)  # a killed export's staging directories (puts back one it was replacing)
     check_export_dir(cfg.export_dir, cfg.overwrite)  # before the model is loaded
-    model, configs, prefix = run_dir.load_model_from_flags(cfg)
+    model, configs, prefix = loading.load_model_from_flags(cfg)
     protocol = configs.eval
     vocab, vocab_file = None, None
     data_dir = configs.data.data_dir
@@ -276,18 +269,5 @@ def _main(argv):
           f"--all --dir {cfg.export_dir}")
 
 
-def main():
-    from absl import flags
-
-    from txl_tf import errors, run_dir
-
-    run_dir.define_model_flags()
-    flags.DEFINE_string("export_dir", None, "Where to write the SavedModel (a new or empty directory, or one "
-                        "holding an export with --overwrite).")
-    flags.DEFINE_bool("overwrite", False, "Replace an existing export in --export_dir (never another directory).")
-    flags.mark_flag_as_required("export_dir")
-    errors.run(_main)
-
-
 if __name__ == "__main__":
-    main()
+    cli.run(main, define_flags)

@@ -10,13 +10,17 @@ attention's projections to and from the heads-first layout, each the other's gra
 file on first use with the C++ compiler and TensorFlow's own flags (`tf.sysconfig`), caches the shared library per
 source, TensorFlow version, compiler and CPU, loads it with `tf.load_op_library`, and registers the gradients.
 
-`RelativeMultiHeadAttention`, `PositionwiseFeedForward` and `txl_tf.dropout.Dropout` use the kernels for training
-steps on CPU. Inference, export, XLA (`jit_compile`) and any process with a GPU or TPU keep TensorFlow's ops, so
-SavedModels never depend on the library.
+Whether a model uses them is a configuration choice, never read from the environment: `TrainConfig.kernels`
+("tf": TensorFlow's ops, the default; "fused": these kernels) is resolved once by the trainer (`unavailable` says
+why a process cannot use them: no compiler, a failed build or load), which builds the model with
+`fused_kernels=True` only for "fused". Layers built so (`txl_tf.dropout.Dropout`, `RelativeMultiHeadAttention`,
+`PositionwiseFeedForward`, ...) use the kernels in training calls of float32 or bfloat16 (`applies`); inference
+and export keep TensorFlow's ops, so SavedModels never depend on the library. XLA cannot run custom ops, so
+`kernels="fused"` with `jit_compile=True` is a configuration error. The kernels' dropout draws its masks from
+another Philox stream than TensorFlow's ops (same drop probability), so one seed gives two different runs on the
+two paths: a run records the path it trained with in its config.gin (`txl_tf.train`).
 
-Environment:
-  TXL_TF_FUSED_KERNELS  `auto` (default): use the kernels when they build, else TensorFlow's ops with one warning;
-                        `0`: never use them; `1`: require them (an error names the compiler's log when they fail).
+Environment (where the kernels are built, not whether they are used):
   TXL_TF_CACHE          the cache the data downloads use too (default `~/.cache/txl_tf`); compiled libraries
                         go to its `kernels/` folder (to the temporary directory when that cannot be created).
                         A cached library is loaded only when it and its folders belong to this user and no one
@@ -42,23 +46,9 @@ import threading
 
 import tensorflow as tf
 
-# TensorFlow has no public way to ask whether a trace is for XLA (tf.function(jit_compile=True)).
-from tensorflow.python.framework import ops
-from tensorflow.python.ops import control_flow_util
-
 SOURCE = pathlib.Path(__file__).resolve().parent / "kernels" / "fused_ops.cc"
-MODES = ("auto", "0", "1")
+KERNELS = ("tf", "fused")  # the choices of TrainConfig.kernels
 _BASE_FLAGS = ["-shared", "-fPIC", "-O3", "-fno-math-errno", "-Wno-deprecated-declarations"]
-ENV = "TXL_TF_FUSED_KERNELS"
-
-
-def mode():
-    """`TXL_TF_FUSED_KERNELS`, checked: one of MODES."""
-    value = os.environ.get(ENV, "auto").strip().lower()
-    if value not in MODES:
-        raise ValueError(f"{ENV}={value!r}: use auto, 0 (off) or 1 (required)")
-    return value
-
 
 def cache_dir():
     """Where compiled kernels are kept (created on demand): `kernels/` of $TXL_TF_CACHE, else of ~/.cache/txl_tf
@@ -270,55 +260,26 @@ def _register_gradients():
                                                scale=op.get_attr("scale")), None)
 
 
-@functools.cache
-def _warn_once(reason):
-    logging.warning("txl_tf: fused CPU kernels unavailable (%s); using TensorFlow ops (%s=0 silences this)",
-                    reason, ENV)
+def unavailable() -> str | None:
+    """Why this process cannot run the kernels (no C++ compiler, a failed build, a library that does not load), or
+    None: the library is built (once per machine, source and TensorFlow version) and loaded."""
+    return _load()[1]
 
 
-def library():
-    """The loaded op library, or None when off or unavailable (warned once; an error when required)."""
-    wanted = mode()
-    if wanted == "0":
-        return None
-    library_, reason = _load()
-    if library_ is None:
-        if wanted == "1":
-            raise RuntimeError(f"{ENV}=1 but the fused CPU kernels are unavailable: {reason}")
-        _warn_once(reason)
-    return library_
+def describe(kernels: str) -> str:
+    """What a `TrainConfig.kernels` value runs, for logs and benchmarks."""
+    if kernels == "fused":
+        return "fused C++ CPU kernels in training steps (txl_tf/fused.py)"
+    if kernels == "tf":
+        return "TensorFlow's ops"
+    raise ValueError(f"kernels={kernels!r}: use one of {', '.join(KERNELS)}")
 
 
-def _switched_off(jit_compile):
-    """Why training steps here do not use the kernels whatever the library does, or None: XLA, the switch, or an
-    accelerator (the kernels are CPU-only)."""
-    if jit_compile:
-        return "XLA compiles its own ops"
-    if mode() == "0":
-        return f"{ENV}=0"
-    if tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"):
-        return "a GPU or TPU is visible"
-    return None
-
-
-def describe(jit_compile=False):
-    """One line for logs and benchmarks: whether this process's training steps use the kernels, and if not why."""
-    off = _switched_off(jit_compile)
-    if off:
-        return f"off ({off})"
-    library_, reason = _load()
-    return f"on ({ENV}={mode()})" if library_ is not None else f"unavailable, TensorFlow's ops instead ({reason})"
-
-
-def usable(dtype, training):
-    """Whether a training step of this compute dtype should use the kernels: training (inference and export keep
-    TensorFlow's ops), float32 or bfloat16, not switched off (`_switched_off`; the trace's XLA context stands for
-    `jit_compile`), and the library builds."""
-    if training is not True or tf.as_dtype(dtype) not in (tf.float32, tf.bfloat16):
-        return False
-    if _switched_off(control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph())):
-        return False
-    return library() is not None
+def applies(enabled: bool, dtype, training) -> bool:
+    """Whether a layer call uses the kernels: the layer was built with `fused_kernels=True` (`enabled`), the call
+    is a training call (`training is True`: inference and export keep TensorFlow's ops) and the compute dtype is
+    float32 or bfloat16. A pure function of its arguments, so a traced step depends on the configuration only."""
+    return bool(enabled) and training is True and tf.as_dtype(dtype) in (tf.float32, tf.bfloat16)
 
 
 def rel_softmax(content, position, bias):
@@ -354,21 +315,22 @@ def dropout(x, seed, threshold, scale):
     return _library_or_raise().txl_dropout(x, tf.cast(seed, tf.int32), threshold=threshold, scale=scale)
 
 
-def add_layer_norm(norm, x, residual, training):
+def add_layer_norm(norm, x, residual, kernels):
     """`norm(x + residual)` for a `keras.layers.LayerNormalization` over the last axis: the post-norm residual.
 
-    One kernel each way (`TxlAddLayerNorm`, the sum and the statistics in float32) in training steps where `usable`
-    says so; otherwise the layer itself. Both give Keras' result within float32 rounding (`tests/test_fused.py`).
+    With `kernels` (the caller's `applies(...)`) one kernel each way (`TxlAddLayerNorm`, the sum and the statistics
+    in float32) where the norm fits it; otherwise the layer itself. Both give Keras' result within float32
+    rounding (`tests/test_fused.py`).
 
     Args:
       norm: a built `keras.layers.LayerNormalization` (axis -1, center and scale, no rms_scaling).
       x, residual: [..., d] of the compute dtype.
-      training: the call's training flag.
+      kernels: whether this call uses the kernels (`applies`).
     """
     axes = norm.axis if isinstance(norm.axis, (list, tuple)) else [norm.axis]
     kernel_fits = ([axis % x.shape.rank for axis in axes] == [x.shape.rank - 1] and norm.center and norm.scale
                    and not norm.rms_scaling)
-    if not kernel_fits or not usable(x.dtype, training):
+    if not kernels or not kernel_fits:
         return norm(x + residual)
     width = x.shape[-1]
     with tf.name_scope(norm.name):  # the layer's own scope, as Keras' path has (profiles group ops by scope)
@@ -413,5 +375,6 @@ def merge_heads(heads, num_heads):
 def _library_or_raise():
     library_, reason = _load()
     if library_ is None:
-        raise RuntimeError(f"the fused CPU kernels are unavailable: {reason}")
+        raise RuntimeError(f"the fused CPU kernels are unavailable: {reason}; build the model with "
+                           "fused_kernels=False (TrainConfig.kernels='tf')")
     return library_

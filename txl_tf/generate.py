@@ -20,24 +20,28 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+from absl import flags
 
-from absl import flags  # noqa: E402
-
-from txl_tf import errors, run_dir  # noqa: E402
-from txl_tf.errors import ConfigError  # noqa: E402
+from txl_tf import cli, loading, run_dir
+from txl_tf.errors import ConfigError
 
 FLAGS = flags.FLAGS
-run_dir.define_model_flags()
-flags.DEFINE_string("saved_model", None, "A SavedModel written by `python -m txl_tf.export` (instead).")
-flags.DEFINE_multi_string("prompt", ["The "], "Text to continue; repeat the flag for a batch of prompts.")
-flags.DEFINE_integer("max_tokens", 200, "Number of tokens to generate (>= 1).")
-flags.DEFINE_float("temperature", 1.0, "Softmax temperature, >= 0: 0 = greedy (the most likely token), 1 = the "
-                   "model's distribution, higher = flatter.")
-flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens (0 = all; at most the vocabulary size).")
-flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: sample among the likeliest tokens that make up this share of "
-                   "the probability, in (0, 1] (1 = all).")
-flags.DEFINE_integer("seed", 0, "Stateless sampling seed.")
+
+
+def define_flags(flag_values) -> None:
+    cli.define_model_flags(flag_values)
+    flags.DEFINE_string("saved_model", None, "A SavedModel written by `python -m txl_tf.export` (instead).",
+                        flag_values=flag_values)
+    flags.DEFINE_multi_string("prompt", ["The "], "Text to continue; repeat the flag for a batch of prompts.",
+                              flag_values=flag_values)
+    flags.DEFINE_integer("max_tokens", 200, "Number of tokens to generate (>= 1).", flag_values=flag_values)
+    flags.DEFINE_float("temperature", 1.0, "Softmax temperature, >= 0: 0 = greedy (the most likely token), 1 = "
+                       "the model's distribution, higher = flatter.", flag_values=flag_values)
+    flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens (0 = all; at most the vocabulary "
+                         "size).", flag_values=flag_values)
+    flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: sample among the likeliest tokens that make up this share "
+                       "of the probability, in (0, 1] (1 = all).", flag_values=flag_values)
+    flags.DEFINE_integer("seed", 0, "Stateless sampling seed.", flag_values=flag_values)
 
 
 def _check_flags(vocab) -> list:
@@ -56,10 +60,10 @@ def _from_model_dir():
     from txl_tf import generation
     from txl_tf.data.pipeline import load_vocab
 
-    configs = run_dir.parse_configs(FLAGS.model_dir, FLAGS.gin_file, FLAGS.gin_param, checkpoint=FLAGS.checkpoint)
+    configs = run_dir.read_configs(FLAGS.model_dir, FLAGS.gin_file, FLAGS.gin_param, checkpoint=FLAGS.checkpoint)
     vocab = load_vocab(configs.data.data_dir)
     ids = _check_flags(vocab)  # before the model is built and restored
-    model, configs, prefix = run_dir.load_model(FLAGS.model_dir, FLAGS.checkpoint, which=FLAGS.which,
+    model, configs, prefix = loading.load_model(FLAGS.model_dir, FLAGS.checkpoint, which=FLAGS.which,
                                                 configs=configs)
     # The SavedModel's protocol: EvalConfig's lengths (export fixes the same ones).
     result = generation.generate_from_model(model, ids, protocol=configs.eval.attention_protocol(),
@@ -97,8 +101,7 @@ def _from_saved_model():
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise ConfigError(f"unexpected arguments {argv[1:]}; quote the --prompt (see --helpshort)")
+    cli.no_arguments(argv, "quote the --prompt (see --helpshort)")
     if bool(FLAGS.saved_model) == bool(FLAGS.model_dir or FLAGS.checkpoint):
         raise ConfigError("give exactly one of --model_dir (or --checkpoint with --gin_file) and --saved_model")
     source, vocab, result = _from_saved_model() if FLAGS.saved_model else _from_model_dir()
@@ -115,4 +118,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    errors.run(main)
+    cli.run(main, define_flags)

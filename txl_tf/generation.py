@@ -24,8 +24,9 @@ import numpy as np
 import tensorflow as tf
 
 from txl_tf.errors import ConfigError, one_line
-from txl_tf.inference import STATE_BATCH_AXIS, Recurrent, run_segments
+from txl_tf.inference import Recurrent, run_segments
 from txl_tf.protocol import Protocol
+from txl_tf.state import from_named
 
 StepFn = Callable[[tf.Tensor, tf.Tensor | None, object], tuple]
 
@@ -62,29 +63,31 @@ def model_step(recurrent: Recurrent) -> StepFn:
     return step
 
 
+def state_outputs(outputs, state):
+    """The new state among a SavedModel signature's `outputs`, of the type and shapes of `state` (the one passed
+    in: its named tensors went in as the signature's inputs)."""
+    new_state = from_named({name: outputs[name] for name in state.named()})
+    return tf.nest.map_structure(lambda new, old: tf.ensure_shape(new, old.shape), new_state, state)
+
+
 def saved_model_step(loaded) -> tuple[StepFn, Callable, int]:
-    """(`StepFn`, initial_state(batch_size), max segment length) of a SavedModel written by `txl_tf.export`."""
+    """(`StepFn`, initial_state(batch_size), max segment length) of a SavedModel written by `txl_tf.export`; the
+    state is a `txl_tf.state` value, passed to the signatures as its named tensors."""
     next_token = loaded.signatures["next_token_logits"]
 
     def step(tokens, lengths, state):
         if lengths is None:
-            out = next_token(tokens=tokens, lengths=tf.fill(tf.shape(tokens)[:1], tf.shape(tokens)[1]), **state)
-            return out["logits"], {name: tf.ensure_shape(out[name], value.shape) for name, value in state.items()}
+            lengths = tf.fill(tf.shape(tokens)[:1], tf.shape(tokens)[1])
+            out = next_token(tokens=tokens, lengths=lengths, **state.named())
+            return out["logits"], state_outputs(out, state)
         # The signature refuses a row of no tokens (lengths 0: a prompt that ended in an earlier segment): such a
         # row is passed its first (padding) token and gets its state back; its log-probabilities are not read.
         idle = tf.equal(lengths, 0)  # [B]
-        out = next_token(tokens=tokens, lengths=tf.maximum(lengths, 1), **state)
-        new_state = {}
-        for name, value in state.items():
-            new_state[name] = tf.ensure_shape(out[name], value.shape)
-            if name in STATE_BATCH_AXIS:
-                shape = [1] * len(value.shape)
-                shape[STATE_BATCH_AXIS[name]] = -1
-                new_state[name] = tf.where(tf.reshape(idle, shape), value, new_state[name])
-        return out["logits"], new_state
+        out = next_token(tokens=tokens, lengths=tf.maximum(lengths, 1), **state.named())
+        return out["logits"], state.where_rows(idle, state_outputs(out, state))
 
     def initial_state(batch_size):
-        return dict(loaded.signatures["initial_state"](batch_size=tf.constant(batch_size, tf.int32)))
+        return from_named(loaded.signatures["initial_state"](batch_size=tf.constant(batch_size, tf.int32)))
 
     return step, initial_state, int(loaded.max_len.numpy())
 
@@ -212,8 +215,8 @@ def saved_model_decoder(loaded):
 
     def decode(first_log_probs, state, seed, num_tokens, temperature, top_k, top_p):
         out = signature(logits=first_log_probs, seed=seed, num_tokens=num_tokens, temperature=temperature,
-                        top_k=top_k, top_p=top_p, **state)
-        return out["tokens"], {name: out[name] for name in state}
+                        top_k=top_k, top_p=top_p, **state.named())
+        return out["tokens"], from_named({name: out[name] for name in state.named()})
 
     return decode
 

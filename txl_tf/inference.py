@@ -4,10 +4,11 @@ Evaluation, attention maps and the prompt of generation all cut text into segmen
 call of the model to the next. `Recurrent` binds a model to a `Protocol` and a state form and gives the calls
 (`forward`, and the compiled `score` and `next_log_probs`); `run_segments` is the loop they share.
 
-State forms:
-  "cache" (the default whenever the model supports it): the memory's keys and values plus the position keys
-    (`TransformerXL.initial_cache`); each call projects only its own tokens.
-  "memory": the hidden states, as in training and in the authors' code; every call projects the whole memory.
+State forms (the types of `txl_tf.state`, which owns their layout):
+  "cache" (the default whenever the model supports it): a `Cache`, the memory's keys and values plus the position
+    keys (`TransformerXL.initial_cache`); each call projects only its own tokens.
+  "memory": a `Memory`, the hidden states, as in training and in the authors' code; every call projects the whole
+    memory.
 Both give the same numbers (tests/test_model.py).
 
 Shapes: B rows (streams or prompts), L segment length, T tokens per row, V vocabulary.
@@ -21,10 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from txl_tf.protocol import Protocol
-
-# The batch axis of each named state tensor (the signatures of txl_tf.export): keys and values [n, N, B, M, D],
-# mems [n, B, M, d]; the cache's position keys [n, N, P, D] have none.
-STATE_BATCH_AXIS = {"keys": 2, "values": 2, "mems": 1}
+from txl_tf.state import State
 
 
 class Recurrent:
@@ -51,18 +49,17 @@ class Recurrent:
     def state_form(self) -> str:
         return "cache" if self.use_cache else "memory"
 
-    def initial_state(self, batch_size: int):
-        """The state of a zero memory for `batch_size` rows."""
+    def initial_state(self, batch_size: int) -> State:
+        """The state of a zero memory for `batch_size` rows: a `Cache` or a `Memory` (`state_form`)."""
         if self.use_cache:
             return self.model.initial_cache(batch_size, self.protocol, max_len=self.max_len)
-        return self.model.initial_mems(batch_size, self.protocol)
+        return self.model.initial_memory(batch_size, self.protocol)
 
-    def forward(self, tokens, state, lengths=None, return_probs: bool = False):
+    def forward(self, tokens, state: State | None, lengths=None, return_probs: bool = False):
         """(hidden [B, L, d], new state[, probs [n, B, N, L, K]]) of one segment (traceable, not compiled)."""
-        kwargs = dict(cache=state) if self.use_cache else dict(mems=state)
         if return_probs:
-            return self.model.call_with_attention(tokens, protocol=self.protocol, **kwargs)
-        return self.model(tokens, protocol=self.protocol, lengths=lengths, training=False, **kwargs)
+            return self.model.call_with_attention(tokens, state, protocol=self.protocol)
+        return self.model(tokens, state, protocol=self.protocol, lengths=lengths, training=False)
 
     def _score(self, inputs, targets, state):
         hidden, state = self.forward(inputs, state)

@@ -4,14 +4,15 @@ Shape glossary:
   B batch, L = qlen segment length, M memory length given to a call, K = M + L key length,
   N heads (n_head), D head width (d_head), d = d_model, V = n_token, n = n_layer.
 
-The recurrent state goes in and comes out of every call, in one of two forms:
-  memory (training; the authors' semantics): `mems` [n, B, M, d] holds, for each layer, the hidden states that
-    entered that layer in earlier segments. A call returns `new_mems` [n, B, min(mem_len, M + L), d]: per layer the
-    last `mem_len` positions of concat([mems[i], input of layer i]) with the gradient stopped (layer 0's input is
-    the embedding after dropout). Starting from `initial_mems` (zeros, the TF original's convention) keeps the
-    length at exactly `mem_len`.
-  cache (inference): `initial_cache`'s dict of the memory's keys and values per layer [n, N, B, M, D] and the
-    position keys; each call projects only its own tokens. Same outputs as the memory.
+The recurrent state goes in and comes out of every call as one value of `txl_tf.state` (which owns its layout),
+in one of two forms:
+  `Memory` (training; the authors' semantics): `hidden` [n, B, M, d] holds, for each layer, the hidden states that
+    entered that layer in earlier segments. A call returns a `Memory` of [n, B, min(mem_len, M + L), d]: per layer
+    the last `mem_len` positions of concat([hidden[i], input of layer i]) with the gradient stopped (layer 0's input
+    is the embedding after dropout). Starting from `initial_memory` (zeros, the TF original's convention) keeps
+    the length at exactly `mem_len`.
+  `Cache` (inference): `initial_cache`'s keys and values of the memory per layer [n, N, B, M, D] and the position
+    keys; each call projects only its own tokens. Same outputs as the memory.
 The attention lengths of a call (mem_len, clamp_len, same_length) are a `Protocol` value passed to it; without
 one the model's own (training) lengths apply.
 """
@@ -27,9 +28,7 @@ from txl_tf.dropout import Dropout
 from txl_tf.embedding import AdaptiveEmbedding, RelativePositionalEncoding
 from txl_tf.protocol import Protocol
 from txl_tf.softmax import AdaptiveSoftmax
-
-# (model-level name [n_layer, ...], layer-level name) of the keys/values cache.
-_CACHE_NAMES = (("keys", "key"), ("values", "value"), ("position_keys", "position_key"))
+from txl_tf.state import Cache, Memory, check_type
 
 
 @keras.saving.register_keras_serializable(package="txl_tf")
@@ -51,27 +50,31 @@ class TransformerXL(keras.Model):
       layer_norm_epsilon: 1e-12 as the TF original (the PyTorch original uses 1e-5).
       init_std / proj_init_std: N(0, std) initialisers of weights / adaptive embedding and softmax projections.
       max_position: table size of the learned positions of "shaw" (relative) and "al_rfou" (absolute).
+      fused_kernels: training calls use the fused CPU kernels (`txl_tf.fused`) in every layer's attention,
+        feed-forward and dropout: the trainer's `TrainConfig.kernels="fused"`. Not part of the architecture (the
+        weights are the same); inference always runs TensorFlow's ops.
 
     `mem_len`, `clamp_len`, `same_length` are the training lengths (`protocol`); evaluate with others by passing
     a `Protocol` to the call, never by changing them.
 
     Call args:
       tokens: [B, L] int.
-      mems: [n, B, M, d] or None (no memory).
-      cache: a keys/values cache from `initial_cache` instead of `mems` (inference only).
+      state: a `txl_tf.state.Memory` (hidden [n, B, M, d], any M), a `Cache` from `initial_cache` (inference
+        only), or None (no memory, M = 0).
       protocol: the attention lengths of this call (default: `self.protocol`).
       lengths: optional [B] int32 tokens per row (the rest is padding and does not enter the state).
       training: dropout on/off.
 
     Returns:
-      (hidden [B, L, d] after the final dropout, new state): the new memory [n, B, min(mem_len, M + L), d] or the
-      new cache, in the compute dtype.
+      (hidden [B, L, d] after the final dropout, new state) with the new state of the type given: a `Memory` of
+      [n, B, min(mem_len, M + L), d] (also for None) or the updated `Cache`, in the compute dtype.
     """
 
     def __init__(self, n_token, n_layer, d_model, n_head, d_head, d_inner, dropout, dropatt, mem_len,
                  d_embed=None, cutoffs=(), div_val=1, tie_projs=None, proj_same_dim=True, untie_r=False,
                  same_length=False, clamp_len=-1, attn_type="xl", pre_lnorm=False, layer_norm_epsilon=1e-12,
-                 init_std=0.02, proj_init_std=0.01, max_position=1024, same_length_keys="tf", **kwargs):
+                 init_std=0.02, proj_init_std=0.01, max_position=1024, same_length_keys="tf", fused_kernels=False,
+                 **kwargs):
         super().__init__(**kwargs)
         if attn_type not in ATTN_TYPES:
             raise ValueError(f"attn_type must be one of {ATTN_TYPES}, got {attn_type!r}")
@@ -100,6 +103,7 @@ class TransformerXL(keras.Model):
         self.proj_init_std = proj_init_std
         self.max_position = max_position
         self.same_length_keys = same_length_keys
+        self.fused_kernels = fused_kernels
 
         self.embedding = AdaptiveEmbedding(
             n_token, d_model, d_embed=self.d_embed, cutoffs=self.cutoffs, div_val=div_val,
@@ -115,12 +119,12 @@ class TransformerXL(keras.Model):
             block = TransformerXLBlock(
                 d_model, n_head, d_head, d_inner, dropout=dropout, dropatt=dropatt, attn_type=attn_type,
                 pre_lnorm=pre_lnorm, layer_norm_epsilon=layer_norm_epsilon, max_position=max_position,
-                init_std=init_std, name=f"layer_{i}",
+                init_std=init_std, fused_kernels=fused_kernels, name=f"layer_{i}",
             )
             setattr(self, f"layer_{i}", block)
-        self.embedding_dropout = Dropout(dropout)
-        self.position_dropout = Dropout(dropout)
-        self.output_dropout = Dropout(dropout)
+        self.embedding_dropout = Dropout(dropout, fused_kernels=fused_kernels)
+        self.position_dropout = Dropout(dropout, fused_kernels=fused_kernels)
+        self.output_dropout = Dropout(dropout, fused_kernels=fused_kernels)
         self.build()
 
     @property
@@ -147,21 +151,21 @@ class TransformerXL(keras.Model):
         """The attention lengths the model was built (and trains) with."""
         return Protocol(self.mem_len, self.clamp_len, self.same_length)
 
-    def initial_mems(self, batch_size, protocol: Protocol | None = None):
-        """Zero memories [n, B, mem_len, d] in the compute dtype (the TF original's first segment)."""
+    def initial_memory(self, batch_size, protocol: Protocol | None = None) -> Memory:
+        """A zero `Memory` [n, B, mem_len, d] in the compute dtype (the TF original's first segment)."""
         mem_len = (protocol or self.protocol).mem_len
-        return tf.zeros([self.n_layer, batch_size, mem_len, self.d_model], self.compute_dtype)
+        return Memory(tf.zeros([self.n_layer, batch_size, mem_len, self.d_model], self.compute_dtype))
 
     def supports_cache(self, protocol: Protocol | None = None) -> bool:
         """Whether the keys/values cache can carry this model's state (see `initial_cache`)."""
         absolute = self.attn_type in ("vaswani", "al_rfou")
         return not (self.pre_lnorm and absolute and (protocol or self.protocol).mem_len > 0)
 
-    def initial_cache(self, batch_size, protocol: Protocol | None = None, *, max_len: int):
+    def initial_cache(self, batch_size, protocol: Protocol | None = None, *, max_len: int) -> Cache:
         """The keys/values cache of a zero memory, for calls with segments of up to `max_len` tokens.
 
-        Returns a dict: "keys", "values" [n, N, B, M, D] (M = protocol.mem_len) and, for xl and shaw,
-        "position_keys" [n, N, P, D] (P = M + max_len): each layer's position keys for every distance, computed
+        Returns a `txl_tf.state.Cache`: keys, values [n, N, B, M, D] (M = protocol.mem_len) and, for xl and shaw,
+        position_keys [n, N, P, D] (P = M + max_len): each layer's position keys for every distance, computed
         here once (clamp_len applied) instead of at every call. In the compute dtype.
 
         Not available (ValueError) for pre_lnorm with attn_type "vaswani" or "al_rfou" and a memory: there the
@@ -170,49 +174,29 @@ class TransformerXL(keras.Model):
         protocol = protocol or self.protocol
         if not self.supports_cache(protocol):
             raise ValueError(f"a keys/values cache cannot carry pre_lnorm attn_type={self.attn_type!r} with a "
-                             "memory; use the hidden-state memory (initial_mems)")
+                             "memory; use the hidden-state memory (initial_memory)")
         if max_len < 1:
             raise ValueError(f"max_len must be >= 1; got {max_len}")
         position = None
         if self.attn_type == "xl":
             position = self.position_encoding(tf.constant(protocol.mem_len + max_len),
                                               clamp_len=protocol.clamp_len)  # [P, d], descending distance
-        caches = [block.initial_cache(batch_size, protocol.mem_len, max_len, position) for block in self.blocks]
-        return {name: tf.stack([cache[layer_name] for cache in caches]) for name, layer_name in _CACHE_NAMES
-                if layer_name in caches[0]}
+        return Cache.from_layers(block.initial_cache(batch_size, protocol.mem_len, max_len, position)
+                                 for block in self.blocks)
 
-    @staticmethod
-    def select_rows(state, start, stop):
-        """Rows start..stop-1 of the batch of a state (memory [n, B, M, d] or a cache dict)."""
-        if isinstance(state, dict):
-            return {name: value[:, :, start:stop] if name in ("keys", "values") else value
-                    for name, value in state.items()}
-        return state[:, start:stop]
-
-    def _check_mems(self, tokens, mems):
-        if mems is None or len(mems.shape) != 4:
-            if mems is not None:
-                raise ValueError(f"mems must be [n_layer, B, M, d_model], got shape {mems.shape}")
-            return
-        n, b, _, d = mems.shape
-        if (n is not None and n != self.n_layer) or (d is not None and d != self.d_model):
-            raise ValueError(
-                f"mems shape {mems.shape} does not fit this model: expected [{self.n_layer}, B, M, {self.d_model}]"
-            )
-        if b is not None and tokens.shape[0] is not None and b != tokens.shape[0]:
-            raise ValueError(f"mems batch {b} differs from the tokens batch {tokens.shape[0]}")
-
-    def _check_cache(self, cache, protocol):
-        keys = cache.get("keys") if isinstance(cache, dict) else None
-        if keys is None or len(keys.shape) != 5:
-            raise ValueError("cache must be the dict of initial_cache (keys [n_layer, N, B, M, D], ...); got "
-                             f"{type(cache).__name__}")
-        mem_len = keys.shape[3]
-        if mem_len is not None and mem_len != protocol.mem_len:
-            raise ValueError(f"the cache holds {mem_len} positions but the protocol's mem_len is "
-                             f"{protocol.mem_len}; make the cache with the same protocol")
-        if self.attn_type in ("xl", "shaw") and "position_keys" not in cache:
-            raise ValueError("the cache has no position_keys; make it with initial_cache")
+    def _checked_state(self, tokens, state, protocol):
+        """`state` in the compute dtype, after its checks against this model, the protocol and the tokens."""
+        check_type(state, (Memory, Cache), "TransformerXL")
+        if state is None:
+            return None
+        batch = tokens.shape[0]
+        if isinstance(state, Cache):
+            state.check(n_layer=self.n_layer, mem_len=protocol.mem_len,
+                        position_keys=self.attn_type in ("xl", "shaw"), batch=batch)
+        else:
+            state = Memory(tf.convert_to_tensor(state.hidden))
+            state.check(n_layer=self.n_layer, d_model=self.d_model, batch=batch)
+        return state.cast(self.compute_dtype)
 
     def _biases(self, i):
         """(u, v) [N, D] for layer i (xl only)."""
@@ -222,31 +206,22 @@ class TransformerXL(keras.Model):
             return self.r_w_bias[i], self.r_r_bias[i]
         return self.r_w_bias, self.r_r_bias
 
-    def _layer_states(self, mems, cache):
-        """Per-layer states: memories [B, M, d] (or None), or per-layer cache dicts."""
-        if cache is not None:
-            unstacked = {layer_name: tf.unstack(cache[name], num=self.n_layer) for name, layer_name in _CACHE_NAMES
-                         if name in cache}
-            return [{key: values[i] for key, values in unstacked.items()} for i in range(self.n_layer)]
-        return [None] * self.n_layer if mems is None else tf.unstack(mems, num=self.n_layer)
+    def _layer_states(self, state):
+        """Each layer's state (`LayerMemory` / `LayerCache`), or None per layer without a state."""
+        return [None] * self.n_layer if state is None else state.layers(self.n_layer)
 
-    def _forward(self, tokens, mems, cache, protocol, lengths, training, return_probs):
+    def _forward(self, tokens, state, protocol, lengths, training, return_probs):
         protocol = protocol or self.protocol
         tokens = tf.convert_to_tensor(tokens)
-        if cache is not None:
-            self._check_cache(cache, protocol)
-            mlen = tf.shape(cache["keys"])[3]
-        else:
-            if mems is not None:
-                mems = tf.cast(tf.convert_to_tensor(mems), self.compute_dtype)
-            self._check_mems(tokens, mems)
-            mlen = 0 if mems is None else tf.shape(mems)[2]
+        state = self._checked_state(tokens, state, protocol)
+        cached = isinstance(state, Cache)
+        mlen = 0 if state is None else state.mem_len
         qlen = tf.shape(tokens)[1]
         klen = mlen + qlen
 
         h = self.embedding(tokens)  # [B, L, d]
         pos = None
-        if (self.attn_type == "xl" and cache is None) or self.attn_type == "vaswani":
+        if (self.attn_type == "xl" and not cached) or self.attn_type == "vaswani":
             pos = self.position_encoding(klen, clamp_len=protocol.clamp_len)  # [K, d], descending distance
         if self.attn_type == "vaswani":
             h = h + pos[mlen:]  # absolute sinusoid of the segment's positions
@@ -256,13 +231,12 @@ class TransformerXL(keras.Model):
         bias = attention_bias(qlen, mlen, protocol.same_length, self.same_length_keys, protocol.mem_len)  # [L, K]
 
         new_states, all_probs = [], []
-        has_memory = cache is not None or mems is not None
-        for i, (block, state) in enumerate(zip(self.blocks, self._layer_states(mems, cache), strict=True)):
+        for i, (block, layer_state) in enumerate(zip(self.blocks, self._layer_states(state), strict=True)):
             # The authors add the positions to the first layer's memory too (vaswani).
-            memory_positions = pos[:mlen] if self.attn_type == "vaswani" and i == 0 and has_memory else None
+            first_with_memory = i == 0 and state is not None
+            memory_positions = pos[:mlen] if self.attn_type == "vaswani" and first_with_memory else None
             u, v = self._biases(i)
-            out = block(h, memory=None if cache is not None else state, cache=state if cache is not None else None,
-                        mem_len=protocol.mem_len, lengths=lengths, position_encoding=pos,
+            out = block(h, layer_state, mem_len=protocol.mem_len, lengths=lengths, position_encoding=pos,
                         memory_positions=memory_positions, attention_bias=bias, content_bias=u, position_bias=v,
                         return_probs=return_probs, training=training)
             h = out[0]  # [B, L, d]
@@ -270,21 +244,19 @@ class TransformerXL(keras.Model):
             if return_probs:
                 all_probs.append(out[2])
         hidden = self.output_dropout(h, training=training)  # [B, L, d]
-        if cache is not None:
-            new_state = dict(cache, keys=tf.stack([s["key"] for s in new_states]),
-                             values=tf.stack([s["value"] for s in new_states]))  # position keys pass through
-        else:
-            new_state = tf.stack(new_states)  # [n, B, min(mem_len, K), d]
+        # A cache's position keys pass through; a memory is [n, B, min(mem_len, K), d].
+        new_state = Memory.from_layers(new_states) if state is None else state.updated(new_states)
         if return_probs:
             return hidden, new_state, tf.stack(all_probs)  # probs [n, B, N, L, K]
         return hidden, new_state
 
-    def call(self, tokens, mems=None, cache=None, protocol=None, lengths=None, training=False):
-        return self._forward(tokens, mems, cache, protocol, lengths, training, return_probs=False)
+    def call(self, tokens, state=None, protocol=None, lengths=None, training=False):
+        return self._forward(tokens, state, protocol, lengths, training, return_probs=False)
 
-    def call_with_attention(self, tokens, mems=None, cache=None, protocol=None):
-        """Inference pass that also returns attention probabilities [n, B, N, L, K] float32."""
-        return self._forward(tokens, mems, cache, protocol, None, training=False, return_probs=True)
+    def call_with_attention(self, tokens, state=None, protocol=None):
+        """Inference pass that also returns attention probabilities [n, B, N, L, K] float32: (hidden, new state,
+        probs)."""
+        return self._forward(tokens, state, protocol, None, training=False, return_probs=True)
 
     def nll(self, hidden, targets):
         """Per-token negative log-likelihood [B, L] float32 (natural log), in token order."""
@@ -321,4 +293,5 @@ class TransformerXL(keras.Model):
             "proj_init_std": self.proj_init_std,
             "max_position": self.max_position,
             "same_length_keys": self.same_length_keys,
+            "fused_kernels": self.fused_kernels,
         }

@@ -1,4 +1,4 @@
-"""The one owner of a run directory: its files, its checkpoints and the model built from its configuration.
+"""The one owner of a run directory: its files, its checkpoints, its saved configuration and its state file.
 
     model_dir/config.gin         the effective gin config of the run (ModelConfig, DataConfig, TrainConfig,
                                  EvalConfig, DATA_DIR), written by training (`write_config`)
@@ -11,7 +11,8 @@
                                  the key `model` and its ModelConfig; pass `--checkpoint=DIR` and the setup's
                                  `--gin_file` for the data and evaluation protocol
 
-Rules (txl_tf.controller, evaluate, export, generate, average, ... read and write run directories only here):
+Rules (train, evaluate, export, generate, average, ... read and write run directories only here; txl_tf.loading
+builds and restores models from what this module finds, txl_tf.configs parses the gin files):
 
 * Checkpoints are found from the files themselves (every `ckpt-N.index`), not only from the state file: a
   missing or stale state file loses nothing.
@@ -21,29 +22,27 @@ Rules (txl_tf.controller, evaluate, export, generate, average, ... read and writ
 * A training run never deletes or overwrites a checkpoint it did not write: the checkpoints present when it
   starts are marked preserved in the state file (CheckpointManager prunes only the ones it saves itself), and
   broken checkpoints newer than the resumed one (whose step numbers the run will save again) are moved to
-  set_aside/ instead of being overwritten.
-* Gin files are read in this order: `model_dir/config.gin` (or the converter's model.gin), then `gin_files`,
-  then `gin_params`, so later values override earlier ones. Models are built inside `dtype_policy`.
+  set_aside/ instead of being overwritten. A training run saves through the managers of
+  `checkpoint_managers`, made after `resume_training` (a chief's in model_dir, another worker's in its
+  temporary folder).
+* Gin files are read in this order (`read_configs`): `model_dir/config.gin` (or the converter's model.gin), then
+  `gin_files`, then `gin_params`, so later values override earlier ones.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import gc
 import os
 import re
-import sys
 import time
 from collections.abc import Callable, Sequence
 
 import gin
 import tensorflow as tf
 
-from txl_tf import errors
-from txl_tf.configs import DataConfig, EvalConfig, ModelConfig, TrainConfig
-from txl_tf.errors import ConfigError
+from txl_tf import distribute, errors
+from txl_tf.configs import Configs, parse_configs
 
 CONFIG_FILE = "config.gin"
 CONVERTED_CONFIG_FILE = "model.gin"  # written by `python -m txl_tf.convert` beside its checkpoint
@@ -54,14 +53,6 @@ _FILE = re.compile(r"ckpt-(\d+)\.(?:index|data-(\d+)-of-(\d+))")
 # What a damaged checkpoint raises while restoring (DataLossError and NotFoundError are OpErrors; a truncated
 # .data file raises IndexError "Read less bytes than requested"; a mismatch raises AssertionError/ValueError).
 RESTORE_ERRORS = (tf.errors.OpError, IndexError, ValueError, AssertionError)
-
-# ModelConfig fields that shape the weights, and fields that shape the rest of the saved training state: a run
-# directory's checkpoints cannot be restored into a model whose value differs.
-ARCHITECTURE = ("ModelConfig.n_layer", "ModelConfig.d_model", "ModelConfig.n_head", "ModelConfig.d_head",
-                "ModelConfig.d_inner", "ModelConfig.n_token", "ModelConfig.d_embed", "ModelConfig.cutoffs",
-                "ModelConfig.div_val", "ModelConfig.tie_projs", "ModelConfig.proj_same_dim", "ModelConfig.untie_r",
-                "ModelConfig.attn_type", "ModelConfig.max_position")
-SAVED_STATE = ("ModelConfig.mem_len", "TrainConfig.batch_size", "TrainConfig.checkpoint_memory")
 
 
 class RunDirError(errors.UserError):
@@ -271,6 +262,30 @@ def preserve(directory: str) -> None:
         logger.setLevel(level)
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckpointManagers:
+    """The managers a training run saves with: `latest` (the periodic checkpoints) and `best` (best/)."""
+
+    latest: tf.train.CheckpointManager
+    best: tf.train.CheckpointManager
+
+
+def checkpoint_managers(checkpoint: tf.train.Checkpoint, model_dir: str, *, strategy: tf.distribute.Strategy,
+                        step_counter: tf.Variable, keep: int) -> CheckpointManagers:
+    """The CheckpointManagers of a training run: up to `keep` checkpoints in model_dir and one in model_dir/best/.
+
+    On the chief they write into model_dir; on another worker of a multi-worker run (every worker saves, as
+    tf.distribute asks) into its temporary folder inside model_dir (`distribute.worker_dir`, removed at the end).
+    Make them after `resume_training`: a manager reads the state file when it is made and prunes only checkpoints
+    newer than its preserved time, so the checkpoints that `resume_training` preserved are never deleted.
+    """
+    directory = distribute.worker_dir(model_dir, strategy)
+    return CheckpointManagers(
+        latest=tf.train.CheckpointManager(checkpoint, directory, max_to_keep=keep, step_counter=step_counter),
+        best=tf.train.CheckpointManager(checkpoint, os.path.join(directory, BEST_DIR), max_to_keep=1,
+                                        step_counter=step_counter))
+
+
 # ---- finding a run's checkpoints --------------------------------------------------------------------------
 def _search_dirs(path: str, which: str) -> list:
     if which not in ("latest", "best"):
@@ -306,28 +321,9 @@ def find_checkpoint(path: str, which: str = "latest") -> str:
 
 
 # ---- the saved configuration ------------------------------------------------------------------------------
-@dataclasses.dataclass
-class Configs:
-    """The gin dataclasses as bound by a model_dir's config and any overrides."""
-
-    model: ModelConfig
-    data: DataConfig
-    train: TrainConfig
-    eval: EvalConfig
-    files: tuple = ()
-
-    def values(self) -> dict:
-        """{"ModelConfig.n_layer": 12, ...}: every field of the four configs by its gin name."""
-        values = {}
-        for config in (self.model, self.data, self.train, self.eval):
-            for field in dataclasses.fields(config):
-                value = getattr(config, field.name)
-                values[f"{type(config).__name__}.{field.name}"] = tuple(value) if isinstance(value, list) else value
-        return values
-
-
-def _base_config_files(model_dir: str | None, checkpoint: str | None) -> list:
-    """model_dir/config.gin, else the converter's model.gin beside a converted checkpoint, when present."""
+def config_files(model_dir: str | None, checkpoint: str | None = None) -> list:
+    """The gin file a run was made with: model_dir/config.gin, else the converter's model.gin beside a converted
+    checkpoint, when present ([] when neither is)."""
     if model_dir and os.path.exists(os.path.join(model_dir, CONFIG_FILE)):
         return [os.path.join(model_dir, CONFIG_FILE)]
     if checkpoint:
@@ -337,27 +333,20 @@ def _base_config_files(model_dir: str | None, checkpoint: str | None) -> list:
     return []
 
 
-def parse_configs(model_dir: str | None = None, gin_files: Sequence[str] = (), gin_params: Sequence[str] = (),
-                  checkpoint: str | None = None) -> Configs:
-    """Parses the base config, then `gin_files`, then `gin_params`; returns the configs.
+def read_configs(model_dir: str | None = None, gin_files: Sequence[str] = (), gin_params: Sequence[str] = (),
+                 checkpoint: str | None = None) -> Configs:
+    """The configs of a run: its saved gin file (`config_files`), then `gin_files`, then `gin_params`.
 
-    The base config is model_dir/config.gin, else the `model.gin` that `txl_tf.convert` writes beside a
-    converted checkpoint. A binding of an unknown configurable or parameter in `gin_files` or `gin_params` is an
-    error (errors.ConfigError); the base config may bind configurables of modules not imported here.
+    The saved file may bind configurables of modules not imported here; an unknown binding in `gin_files` or
+    `gin_params` is an error (errors.ConfigError). See txl_tf.configs.parse_configs.
     """
-    from txl_tf import configs
-
-    base = _base_config_files(model_dir, checkpoint)
+    base = config_files(model_dir, checkpoint)
     if not base and not gin_files:
         where = os.path.join(model_dir, CONFIG_FILE) if model_dir else f"beside {checkpoint}"
         raise FileNotFoundError(
             f"no gin config found ({where}): pass the setup's --gin_file, or point --model_dir at a directory "
             "written by `python -m txl_tf.train`")
-    gin.clear_config()
-    files = configs.parse_gin(gin_files, gin_params, lenient_files=base)
-    made = configs.make_configs()
-    return Configs(model=made["ModelConfig"], data=made["DataConfig"], train=made["TrainConfig"],
-                   eval=made["EvalConfig"], files=tuple(files))
+    return parse_configs(gin_files, gin_params, base_files=base)
 
 
 def write_config(directory: str, text: str, comment: str | None = None, name: str = CONFIG_FILE) -> str:
@@ -377,163 +366,15 @@ def write_config(directory: str, text: str, comment: str | None = None, name: st
     return path
 
 
-def compare_configs(model_dir: str, saved: Configs, new: Configs) -> list[str]:
-    """Checks a new configuration against the one saved in model_dir/config.gin; returns the changed bindings.
-
-    Raises RunDirError when a field in ARCHITECTURE or SAVED_STATE differs (the checkpoints cannot be restored).
-    """
-    old_values, new_values = saved.values(), new.values()
-    changed = [name for name in new_values if name in old_values and old_values[name] != new_values[name]]
-    fixed = [name for name in changed if name in ARCHITECTURE + SAVED_STATE]
-    if fixed:
-        what = ", ".join(f"{name}={old_values[name]!r}" for name in fixed)
-        now = ", ".join(f"{new_values[name]!r}" for name in fixed)
-        raise RunDirError(
-            f"{model_dir} was trained with {what} (its {CONFIG_FILE}) but this command gives {now}: its "
-            "checkpoints cannot be restored into a different architecture or state; drop the changed bindings, "
-            "or pass another --model_dir for a new run")
-    return [f"{name}: {old_values[name]!r} -> {new_values[name]!r}" for name in changed]
-
-
 def saved_configs(model_dir: str) -> Configs | None:
     """The configs of model_dir/config.gin, or None without one; clears gin."""
     path = os.path.join(model_dir, CONFIG_FILE)
     if not tf.io.gfile.exists(path):
         return None
     try:
-        return parse_configs(model_dir)
+        return read_configs(model_dir)
     except errors.ConfigError as error:
         raise RunDirError(f"{path} (the saved configuration of this run) does not parse: {errors.one_line(error)}; "
                           "repair it or pass another --model_dir") from None
     finally:
         gin.clear_config()
-
-
-# ---- building and restoring a model -----------------------------------------------------------------------
-@contextlib.contextmanager
-def dtype_policy(dtype: str | None):
-    """Keras' global dtype policy set to `dtype` (e.g. "mixed_bfloat16") while layers are created.
-
-    Sublayers take the global policy when they are constructed (a `dtype` argument to the model alone does not
-    reach them), so models are built inside this context.
-    """
-    import keras
-
-    previous = keras.config.dtype_policy()
-    if dtype:
-        keras.config.set_dtype_policy(dtype)
-    try:
-        yield
-    finally:
-        keras.config.set_dtype_policy(previous)
-
-
-def build_model(model_config: ModelConfig, n_token: int | None = None, dtype: str | None = None, *,
-                check: bool = True):
-    """Builds a TransformerXL (every layer in `dtype`'s policy; None: the current one) from a ModelConfig.
-
-    `check`: one tiny forward pass, so that a config that cannot run fails here (the trainer, which builds the
-    model inside a strategy's scope, skips it).
-    """
-    from txl_tf.model import TransformerXL
-
-    with dtype_policy(dtype):
-        model = TransformerXL(**model_config.model_kwargs(n_token))
-    if not check:
-        return model
-    tokens = tf.zeros([1, 2], tf.int32)
-    hidden, _ = model(tokens, mems=None, training=False)
-    model.nll(hidden, tokens)
-    return model
-
-
-def restore_weights(model, checkpoint_prefix: str) -> None:
-    """Restores `model` from a checkpoint saved as tf.train.Checkpoint(model=model); every weight must match."""
-    status = tf.train.Checkpoint(model=model).restore(checkpoint_prefix).expect_partial()
-    try:
-        status.assert_existing_objects_matched()
-    except AssertionError as error:
-        raise ConfigError(f"checkpoint {checkpoint_prefix} does not match the configured model "
-                          f"({errors.one_line(error)}); check ModelConfig in the gin config") from error
-
-
-def restore_newest(model, source: str, which: str = "latest", log=None, found=None) -> str:
-    """Restores the newest checkpoint of `source` (prefix or model_dir) that restores intact; returns its prefix.
-
-    `found`: `find_checkpoints(source, which)` when the caller has it already. Broken newer checkpoints are
-    skipped with one line each on `log` (stderr); errors.UserError when none restores.
-    """
-    found = find_checkpoints(source, which) if found is None else found
-    restore_fn = functools.partial(restore_weights, model)
-    restored = restore_first(found, restore_fn)
-    if restored.prefix is None:
-        own = found and os.path.normpath(os.path.dirname(found[0].prefix)) == os.path.normpath(source)
-        best = intact_best(source, restore_fn) if which == "latest" and own else None
-        raise RunDirError(f"no checkpoint of {source} restores intact ({restored.skipped_text()}); restore "
-                          "the files or pass another --checkpoint"
-                          + (f"; {best} restores intact: pass --which=best to use it" if best else ""))
-    for line in restored.skipped:
-        (log or functools.partial(print, file=sys.stderr))(f"warning: {line}; using {restored.prefix}")
-    return restored.prefix
-
-
-def vocab_size(data_config: DataConfig) -> int | None:
-    """The vocabulary size of the prepared data, or None when the data directory is absent."""
-    if not data_config.data_dir or not os.path.isdir(data_config.data_dir):
-        return None
-    from txl_tf.data.pipeline import load_vocab
-
-    return len(load_vocab(data_config.data_dir))
-
-
-def load_model(model_dir: str | None = None, checkpoint: str | None = None, *, which: str = "latest",
-               gin_files: Sequence[str] = (), gin_params: Sequence[str] = (), dtype: str | None = None,
-               configs: Configs | None = None):
-    """Parses the configs (unless given), rebuilds the model and restores it. Returns (model, configs, prefix).
-
-    `checkpoint` (a prefix or a directory) defaults to `model_dir`; the newest checkpoint that restores intact
-    is used. The vocabulary size comes from ModelConfig.n_token, else from the prepared data in
-    DataConfig.data_dir.
-    """
-    source = checkpoint or model_dir
-    if not source:
-        raise ConfigError("give --model_dir (or --checkpoint with --gin_file)")
-    if configs is None:
-        configs = parse_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
-    n_token = configs.model.n_token or vocab_size(configs.data)
-    if n_token is None:
-        raise ConfigError(f"the vocabulary size is unknown: bind ModelConfig.n_token or prepare the data in "
-                          f"DataConfig.data_dir={configs.data.data_dir!r}")
-    found = find_checkpoints(source, which)  # a missing checkpoint is reported before the model is built
-    model = build_model(configs.model, n_token, dtype=dtype)
-    prefix = restore_newest(model, source, which, found=found)
-    return model, configs, prefix
-
-
-# ---- the entry points' flags ------------------------------------------------------------------------------
-def define_model_flags(flag_values=None) -> None:
-    """Defines the entry points' shared flags: --model_dir, --checkpoint, --which, --gin_file, --gin_param."""
-    from absl import flags
-
-    fv = flag_values or flags.FLAGS
-    if "model_dir" in fv:  # already defined by another entry point imported in this process
-        return
-    flags.DEFINE_string("model_dir", None, "Training directory (config.gin + checkpoints).", flag_values=fv)
-    flags.DEFINE_string("checkpoint", None, "Checkpoint prefix or directory (default: --model_dir), e.g. the "
-                        "output_dir of `python -m txl_tf.convert`.", flag_values=fv)
-    flags.DEFINE_enum("which", "latest", ["latest", "best"], "Checkpoint of a model_dir: the latest or best/.",
-                      flag_values=fv)
-    flags.DEFINE_multi_string("gin_file", [], "Gin files read after model_dir/config.gin.", flag_values=fv)
-    flags.DEFINE_multi_string("gin_param", [], "Gin bindings applied last, e.g. EvalConfig.mem_len=800.",
-                              flag_values=fv)
-
-
-def load_model_from_flags(flag_values=None, **kwargs):
-    """`load_model` with the flags of `define_model_flags`; returns (model, configs, checkpoint prefix)."""
-    from absl import flags
-
-    fv = flag_values or flags.FLAGS
-    if not fv.model_dir and not fv.checkpoint:
-        raise ConfigError("give --model_dir (or --checkpoint with --gin_file)")
-    return load_model(fv.model_dir, fv.checkpoint, which=fv.which, gin_files=fv.gin_file,
-                      gin_params=fv.gin_param, **kwargs)

@@ -23,11 +23,10 @@ import sys
 import time
 from collections.abc import Sequence
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from absl import flags
 
-from txl_tf import errors, run_dir  # noqa: E402
-from txl_tf.errors import ConfigError  # noqa: E402
+from txl_tf import cli, errors, loading, run_dir
+from txl_tf.errors import ConfigError
 
 AXES = ("tgt_len", "mem_len", "clamp_len", "same_length", "batch_size")
 _BOOLEANS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
@@ -70,7 +69,7 @@ def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_pa
     from txl_tf.data.pipeline import load_vocab, read_split
 
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    configs = run_dir.parse_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
+    configs = run_dir.read_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
     base = configs.eval
     if base.protocol != "xl":
         raise ConfigError(f"the sweep varies the Transformer-XL protocol; EvalConfig.protocol={base.protocol!r}")
@@ -78,7 +77,7 @@ def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_pa
     evaluation.check_split(configs.data.data_dir, split, sorted({p.batch_size for p in points}), base.layout,
                            name="batch_size")  # EvalConfig.batch_size or a --grid value
     dtype = None if base.compute_dtype == "float32" else base.compute_dtype
-    model, configs, prefix = run_dir.load_model(model_dir, checkpoint, which=which, gin_files=gin_files,
+    model, configs, prefix = loading.load_model(model_dir, checkpoint, which=which, gin_files=gin_files,
                                                 gin_params=gin_params, dtype=dtype)
     tokens = read_split(configs.data.data_dir, split)
     level = load_vocab(configs.data.data_dir).level
@@ -120,27 +119,22 @@ def markdown(sweep: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def define_flags() -> None:
-    from absl import flags
-
-    run_dir.define_model_flags()
-    flags.DEFINE_string("split", "test", "Split of the prepared data to evaluate.")
-    flags.DEFINE_multi_string("grid", [], "FIELD=v1,v2,... for an EvalConfig field in " + ", ".join(AXES) + ".")
-    flags.DEFINE_string("markdown", None, "Also write the table to this markdown file.")
-    flags.DEFINE_string("json", None, "Also write the sweep (every row and setting) to this JSON file.")
+def define_flags(flag_values) -> None:
+    cli.define_model_flags(flag_values)
+    flags.DEFINE_string("split", "test", "Split of the prepared data to evaluate.", flag_values=flag_values)
+    flags.DEFINE_multi_string("grid", [], "FIELD=v1,v2,... for an EvalConfig field in " + ", ".join(AXES) + ".",
+                              flag_values=flag_values)
+    flags.DEFINE_string("markdown", None, "Also write the table to this markdown file.", flag_values=flag_values)
+    flags.DEFINE_string("json", None, "Also write the sweep (every row and setting) to this JSON file.",
+                        flag_values=flag_values)
 
 
 def main(argv) -> None:
     import logging
 
-    from absl import flags
-    from absl import logging as absl_logging
-
-    absl_logging.set_verbosity(absl_logging.ERROR)  # each grid point traces new shapes: TF's retracing warnings
-    logging.getLogger("tensorflow").setLevel(logging.ERROR)
+    logging.getLogger("tensorflow").setLevel(logging.ERROR)  # retracing warnings: each grid point has new shapes
     fv = flags.FLAGS
-    if len(argv) > 1:
-        raise ConfigError(f"unexpected arguments {argv[1:]}; see --helpshort")
+    cli.no_arguments(argv)
     if not fv.model_dir and not fv.checkpoint:
         raise ConfigError("give --model_dir (or --checkpoint with --gin_file)")
     for flag in ("markdown", "json"):
@@ -164,5 +158,4 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
-    define_flags()
-    errors.run(main)
+    cli.run(main, define_flags, verbosity="error")  # retracing warnings: each grid point has new shapes

@@ -14,30 +14,24 @@ folder, so `--gin_file=enwik8.gin` works from any directory; `include` lines res
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+from collections.abc import Callable
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from absl import flags
 
-from absl import flags  # noqa: E402
-from absl import logging as absl_logging  # noqa: E402
-
-from txl_tf import errors  # noqa: E402
-from txl_tf.distribute import STRATEGIES  # noqa: E402
-from txl_tf.errors import ConfigError, UserError  # noqa: E402
+from txl_tf import cli
+from txl_tf.distribute import STRATEGIES
+from txl_tf.errors import ConfigError, UserError
 
 FLAGS = flags.FLAGS
 
 
-def define_flags() -> None:
-    """The infrastructure flags; defined only when this module is the program (importing `run` defines none,
-    so other entry points with the same flag names can be imported beside it)."""
-    flags.DEFINE_multi_string("gin_file", [], "Gin config files, applied in order (e.g. gin/enwik8.gin).")
-    flags.DEFINE_multi_string("gin_param", [], "Gin bindings applied after the files, e.g. "
-                              "TrainConfig.train_steps=10.")
-    flags.DEFINE_string("model_dir", None, "Checkpoints, config.gin and TensorBoard logs (default runs/<gin name>).")
-    flags.DEFINE_enum("strategy", "default", list(STRATEGIES), "tf.distribute strategy.")
-    flags.DEFINE_string("tpu", None, "TPU name or address for --strategy=tpu.")
+def define_flags(flag_values) -> None:
+    """The infrastructure flags (everything else is a gin binding)."""
+    cli.define(flag_values, "gin_file", "gin_param", "model_dir")
+    flags.DEFINE_enum("strategy", "default", list(STRATEGIES), "tf.distribute strategy.", flag_values=flag_values)
+    flags.DEFINE_string("tpu", None, "TPU name or address for --strategy=tpu.", flag_values=flag_values)
 
 
 class WorkerLostError(UserError):
@@ -49,9 +43,50 @@ def default_model_dir(gin_files) -> str:
     return os.path.join("runs", name)
 
 
+def training_batches(strategy, data_dir: str, train_config) -> Callable[[int], object]:
+    """The trainer's `dataset_fn`: the prepared train split of `data_dir` as distributed batches from a step on
+    (txl_tf.data.pipeline.distribute_dataset; the streams rotate per epoch with TrainConfig.rotate_streams)."""
+    from txl_tf.data import pipeline
+
+    rotate_seed = train_config.seed if train_config.rotate_streams else None
+
+    def dataset_fn(start_step: int):
+        return pipeline.distribute_dataset(strategy, data_dir, "train", train_config.batch_size,
+                                           train_config.tgt_len, start_step=start_step, rotate_seed=rotate_seed)
+
+    return dataset_fn
+
+
+def check_configs(model_dir: str, gin_files, gin_params):
+    """(the run directory's saved configs or None, this command's configs: exactly these files and bindings).
+
+    A change of the architecture or the saved state is refused (ConfigError), other changes are printed in one
+    line (this command's values are used); the prepared data must exist.
+    """
+    from txl_tf import configs, run_dir
+
+    saved = run_dir.saved_configs(model_dir)
+    made = configs.parse_configs(gin_files, gin_params)
+    if saved is not None:
+        # The kernels get their own line once the trainer knows which it runs (`kernels_change`).
+        changes = [c for c in configs.compare_configs(model_dir, saved, made)
+                   if not c.startswith("TrainConfig.kernels")]
+        if changes:
+            print(f"{len(changes)} binding(s) differ from {os.path.join(model_dir, run_dir.CONFIG_FILE)} "
+                  f"(this command's values are used): {'; '.join(changes)}", flush=True)
+    data = made.data
+    if not os.path.isdir(data.data_dir):
+        raise ConfigError(
+            f"DataConfig.data_dir={data.data_dir!r} does not exist; prepare it with "
+            f"`python -m txl_tf.data.prepare --dataset={data.dataset} --data_dir={data.data_dir}` "
+            "or set --gin_param=\"DATA_DIR='...'\"")
+    return saved, made
+
+
 def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=None) -> dict:
-    """Checks the configuration (and a run directory's saved one), builds the strategy, the trainer (the step)
-    and the controller (the loop, with the evaluation and sample actions) and trains.
+    """Checks the configuration (and a run directory's saved one) and puts the run together: the strategy, the
+    global seeds, the vocabulary and training batches of the prepared data, the trainer (the step), its restored
+    state, the checkpoint managers and the controller (the loop, with the evaluation and sample actions); trains.
 
     Returns the last metrics. Expected user errors raise txl_tf.errors.UserError before anything is written.
     """
@@ -59,34 +94,40 @@ def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=Non
 
     from txl_tf import distribute, run_dir
     from txl_tf.controller import Controller, default_actions
+    from txl_tf.data import pipeline
     from txl_tf.run_lock import RunLock
-    from txl_tf.trainer import Trainer
+    from txl_tf.trainer import Trainer, set_global_seeds
 
     if not gin_files:
         raise ConfigError("no --gin_file given; pass a setup, e.g. --gin_file=gin/sample.gin")
     model_dir = model_dir or default_model_dir(gin_files)
-    saved = run_dir.saved_configs(model_dir)
-    made = run_dir.parse_configs(gin_files=gin_files, gin_params=gin_params)  # exactly these files and bindings
-    if saved is not None:
-        changes = run_dir.compare_configs(model_dir, saved, made)
-        if changes:
-            print(f"{len(changes)} binding(s) differ from {os.path.join(model_dir, run_dir.CONFIG_FILE)} "
-                  f"(this command's values are used): {'; '.join(changes)}", flush=True)
+    saved, made = check_configs(model_dir, gin_files, gin_params)
     data_config = made.data
-    if not os.path.isdir(data_config.data_dir):
-        raise ConfigError(
-            f"DataConfig.data_dir={data_config.data_dir!r} does not exist; prepare it with "
-            f"`python -m txl_tf.data.prepare --dataset={data_config.dataset} --data_dir={data_config.data_dir}` "
-            "or set --gin_param=\"DATA_DIR='...'\"")
-    strategy_obj = distribute.make_strategy(strategy, tpu)
+    strategy_obj = distribute.make_strategy(strategy, tpu)  # before other TensorFlow work (multi-worker needs it)
+    vocab = pipeline.load_vocab(data_config.data_dir)
+    if made.model.n_token is not None:
+        pipeline.check_vocab_size(data_config.data_dir, made.model.n_token)
+    chief = distribute.is_chief(strategy_obj)
     # One writer per run directory (the chief's; other workers write only their own temporary folders).
-    with RunLock(model_dir) if distribute.is_chief(strategy_obj) else contextlib.nullcontext():
-        trainer = Trainer(made.model, data_config, made.train, strategy=strategy_obj)
-        controller = Controller(trainer, model_dir=model_dir, actions=default_actions(trainer, made.eval),
-                                config_str=gin.operative_config_str())
+    with RunLock(model_dir) if chief else contextlib.nullcontext():
+        set_global_seeds(made.train)
+        trainer = Trainer(made.model, made.train, strategy=strategy_obj, n_token=len(vocab),
+                          dataset_fn=training_batches(strategy_obj, data_config.data_dir, made.train))
+        change = kernels_change(model_dir, saved, trainer.kernels)
+        if change:
+            print(change, flush=True)
         print(f"training in {model_dir} with strategy {strategy} ({strategy_obj.num_replicas_in_sync} replica(s))",
               flush=True)
         try:
+            run_dir.resume_training(model_dir, trainer.restore_checkpoint, chief=chief,
+                                    log=functools.partial(print, flush=True))
+            checkpoints = run_dir.checkpoint_managers(trainer.checkpoint, model_dir, strategy=strategy_obj,
+                                                      step_counter=trainer.step_var,
+                                                      keep=made.train.keep_checkpoints)
+            controller = Controller(
+                trainer, checkpoints, model_dir=model_dir, level=vocab.level,
+                actions=default_actions(trainer, made.eval, data_dir=data_config.data_dir, vocab=vocab),
+                config_str=with_kernels(gin.operative_config_str(), made.train.kernels, trainer))
             return controller.train()
         except Exception as error:  # noqa: BLE001  (re-raised unless a multi-worker peer was lost)
             lost = distribute.lost_worker(error, strategy_obj)
@@ -101,13 +142,36 @@ def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=Non
                 "to resume from it") from None
 
 
+_KERNELS_TEXT = {"tf": "TensorFlow's ops", "fused": "the fused kernels"}
+
+
+def with_kernels(config_str: str, requested: str, trainer) -> str:
+    """The config.gin text of a run: `config_str`, plus a binding of the kernels the trainer runs when they are
+    not the requested ones (`Trainer.kernels_fallback` says why), so the file records the path that trained."""
+    if trainer.kernels == requested:
+        return config_str
+    return (f"{config_str.rstrip()}\n\n# TrainConfig.kernels={requested!r} was asked for, but "
+            f"{trainer.kernels_fallback}: this run trained with {_KERNELS_TEXT[trainer.kernels]}.\n"
+            f"TrainConfig.kernels = {trainer.kernels!r}\n")
+
+
+def kernels_change(model_dir: str, saved, kernels: str) -> str | None:
+    """The one line a resumed run prints when its saved config.gin (`saved`, None for a new run) recorded other
+    kernels than `kernels` (the trainer's): the two paths' dropout draws other masks, so the run from here is no
+    longer the one an uninterrupted run would have been. None otherwise (also when no checkpoint exists yet)."""
+    from txl_tf import run_dir
+
+    if saved is None or saved.train.kernels == kernels or not run_dir.candidates(model_dir):
+        return None
+    return (f"{model_dir} trained with {_KERNELS_TEXT[saved.train.kernels]} ({run_dir.CONFIG_FILE}) and resumes "
+            f"with {_KERNELS_TEXT[kernels]}: from here its weights are no longer bit for bit those of an "
+            "uninterrupted run")
+
+
 def main(argv):
-    if len(argv) > 1:
-        raise ConfigError(f"unexpected arguments {argv[1:]}; give settings as --gin_param (see --helpshort)")
-    absl_logging.set_verbosity(absl_logging.WARNING)  # gin's and TF's INFO lines (one per collective) drown the log
+    cli.no_arguments(argv, "give settings as --gin_param (see --helpshort)")
     run(FLAGS.gin_file, FLAGS.gin_param, FLAGS.model_dir, FLAGS.strategy, FLAGS.tpu)
 
 
 if __name__ == "__main__":
-    define_flags()
-    errors.run(main)
+    cli.run(main, define_flags)

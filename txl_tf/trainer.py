@@ -1,7 +1,10 @@
 """The training step: Transformer-XL under `tf.distribute`, the optimizer and the state a checkpoint holds.
 
 `Trainer` is the inner part of training (like orbit's StandardTrainer); `txl_tf.controller.Controller` is the
-outer loop that decides when to train, evaluate, checkpoint, summarise and stop.
+outer loop that decides when to train, evaluate, checkpoint, summarise and stop. The trainer gets what it uses:
+the configs, the strategy, the vocabulary size and `dataset_fn(start_step)`, the training batches from a step on
+(txl_tf.train builds them from the prepared data; a test can pass an in-memory `tf.data.Dataset`). The global
+seeds are the caller's: `set_global_seeds` before the trainer is made.
 
 One host loop (`train_loop`) is one call of a `tf.function` that runs `strategy.run(step)` for up to `num_steps`
 steps (`tf.range`). Each replica owns a fixed block of the global batch's streams and carries its own memory
@@ -27,17 +30,33 @@ variables; call it (on every worker) before saving.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
+from collections.abc import Callable
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from txl_tf import distribute, run_dir, schedules
-from txl_tf.configs import DataConfig, ModelConfig, TrainConfig
+from txl_tf import configs, distribute, fused, loading, schedules
+from txl_tf.configs import ModelConfig, TrainConfig
 from txl_tf.errors import ConfigError, UserError
+from txl_tf.state import Memory
 
 NONFINITE_MODES = ("stop", "skip")
+# dataset_fn(start_step): (inputs, targets) global batches [B, L] int32 of steps start_step, start_step + 1, ...:
+# distributed (txl_tf.data.pipeline.distribute_dataset: replica r gets streams [r*B/R, (r+1)*B/R)), or, with one
+# replica, a plain tf.data.Dataset.
+DatasetFn = Callable[[int], "tf.data.Dataset | tf.distribute.DistributedDataset"]
+
+
+def set_global_seeds(config: TrainConfig) -> None:
+    """Seeds Python, NumPy, Keras and TensorFlow with TrainConfig.seed and, with TrainConfig.deterministic, makes
+    TensorFlow's ops deterministic. Call it before making the Trainer: the initial weights and the dropout
+    streams come from these seeds."""
+    keras.utils.set_random_seed(config.seed)
+    if config.deterministic:
+        tf.config.experimental.enable_op_determinism()
 
 
 class NonFiniteLossError(UserError, RuntimeError):
@@ -65,33 +84,30 @@ class LoopStats:
 
 
 class Trainer:
-    """The model, optimizer, training data and distributed step of one run.
+    """The model, optimizer and distributed step of one run, fed by the batches it is given.
 
     Args:
-      model_config, data_config, train_config: the gin dataclasses.
+      model_config, train_config: the gin dataclasses.
       strategy: a `tf.distribute.Strategy` (see txl_tf.distribute.make_strategy).
+      dataset_fn: `dataset_fn(start_step)` gives the training batches from `start_step` on (see `DatasetFn`); the
+        batch of a step must be a pure function of the step, so that a resumed run sees what an uninterrupted
+        one would have.
+      n_token: the vocabulary size (None: ModelConfig.n_token, which must then be bound).
 
     Use: `start(step)` once (the data position and the memory), then `train_loop(num_steps)` per host loop.
+
+    `kernels` is the path the steps run, "tf" or "fused": TrainConfig.kernels, or "tf" where the fused kernels
+    cannot run in this process (`kernels_fallback` then says why; None otherwise).
     """
 
-    def __init__(self, model_config: ModelConfig, data_config: DataConfig, train_config: TrainConfig, *,
-                 strategy: tf.distribute.Strategy):
-        self.model_config, self.data_config, self.config = model_config, data_config, train_config
-        self.strategy = strategy
+    def __init__(self, model_config: ModelConfig, train_config: TrainConfig, *, strategy: tf.distribute.Strategy,
+                 dataset_fn: DatasetFn, n_token: int | None = None):
+        self.model_config, self.config = model_config, train_config
+        self.strategy, self.dataset_fn = strategy, dataset_fn
         self._check_config()
-
-        from txl_tf.data import pipeline
-
-        self.pipeline = pipeline
-        data_dir = data_config.data_dir
-        self.vocab = pipeline.load_vocab(data_dir)
-        self.n_token = len(self.vocab)
-        if model_config.n_token is not None:
-            pipeline.check_vocab_size(data_dir, model_config.n_token)
-
-        keras.utils.set_random_seed(train_config.seed)
-        if train_config.deterministic:
-            tf.config.experimental.enable_op_determinism()
+        self.n_token = n_token if n_token is not None else model_config.n_token
+        if self.n_token is None:
+            raise ConfigError("the vocabulary size is unknown: bind ModelConfig.n_token or give the trainer n_token")
         self.global_batch = train_config.batch_size
         self.replicas = strategy.num_replicas_in_sync
         self.replica_batch = self.global_batch // self.replicas
@@ -118,11 +134,35 @@ class Trainer:
             raise ConfigError("TrainConfig.loss_recent_half needs tgt_len >= 2")
         if c.mixed_precision not in (True, False, "auto"):
             raise ConfigError(f"TrainConfig.mixed_precision must be True, False or 'auto'; got {c.mixed_precision!r}")
+        if c.kernels not in fused.KERNELS:
+            raise ConfigError(f"TrainConfig.kernels must be one of {fused.KERNELS}; got {c.kernels!r}")
+        configs.check_kernels(c)
+
+    def _resolve_kernels(self) -> tuple[str, str | None]:
+        """(the kernels this trainer's steps run, why that is not TrainConfig.kernels or None), decided once here.
+
+        "fused" runs where the strategy computes on CPUs only and the kernels build and load (`fused.unavailable`);
+        otherwise the step runs TensorFlow's ops and one warning says why.
+        """
+        if self.config.kernels == "tf":
+            return "tf", None
+        accelerators = distribute.device_kinds(self.strategy) & {"GPU", "TPU"}
+        if accelerators:
+            why = f"the strategy computes on {' and '.join(sorted(accelerators))} and the kernels are CPU-only"
+        else:
+            why = fused.unavailable()
+        if why is None:
+            return "fused", None
+        logging.warning("txl_tf: TrainConfig.kernels='fused' but %s; training with TensorFlow's ops "
+                        "(TrainConfig.kernels='tf' silences this)", why)
+        return "tf", why
 
     def _build(self) -> None:
+        self.kernels, self.kernels_fallback = self._resolve_kernels()
         policy = "mixed_bfloat16" if self.mixed_precision else "float32"
-        with run_dir.dtype_policy(policy), self.strategy.scope():
-            self.model = run_dir.build_model(self.model_config, self.n_token, check=False)
+        with loading.dtype_policy(policy), self.strategy.scope():
+            self.model = loading.build_model(self.model_config, self.n_token, check=False,
+                                             fused_kernels=self.kernels == "fused")
             self.schedule = schedules.learning_rate_schedule(self.config)
             self.optimizer = schedules.make_optimizer(self.config, self.schedule)
             self.optimizer.build(self.model.trainable_variables)
@@ -155,14 +195,14 @@ class Trainer:
         self.checkpoint.restore(prefix).assert_existing_objects_matched()
 
     def start(self, step: int) -> None:
-        """Positions the training data at `step` and sets the memory: the restored one when resuming at a step > 0
-        with TrainConfig.checkpoint_memory, else zeros."""
-        c = self.config
-        resume_memory = step and c.checkpoint_memory
+        """Positions the training data at `step` (`dataset_fn(step)`) and sets the memory: the restored one when
+        resuming at a step > 0 with TrainConfig.checkpoint_memory, else zeros."""
+        resume_memory = step and self.config.checkpoint_memory
         self.mems = self._distribute_mems(self.saved_mems if resume_memory else tf.zeros_like(self.saved_mems))
-        dataset = self.pipeline.distribute_dataset(
-            self.strategy, self.data_config.data_dir, "train", self.global_batch, c.tgt_len, start_step=step,
-            rotate_seed=c.seed if c.rotate_streams else None)
+        dataset = self.dataset_fn(step)
+        if isinstance(dataset, tf.data.Dataset) and self.replicas > 1:
+            raise ValueError(f"dataset_fn gave a tf.data.Dataset, which feeds one replica; for the {self.replicas} "
+                             "replicas give a distributed dataset (txl_tf.data.pipeline.distribute_dataset)")
         self._iterator = iter(dataset)
 
     def request_stop(self) -> None:
@@ -200,7 +240,8 @@ class Trainer:
         for c in range(chunks):  # each chunk = a contiguous block of streams with its own memory rows
             part = slice(c * rows, (c + 1) * rows)
             with tf.GradientTape() as tape:
-                hidden, chunk_mems = self.model(inputs[part], mems=mems[:, part], training=True)  # [b, L, d]
+                hidden, chunk_memory = self.model(inputs[part], Memory(mems).select_rows(part.start, part.stop),
+                                                  training=True)  # [b, L, d]
                 nll = self.model.nll(hidden, targets[part]) * weights  # [b, L] float32
                 chunk_sum = tf.reduce_sum(nll)
                 loss = chunk_sum / global_tokens
@@ -209,8 +250,8 @@ class Trainer:
                 chunk_grads = [tf.convert_to_tensor(g) for g in chunk_grads]
             grads = chunk_grads if grads is None else [a + b for a, b in zip(grads, chunk_grads, strict=True)]
             nll_sum += chunk_sum
-            new_mems.append(chunk_mems)
-        new_mems = new_mems[0] if chunks == 1 else tf.concat(new_mems, axis=1)  # [n, b_replica, M, d]
+            new_mems.append(chunk_memory.hidden)
+        new_mems = new_mems[0] if chunks == 1 else tf.concat(new_mems, axis=Memory.BATCH_AXIS)  # [n, b_replica, M, d]
         return nll_sum, grads, new_mems
 
     def _np_weights(self, length: int) -> np.ndarray:

@@ -17,12 +17,12 @@ from __future__ import annotations
 import io
 import os
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+import numpy as np
+import tensorflow as tf
+from absl import flags
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from txl_tf.protocol import Protocol  # noqa: E402
+from txl_tf import cli, loading
+from txl_tf.protocol import Protocol
 
 
 def distance_sums(probs: tf.Tensor, max_distance: int) -> tf.Tensor:
@@ -187,15 +187,26 @@ def average_attention(model, tokens, *, tgt_len: int, protocol: Protocol, batch_
     return acc.result()
 
 
-def _main(argv):
-    del argv
-    from absl import flags
+def define_flags(flag_values) -> None:
+    fv = flag_values
+    cli.define_model_flags(fv)
+    flags.DEFINE_string("split", "valid", "Split to average over.", flag_values=fv)
+    flags.DEFINE_integer("max_segments", 20, "Segments averaged (after the memory is filled).", flag_values=fv)
+    flags.DEFINE_integer("max_distance", 0, "Distances plotted (0: every reachable one, mem_len + 1 with "
+                         "same_length, else mem_len + tgt_len).", flag_values=fv)
+    flags.DEFINE_enum("scale", "log", ["linear", "log"], "Colour scale (log shows far-reaching heads).",
+                      flag_values=fv)
+    flags.DEFINE_string("output", "attention_map.png", "PNG path (the array is saved beside it as .npy).",
+                        flag_values=fv)
+    flags.DEFINE_string("logdir", None, "TensorBoard directory (default: model_dir/analysis).", flag_values=fv)
 
-    from txl_tf import run_dir
+
+def main(argv):
     from txl_tf.data.pipeline import read_split
 
+    cli.no_arguments(argv)
     cfg = flags.FLAGS
-    model, configs, prefix = run_dir.load_model_from_flags(cfg)
+    model, configs, prefix = loading.load_model_from_flags(cfg)
     protocol = configs.eval
     tokens = read_split(configs.data.data_dir, cfg.split)
     attention = average_attention(
@@ -217,21 +228,5 @@ def _main(argv):
               + " ".join(f"{m:.2f}" for m in near[layer]))
 
 
-def main():
-    from absl import flags
-
-    from txl_tf import errors, run_dir
-
-    run_dir.define_model_flags()
-    flags.DEFINE_string("split", "valid", "Split to average over.")
-    flags.DEFINE_integer("max_segments", 20, "Segments averaged (after the memory is filled).")
-    flags.DEFINE_integer("max_distance", 0, "Distances plotted (0: every reachable one, mem_len + 1 with "
-                         "same_length, else mem_len + tgt_len).")
-    flags.DEFINE_enum("scale", "log", ["linear", "log"], "Colour scale (log shows far-reaching heads).")
-    flags.DEFINE_string("output", "attention_map.png", "PNG path (the array is saved beside it as .npy).")
-    flags.DEFINE_string("logdir", None, "TensorBoard directory (default: model_dir/analysis).")
-    errors.run(_main)
-
-
 if __name__ == "__main__":
-    main()
+    cli.run(main, define_flags)

@@ -28,6 +28,10 @@ from collections.abc import Sequence
 from itertools import pairwise
 
 import numpy as np
+from absl import flags
+
+from txl_tf import cli
+from txl_tf.errors import ConfigError
 
 PAPER_RATIOS = (0.1, 0.5, 1.0)
 PAPER_STEP = 100
@@ -159,10 +163,23 @@ def format_table(names: Sequence[str], results: Sequence[ReclResult]) -> str:
     return "\n".join(lines)
 
 
-def _main(argv):
-    del argv
-    from absl import flags
+def define_flags(flag_values) -> None:
+    fv = flag_values
+    flags.DEFINE_multi_string("model", None, "NAME=PATTERN; PATTERN is a token-loss file path with {c} for "
+                              "the context length (.npy or text, one loss per line, corpus order).", flag_values=fv)
+    flags.DEFINE_list("contexts", [], "Context lengths (ascending); default: range(start, stop + 1, step).",
+                      flag_values=fv)
+    flags.DEFINE_integer("start", PAPER_STEP, "Shortest context length when --contexts is not given.",
+                         flag_values=fv)
+    flags.DEFINE_integer("stop", 1000, "Longest context length when --contexts is not given.", flag_values=fv)
+    flags.DEFINE_integer("step", PAPER_STEP, "Step between context lengths (the paper's Delta).", flag_values=fv)
+    flags.DEFINE_list("r", [str(r) for r in PAPER_RATIOS], "Ratios of hardest tokens compared.", flag_values=fv)
+    flags.DEFINE_float("threshold", GAIN_THRESHOLD, "Relative gain below which the search stops.", flag_values=fv)
+    flags.mark_flag_as_required("model", flag_values=fv)
 
+
+def main(argv):
+    cli.no_arguments(argv)
     cfg = flags.FLAGS
     if cfg.contexts:
         contexts = [int(c) for c in cfg.contexts]
@@ -172,7 +189,7 @@ def _main(argv):
     for spec in cfg.model:
         name, sep, pattern = spec.partition("=")
         if not sep or not name or not pattern:
-            raise ValueError(f"--model must be NAME=PATTERN (PATTERN with {{c}}); got {spec!r}")
+            raise ConfigError(f"--model must be NAME=PATTERN (PATTERN with {{c}}); got {spec!r}")
         patterns[name] = pattern
     losses = load_group(patterns, contexts)
     print(f"{losses.shape[0]} models, context lengths {contexts}, {losses.shape[2]} tokens each")
@@ -186,22 +203,5 @@ def _main(argv):
     print(format_table(list(patterns), results))
 
 
-def main():
-    from absl import flags
-
-    from txl_tf import errors
-
-    flags.DEFINE_multi_string("model", [], "NAME=PATTERN; PATTERN is a token-loss file path with {c} for "
-                              "the context length (.npy or text, one loss per line, corpus order).")
-    flags.DEFINE_list("contexts", [], "Context lengths (ascending); default: range(start, stop + 1, step).")
-    flags.DEFINE_integer("start", PAPER_STEP, "Shortest context length when --contexts is not given.")
-    flags.DEFINE_integer("stop", 1000, "Longest context length when --contexts is not given.")
-    flags.DEFINE_integer("step", PAPER_STEP, "Step between context lengths (the paper's Delta).")
-    flags.DEFINE_list("r", [str(r) for r in PAPER_RATIOS], "Ratios of hardest tokens compared.")
-    flags.DEFINE_float("threshold", GAIN_THRESHOLD, "Relative gain below which the search stops.")
-    flags.mark_flag_as_required("model")
-    errors.run(_main)
-
-
 if __name__ == "__main__":
-    main()
+    cli.run(main, define_flags)

@@ -24,35 +24,42 @@ import time
 
 from absl import flags
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from txl_tf import errors  # noqa: E402
-from txl_tf.data import corpora, records, sources  # noqa: E402
-from txl_tf.errors import ConfigError  # noqa: E402
+from txl_tf import cli, errors
+from txl_tf.data import corpora, records, sources
+from txl_tf.errors import ConfigError
 
 MIN_SPLIT_TOKENS = 2  # an input and its target
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("dataset", None, sorted(corpora.RECIPES), "Which corpus to prepare.")
-flags.DEFINE_string("data_dir", None, "Output directory (created; must not exist unless --overwrite).")
-flags.DEFINE_string("source", None, "Local archive/file/directory or URL instead of the official source.")
-flags.DEFINE_string("source_sha256", None, "Expected sha256 of the --source file (or download).")
-flags.DEFINE_string("vocab_source", None, "lm1b: the 1b_word_vocab.txt file or URL.")
-flags.DEFINE_string("cache_dir", None, "Download cache (default $TXL_TF_CACHE or ~/.cache/txl_tf).")
-flags.DEFINE_boolean("keep_newlines", None,
-                     "Char level: keep newline bytes as a symbol (default: dropped for enwik8/enwik8_sample "
-                     "as in the original, kept for --dataset=text).")
-flags.DEFINE_enum("level", "char", ["char", "word"], "--dataset=text: character (byte) or word level.")
-flags.DEFINE_integer("seed", 1234, "lm1b: seed of the training-sentence shuffle.")
-flags.DEFINE_boolean("verify_source", True,
-                     "Check sizes/checksums/counts known for the official corpora.")
-flags.DEFINE_boolean("overwrite", False, "Replace an existing --data_dir that holds a prepared dataset (never "
-                     "another directory).")
-flags.DEFINE_string("vocab_from", None, "--dataset=text: a prepared data_dir whose vocabulary (and level) to use.")
-flags.DEFINE_string("from_original_cache", None,
-                    "The authors' cache.pkl (with corpus-info.json beside it): prepare exactly its vocabulary and "
-                    "ids; the dataset comes from the cache.")
+
+
+def define_flags(flag_values) -> None:
+    fv = flag_values
+    flags.DEFINE_enum("dataset", None, sorted(corpora.RECIPES), "Which corpus to prepare.", flag_values=fv)
+    flags.DEFINE_string("data_dir", None, "Output directory (created; must not exist unless --overwrite).",
+                        flag_values=fv)
+    flags.DEFINE_string("source", None, "Local archive/file/directory or URL instead of the official source.",
+                        flag_values=fv)
+    flags.DEFINE_string("source_sha256", None, "Expected sha256 of the --source file (or download).", flag_values=fv)
+    flags.DEFINE_string("vocab_source", None, "lm1b: the 1b_word_vocab.txt file or URL.", flag_values=fv)
+    flags.DEFINE_string("cache_dir", None, "Download cache (default $TXL_TF_CACHE or ~/.cache/txl_tf).",
+                        flag_values=fv)
+    flags.DEFINE_boolean("keep_newlines", None,
+                         "Char level: keep newline bytes as a symbol (default: dropped for enwik8/enwik8_sample "
+                         "as in the original, kept for --dataset=text).", flag_values=fv)
+    flags.DEFINE_enum("level", "char", ["char", "word"], "--dataset=text: character (byte) or word level.",
+                      flag_values=fv)
+    flags.DEFINE_integer("seed", 1234, "lm1b: seed of the training-sentence shuffle.", flag_values=fv)
+    flags.DEFINE_boolean("verify_source", True, "Check sizes/checksums/counts known for the official corpora.",
+                         flag_values=fv)
+    flags.DEFINE_boolean("overwrite", False, "Replace an existing --data_dir that holds a prepared dataset (never "
+                         "another directory).", flag_values=fv)
+    flags.DEFINE_string("vocab_from", None, "--dataset=text: a prepared data_dir whose vocabulary (and level) to "
+                        "use.", flag_values=fv)
+    flags.DEFINE_string("from_original_cache", None,
+                        "The authors' cache.pkl (with corpus-info.json beside it): prepare exactly its vocabulary "
+                        "and ids; the dataset comes from the cache.", flag_values=fv)
+    flags.mark_flags_as_required(["data_dir"], flag_values=fv)
 
 
 def request_of(dataset: str, settings: corpora.Settings) -> dict:
@@ -130,7 +137,7 @@ def prepare(dataset: str, data_dir: str, settings: corpora.Settings, overwrite: 
 
 
 def main(argv):
-    del argv
+    cli.no_arguments(argv)
     settings = corpora.Settings(
         source=FLAGS.source,
         cache_dir=FLAGS.cache_dir or sources.default_cache_dir(),
@@ -160,5 +167,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    flags.mark_flags_as_required(["data_dir"])
-    errors.run(main)
+    cli.run(main, define_flags)

@@ -18,6 +18,9 @@ _DROPPED = -2
 class TFTokenizer(tf.Module):
     """`tf_encode(strings [N]) -> tf.RaggedTensor int32 [N, (T)]`, equal to `[vocab.encode(s) for s in strings]`.
 
+    Unknown symbols (where the vocabulary has no unk) raise InvalidArgumentError. The lookup tables are tracked,
+    so the tokenizer can live inside a SavedModel.
+
     Args:
       vocab: the `Vocab` to reproduce.
     """

@@ -9,8 +9,9 @@ for the newline (WikiText, PTB) and lm1b's `<S>` brackets every sentence. A fina
 no end symbol (a prompt to be continued). Unknown words map to `unk` when the vocabulary has one (PTB `<unk>`,
 lm1b `<UNK>`), otherwise encoding raises.
 
-`tf_tokenizer(vocab)` gives the same ids inside a TensorFlow graph (tensorflow-text `WhitespaceTokenizer` and a
-`tf.lookup.StaticHashTable` for words, a byte lookup table for characters), so a SavedModel can take strings.
+`txl_tf.data.tf_tokenize.TFTokenizer(vocab)` gives the same ids inside a TensorFlow graph (tensorflow-text
+`WhitespaceTokenizer` and a `tf.lookup.StaticHashTable` for words, a byte lookup table for characters), so a
+SavedModel can take strings. This module does not import TensorFlow.
 """
 
 from __future__ import annotations
@@ -258,13 +259,3 @@ def char_vocab_from_bytes(splits: Sequence[np.ndarray], drop: Sequence[int] = ()
     order = np.lexsort((first[present], -counts[present]))
     return Vocab(present[order].tolist(), "char", drop=drop)
 
-
-def tf_tokenizer(vocab: Vocab):
-    """A `tf.Module` whose `tf_encode(strings)` maps a string tensor [N] to ragged int32 ids [N, (T)].
-
-    It gives exactly `vocab.encode(s)` for every string s; unknown symbols (where the vocabulary has no unk)
-    raise InvalidArgumentError. Its lookup tables are tracked, so it can live inside a SavedModel.
-    """
-    from txl_tf.data.tf_tokenize import TFTokenizer  # TensorFlow imported only when asked for
-
-    return TFTokenizer(vocab)

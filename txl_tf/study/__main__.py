@@ -18,34 +18,33 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from absl import flags
 
-from absl import app, flags  # noqa: E402
-from absl import logging as absl_logging  # noqa: E402
-
-from txl_tf.study import report  # noqa: E402
-from txl_tf.study.runs import log  # noqa: E402
-from txl_tf.study.studies import STUDIES, run  # noqa: E402
+from txl_tf import cli
+from txl_tf.study import report
+from txl_tf.study.runs import log
+from txl_tf.study.studies import STUDIES, run
 
 FLAGS = flags.FLAGS
 
 
-def define_flags() -> None:
-    flags.DEFINE_list("study", None, f"Studies to run, in order: {', '.join(STUDIES)}.")
-    flags.DEFINE_string("output_dir", None, "Where the runs, results.json, report.md and plots go.")
-    flags.DEFINE_boolean("quick", False, "Tiny models and a few steps: checks the whole pipeline in ~2 minutes.")
-    flags.DEFINE_string("data_root", "data", "Prepared corpora live in DATA_ROOT/<dataset> (prepared when missing).")
+def define_flags(flag_values) -> None:
+    flags.DEFINE_list("study", None, f"Studies to run, in order: {', '.join(STUDIES)}.", flag_values=flag_values)
+    flags.DEFINE_string("output_dir", None, "Where the runs, results.json, report.md and plots go.",
+                        flag_values=flag_values)
+    flags.DEFINE_boolean("quick", False, "Tiny models and a few steps: checks the whole pipeline in ~2 minutes.",
+                         flag_values=flag_values)
+    flags.DEFINE_string("data_root", "data", "Prepared corpora live in DATA_ROOT/<dataset> (prepared when "
+                        "missing).", flag_values=flag_values)
     flags.DEFINE_string("publish", None, "Also write PUBLISH/reproduction.md and PUBLISH/reproduction/ (e.g. docs), "
-                        "and nothing else.")
-    flags.DEFINE_string("readme", None, "Also rewrite the study summary block of this file (e.g. README.md).")
-    flags.mark_flags_as_required(["study", "output_dir"])
+                        "and nothing else.", flag_values=flag_values)
+    flags.DEFINE_string("readme", None, "Also rewrite the study summary block of this file (e.g. README.md).",
+                        flag_values=flag_values)
+    flags.mark_flags_as_required(["study", "output_dir"], flag_values=flag_values)
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    absl_logging.set_verbosity(absl_logging.WARNING)
+    cli.no_arguments(argv)
     report.check_publish(FLAGS.publish, FLAGS.readme)  # before any run: nothing is written when one is wrong
     document = run(FLAGS.study, FLAGS.output_dir, quick=FLAGS.quick, data_root=FLAGS.data_root)
     if FLAGS.publish or FLAGS.readme:
@@ -55,7 +54,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from txl_tf import errors
-
-    define_flags()
-    errors.run(main)
+    cli.run(main, define_flags)

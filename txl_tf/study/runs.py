@@ -186,9 +186,9 @@ def train_run(spec: RunSpec, run_dir: str, *, echo: bool = True) -> dict:
         attempts["attempts"] += 1
         _write_json(attempts_path, attempts)
         keras.backend.clear_session()
-    from txl_tf.run_dir import parse_configs
+    from txl_tf.run_dir import read_configs
 
-    planned = parse_configs(run_dir).train.train_steps
+    planned = read_configs(run_dir).train.train_steps
     gin.clear_config()
     if int(metrics["step"]) < planned:  # stopped on request (SIGTERM, Ctrl-C): resumable, not finished
         raise StudyError(f"{spec.name} stopped at step {metrics['step']} of {planned} (checkpoint saved in "
@@ -219,7 +219,7 @@ def cached_eval(run_dir: str, key: str, compute: Callable[[], tuple[np.ndarray, 
 
 def load_run_model(run_dir: str, gin_params: Sequence[str] = ()):
     """(model, configs) of a finished run, float32, from its config.gin and latest checkpoint."""
-    from txl_tf.run_dir import load_model
+    from txl_tf.loading import load_model
 
     model, configs, _ = load_model(run_dir, gin_params=gin_params)
     return model, configs

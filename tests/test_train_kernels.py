@@ -1,0 +1,99 @@
+"""The training step's kernels are a configuration choice (TrainConfig.kernels) that a run records: the same seed and
+gin file with the fused kernels give bitwise the same weights, config.gin holds the path that trained (also when the
+fused kernels cannot run and the trainer falls back to TensorFlow's ops), a resume on the other path says in one
+line that bitwise equality with an uninterrupted run no longer holds, and the fused kernels under XLA are a
+one-line configuration error. Training runs are real `python -m txl_tf.train` subprocesses."""
+
+import subprocess
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from train_utils import (
+    REPO_ROOT,
+    checkpoint_weights,
+    prepare_tiny_corpus,
+    run_training,
+    subprocess_env,
+    tiny_params,
+    train_command,
+)
+
+from txl_tf import fused
+from txl_tf.configs import TrainConfig
+from txl_tf.errors import ConfigError
+
+NOT_BITWISE = "from here its weights are no longer bit for bit those of an uninterrupted run"
+needs_compiler = pytest.mark.skipif(fused._compiler() is None,
+                                    reason="no C++ compiler to build the fused kernels (apt-get install g++)")
+
+
+@pytest.fixture(scope="module")
+def char_data(tmp_path_factory):
+    return prepare_tiny_corpus(str(tmp_path_factory.mktemp("data")), "char")
+
+
+def _params(data_dir, kernels, steps):
+    """Dropout on, so that the two paths' masks matter; a checkpoint every 2 steps."""
+    return tiny_params(data_dir, **{"TrainConfig.kernels": repr(kernels), "TrainConfig.train_steps": steps,
+                                    "TrainConfig.checkpoint_every": 2, "ModelConfig.dropout": 0.1,
+                                    "ModelConfig.dropatt": 0.1})
+
+
+def _weights(model_dir):
+    return checkpoint_weights(tf.train.latest_checkpoint(str(model_dir)))
+
+
+def test_fused_kernels_under_xla_and_unknown_kernels_are_one_line_errors():
+    with pytest.raises(ConfigError, match=r"^TrainConfig.kernels='fused' cannot run under "
+                                          r"TrainConfig.jit_compile=True \(XLA cannot compile custom ops\); set "):
+        TrainConfig(kernels="fused", jit_compile=True)
+    with pytest.raises(ConfigError, match=r"^TrainConfig.kernels='auto' must be one of 'tf', 'fused'; fix the "):
+        TrainConfig(kernels="auto")
+    assert TrainConfig().kernels == "tf" and TrainConfig(kernels="tf", jit_compile=True).jit_compile
+
+
+@needs_compiler
+@pytest.mark.slow  # five training subprocesses, ~10 s each on 2 cores
+def test_fused_runs_repeat_bitwise_and_a_resume_across_paths_says_so_once(char_data, tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    run_training(str(first), _params(char_data, "fused", 2))
+    run_training(str(second), _params(char_data, "fused", 2))
+    want, got = _weights(first), _weights(second)
+    assert want.keys() == got.keys() and want
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    assert "TrainConfig.kernels = 'fused'" in (first / "config.gin").read_text()
+
+    same = run_training(str(first), _params(char_data, "fused", 4))  # a resume on the same path: nothing extra
+    assert "resumed from" in same.stdout and NOT_BITWISE not in same.stdout + same.stderr, same.stdout
+
+    to_tf = run_training(str(second), _params(char_data, "tf", 4))
+    assert to_tf.stdout.count(NOT_BITWISE) == 1, to_tf.stdout
+    assert (f"{second} trained with the fused kernels (config.gin) and resumes with TensorFlow's ops: "
+            f"{NOT_BITWISE}") in to_tf.stdout
+    assert "TrainConfig.kernels = 'tf'" in (second / "config.gin").read_text()
+
+    to_fused = run_training(str(second), _params(char_data, "fused", 6))
+    assert to_fused.stdout.count(NOT_BITWISE) == 1, to_fused.stdout
+    assert (f"{second} trained with TensorFlow's ops (config.gin) and resumes with the fused kernels: "
+            f"{NOT_BITWISE}") in to_fused.stdout
+
+
+@pytest.mark.slow  # one training subprocess, ~10 s on 2 cores
+def test_without_the_kernels_a_fused_run_trains_with_tensorflows_ops_and_records_it(char_data, tmp_path):
+    """A compiler that fails (`false`): one warning naming why, the steps run TensorFlow's ops, and config.gin ends
+    with the binding of the path that trained, under a comment that says why."""
+    model_dir = tmp_path / "run"
+    env = {**subprocess_env(), "CXX": "false", "TXL_TF_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(train_command(str(model_dir), _params(char_data, "fused", 2)), cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "TrainConfig.kernels='fused' but" in line]
+    assert len(warnings) == 1 and "false failed; its output is in" in warnings[0], proc.stderr
+    assert "training with TensorFlow's ops" in warnings[0]
+    assert "kernels 'tf': TensorFlow's ops" in proc.stdout, proc.stdout
+    recorded = (model_dir / "config.gin").read_text().rstrip().splitlines()
+    assert recorded[-1] == "TrainConfig.kernels = 'tf'"
+    assert recorded[-2].startswith("# TrainConfig.kernels='fused' was asked for, but ")
+    assert recorded[-2].endswith("this run trained with TensorFlow's ops.")

@@ -1,0 +1,137 @@
+"""Building a TransformerXL from its configuration and loading its weights from a checkpoint.
+
+    dtype_policy(dtype)              Keras' global dtype policy while layers are created
+    build_model(model_config, ...)   a TransformerXL of a ModelConfig (checked by one tiny forward pass)
+    restore_weights(model, prefix)   the weights (key `model`) of one checkpoint; every weight must match
+    restore_newest(model, source)    the newest checkpoint of a prefix or run directory that restores intact
+    vocab_size(data_config)          the vocabulary size of the prepared data, if it is there
+    load_model(model_dir, ...)       all of it: the configs, the model and its newest intact checkpoint
+
+The run directory's files (config.gin, checkpoints, their discovery and fallback) are `txl_tf.run_dir`'s; this
+module builds and fills models from what it finds. Evaluate, export, generate, average and the study load models
+through here; the trainer builds its model with `dtype_policy` and `build_model`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from txl_tf import errors, run_dir
+from txl_tf.configs import Configs, DataConfig, ModelConfig
+from txl_tf.errors import ConfigError
+
+
+@contextlib.contextmanager
+def dtype_policy(dtype: str | None):
+    """Keras' global dtype policy set to `dtype` (e.g. "mixed_bfloat16") while layers are created.
+
+    Sublayers take the global policy when they are constructed (a `dtype` argument to the model alone does not
+    reach them), so models are built inside this context.
+    """
+    import keras
+
+    previous = keras.config.dtype_policy()
+    if dtype:
+        keras.config.set_dtype_policy(dtype)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def build_model(model_config: ModelConfig, n_token: int | None = None, dtype: str | None = None, *,
+                check: bool = True, fused_kernels: bool = False):
+    """Builds a TransformerXL (every layer in `dtype`'s policy; None: the current one) from a ModelConfig.
+
+    `check`: one tiny forward pass, so that a config that cannot run fails here (the trainer, which builds the
+    model inside a strategy's scope, skips it). `fused_kernels`: training calls use the fused CPU kernels (the
+    trainer's resolved `TrainConfig.kernels`; `txl_tf.fused`).
+    """
+    from txl_tf.model import TransformerXL
+
+    with dtype_policy(dtype):
+        model = TransformerXL(**model_config.model_kwargs(n_token), fused_kernels=fused_kernels)
+    if not check:
+        return model
+    tokens = tf.zeros([1, 2], tf.int32)
+    hidden, _ = model(tokens, training=False)
+    model.nll(hidden, tokens)
+    return model
+
+
+def restore_weights(model, checkpoint_prefix: str) -> None:
+    """Restores `model` from a checkpoint saved as tf.train.Checkpoint(model=model); every weight must match."""
+    status = tf.train.Checkpoint(model=model).restore(checkpoint_prefix).expect_partial()
+    try:
+        status.assert_existing_objects_matched()
+    except AssertionError as error:
+        raise ConfigError(f"checkpoint {checkpoint_prefix} does not match the configured model "
+                          f"({errors.one_line(error)}); check ModelConfig in the gin config") from error
+
+
+def restore_newest(model, source: str, which: str = "latest", log=None, found=None) -> str:
+    """Restores the newest checkpoint of `source` (prefix or model_dir) that restores intact; returns its prefix.
+
+    `found`: `run_dir.find_checkpoints(source, which)` when the caller has it already. Broken newer checkpoints
+    are skipped with one line each on `log` (stderr); run_dir.RunDirError when none restores.
+    """
+    found = run_dir.find_checkpoints(source, which) if found is None else found
+    restore_fn = functools.partial(restore_weights, model)
+    restored = run_dir.restore_first(found, restore_fn)
+    if restored.prefix is None:
+        own = found and os.path.normpath(os.path.dirname(found[0].prefix)) == os.path.normpath(source)
+        best = run_dir.intact_best(source, restore_fn) if which == "latest" and own else None
+        raise run_dir.RunDirError(f"no checkpoint of {source} restores intact ({restored.skipped_text()}); "
+                                  "restore the files or pass another --checkpoint"
+                                  + (f"; {best} restores intact: pass --which=best to use it" if best else ""))
+    for line in restored.skipped:
+        (log or functools.partial(print, file=sys.stderr))(f"warning: {line}; using {restored.prefix}")
+    return restored.prefix
+
+
+def vocab_size(data_config: DataConfig) -> int | None:
+    """The vocabulary size of the prepared data, or None when the data directory is absent."""
+    if not data_config.data_dir or not os.path.isdir(data_config.data_dir):
+        return None
+    from txl_tf.data.pipeline import load_vocab
+
+    return len(load_vocab(data_config.data_dir))
+
+
+def load_model(model_dir: str | None = None, checkpoint: str | None = None, *, which: str = "latest",
+               gin_files: Sequence[str] = (), gin_params: Sequence[str] = (), dtype: str | None = None,
+               configs: Configs | None = None):
+    """Reads the configs (unless given), rebuilds the model and restores it. Returns (model, configs, prefix).
+
+    `checkpoint` (a prefix or a directory) defaults to `model_dir`; the newest checkpoint that restores intact
+    is used. The configs are `run_dir.read_configs(model_dir, gin_files, gin_params, checkpoint)`. The vocabulary
+    size comes from ModelConfig.n_token, else from the prepared data in DataConfig.data_dir.
+    """
+    source = checkpoint or model_dir
+    if not source:
+        raise ConfigError("give --model_dir (or --checkpoint with --gin_file)")
+    if configs is None:
+        configs = run_dir.read_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
+    n_token = configs.model.n_token or vocab_size(configs.data)
+    if n_token is None:
+        raise ConfigError(f"the vocabulary size is unknown: bind ModelConfig.n_token or prepare the data in "
+                          f"DataConfig.data_dir={configs.data.data_dir!r}")
+    found = run_dir.find_checkpoints(source, which)  # a missing checkpoint is reported before the model is built
+    model = build_model(configs.model, n_token, dtype=dtype)
+    prefix = restore_newest(model, source, which, found=found)
+    return model, configs, prefix
+
+
+def load_model_from_flags(flag_values, **kwargs):
+    """The model, configs and checkpoint prefix named by the flags of `txl_tf.cli.define_model_flags` (parsed
+    absl flag values); `kwargs` go to `load_model` (e.g. dtype)."""
+    if not flag_values.model_dir and not flag_values.checkpoint:
+        raise ConfigError("give --model_dir (or --checkpoint with --gin_file)")
+    return load_model(flag_values.model_dir, flag_values.checkpoint, which=flag_values.which,
+                      gin_files=flag_values.gin_file, gin_params=flag_values.gin_param, **kwargs)
