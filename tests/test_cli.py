@@ -179,7 +179,33 @@ def test_importing_the_package_imports_no_tensorflow_and_chooses_the_backend():
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["tensorflow", env.get("TF_CPP_MIN_LOG_LEVEL", "2")]
+    assert result.stdout.split() == ["tensorflow", env.get("TF_CPP_MIN_LOG_LEVEL", "3")]
+
+
+def _heavy_imports(node: ast.stmt) -> list[str]:
+    """The modules a top-level import statement loads, in order, that may start TensorFlow (anything but the
+    standard library, absl, numpy, the package itself, txl_tf.cli and txl_tf.errors)."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module == "txl_tf":
+        names = [f"txl_tf.{alias.name}" for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        names = [node.module]
+    else:
+        return []
+    light = ("txl_tf", "txl_tf.cli", "txl_tf.errors", "absl", "numpy", "__future__")
+    return [name for name in names if name.split(".")[0] not in sys.stdlib_module_names
+            and not any(name == m or name.startswith(m + ".") and m != "txl_tf" for m in light)]
+
+
+@pytest.mark.parametrize("path", _entry_point_files(), ids=_module_name)
+def test_entry_points_import_cli_before_anything_that_may_start_tensorflow(path):
+    """txl_tf.cli quiets TensorFlow's start-up only when it is imported first (`# isort: split` keeps it there)."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.module == "txl_tf" and node.names[0].name == "cli":
+            return
+        heavy = _heavy_imports(node)
+        assert not heavy, f"{path}:{node.lineno} imports {heavy[0]} before txl_tf.cli"
 
 
 def test_the_model_class_loads_on_first_use():

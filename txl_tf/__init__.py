@@ -1,8 +1,9 @@
 """txl_tf: Transformer-XL (Dai et al., 2019) in TensorFlow 2 / Keras 3.
 
 Importing the package chooses Keras's TensorFlow backend (unless KERAS_BACKEND is already set) and imports
-nothing else: `txl_tf.TransformerXL` loads TensorFlow on first use, so an entry point can set up its
-environment (txl_tf.cli) before TensorFlow starts.
+nothing else: `txl_tf.TransformerXL` (the Keras model) and `txl_tf.TransformerXLCausalLM` (the model with its
+vocabulary and evaluation protocol: from_preset, generate, score, stream, save_to_preset) load TensorFlow on
+first use, so an entry point can set up its environment (txl_tf.cli) before TensorFlow starts.
 """
 
 import os
@@ -11,7 +12,7 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
 __version__ = "0.1.0"
 
-__all__ = ["TransformerXL"]
+__all__ = ["TransformerXL", "TransformerXLCausalLM"]
 
 
 def __getattr__(name: str):
@@ -19,6 +20,10 @@ def __getattr__(name: str):
         from txl_tf.model import TransformerXL
 
         return TransformerXL
+    if name == "TransformerXLCausalLM":
+        from txl_tf.causal_lm import TransformerXLCausalLM
+
+        return TransformerXLCausalLM
     raise AttributeError(f"module 'txl_tf' has no attribute {name!r}")
 
 

@@ -25,11 +25,15 @@ import re
 import sys
 from collections.abc import Sequence
 
+# First: txl_tf.cli quiets TensorFlow's start-up (it must come before TensorFlow's import).
+from txl_tf import cli
+
+# isort: split
 import numpy as np
 import tensorflow as tf
 from absl import flags
 
-from txl_tf import cli, loading, run_dir, staging
+from txl_tf import loading, run_dir, staging
 from txl_tf.errors import ConfigError
 
 OUTPUT_DIR = "averaged"

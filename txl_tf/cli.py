@@ -14,21 +14,96 @@ Every entry point (`python -m txl_tf.train`, `txl_tf.evaluate`, ...) has the sam
         cli.run(main, define_flags)
 
 Importing an entry point defines no flags, so several can be imported into one process (tests do); `run`
-defines them on absl's global FLAGS just before parsing. Importing this module sets TF_CPP_MIN_LOG_LEVEL=2
-(unless already set), which hides TensorFlow's C++ INFO and WARNING lines when this module is imported before
-TensorFlow, as the entry points do.
+defines them on absl's global FLAGS just before parsing.
+
+TensorFlow's start-up lines are quiet: importing this module before TensorFlow (as every entry point does)
+sets TF_CPP_MIN_LOG_LEVEL=3 unless it is set (TensorFlow's C++ log keeps FATAL lines only; errors reach the
+user as Python exceptions) and sets aside what TensorFlow prints while it is imported (the absl pre-init
+warning, the oneDNN and CUDA-driver notices), which is shown only when that import fails. With
+TXL_TF_TF_LOGS=1 in the environment TensorFlow logs as it would without txl_tf.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.abc
+import importlib.util
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 
 from txl_tf import errors
 from txl_tf.errors import ConfigError
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+TF_LOGS_ENV = "TXL_TF_TF_LOGS"
+
+
+@contextlib.contextmanager
+def _stderr_set_aside():
+    """Sends the process's stderr (file descriptor 2, C++ included) to a temporary file for the block; what it
+    caught is written back only when the block raises."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to set aside
+        yield
+        return
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        failed = True
+        try:
+            yield
+            failed = False
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if failed:
+                caught.seek(0)
+                os.write(2, caught.read())
+
+
+class _QuietLoader(importlib.abc.Loader):
+    """Runs the real loader of `tensorflow` with stderr set aside, then gives the module its real loader back."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = module.__spec__.loader = self.loader
+        with _stderr_set_aside():
+            self.loader.exec_module(module)
+
+
+class _QuietTensorFlowImport(importlib.abc.MetaPathFinder):
+    """Finds `tensorflow` for its first import (then leaves sys.meta_path) and makes that import quiet."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "tensorflow":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _QuietLoader(spec.loader)
+        return spec
+
+
+def quiet_tensorflow() -> None:
+    """Hides TensorFlow's start-up lines (see the module's docstring) unless $TXL_TF_TF_LOGS is 1; acts before
+    TensorFlow's import only."""
+    value = os.environ.get(TF_LOGS_ENV, "").strip().lower()
+    if value in ("1", "true", "yes"):
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if "tensorflow" not in sys.modules and not any(isinstance(f, _QuietTensorFlowImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _QuietTensorFlowImport())
+
+
+quiet_tensorflow()
 
 # The flags several entry points share: name -> (absl DEFINE function name, default, help, extra arguments).
 # Commands that read a run define them through `define` (or the groups below), never themselves.

@@ -281,19 +281,35 @@ _RULES = {
 
 
 # ---- parsing gin files and bindings --------------------------------------------------------------------------
-GIN_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gin")
+def _gin_dir() -> str:
+    """The shipped gin files: the checkout's top-level gin/ beside the package, else the installed copy.
+
+    A wheel installs gin/ as txl_tf/gin (pyproject.toml). The folder beside an installed package is another
+    project's (gin-config's own package is site-packages/gin), so it counts only when it holds common.gin.
+    """
+    package = os.path.dirname(os.path.abspath(__file__))
+    installed = os.path.join(package, "gin")
+    checkout = os.path.join(os.path.dirname(package), "gin")
+    if not os.path.isdir(installed) and os.path.isfile(os.path.join(checkout, "common.gin")):
+        return checkout
+    return installed
+
+
+GIN_DIR = _gin_dir()
 
 
 def resolve_gin_file(path: str) -> str:
-    """`path` if it exists, else the file of that name in the repository's gin/ folder."""
+    """`path` if it exists, else the file of that name in the shipped gin files (GIN_DIR; `gin/` may lead)."""
     if os.path.exists(path):
         return path
-    for candidate in (os.path.join(GIN_DIR, path), os.path.join(GIN_DIR, os.path.basename(path))):
+    parts = os.path.normpath(path).split(os.sep)
+    inside = os.path.join(*parts[1:]) if len(parts) > 1 and parts[0] == "gin" else path
+    for candidate in (os.path.join(GIN_DIR, inside), os.path.join(GIN_DIR, os.path.basename(path))):
         if os.path.exists(candidate):
             return candidate
     available = sorted(f for f in os.listdir(GIN_DIR) if f.endswith(".gin")) if os.path.isdir(GIN_DIR) else []
-    raise ConfigError(f"gin file {path!r} not found (looked in the working directory and the repository's gin/); "
-                      f"give an existing file{', e.g. one of ' + ', '.join(available) if available else ''}")
+    raise ConfigError(f"gin file {path!r} not found (looked in the working directory and txl_tf's gin files, "
+                      f"{GIN_DIR}); give an existing file{', e.g. one of ' + ', '.join(available) if available else ''}")
 
 
 class _DropMessages(logging.Filter):
@@ -398,8 +414,8 @@ def _check_statements(statements: list, where: Callable[[int | None], str], allo
             path = _find_included(statement.filename, search)
             if path is None:
                 raise ConfigError(f"{where(statement.location.line_num)}: include {statement.filename!r} not found "
-                                  "(looked in the working directory, the including files' folders and the "
-                                  "repository's gin/); fix the name or give the file")
+                                  "(looked in the working directory, the including files' folders and txl_tf's "
+                                  "gin files); fix the name or give the file")
             _check_file(os.path.abspath(path), allow_imports, search, stack)
 
 

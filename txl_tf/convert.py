@@ -17,11 +17,14 @@ import json
 import os
 import re
 
+# First: txl_tf.cli quiets TensorFlow's start-up (it must come before TensorFlow's import).
+from txl_tf import cli
+
+# isort: split
 import numpy as np
 import tensorflow as tf
 from absl import flags
 
-from txl_tf import cli
 from txl_tf.model import TransformerXL
 
 SCOPE = "transformer/"

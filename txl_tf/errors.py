@@ -16,6 +16,7 @@ flag parsing errors get the same one-line form.
 from __future__ import annotations
 
 import errno
+import importlib
 import io
 import os
 import re
@@ -36,6 +37,15 @@ class ConfigError(UserError, ValueError):
 
 # Errors of the standard library that, raised by txl_tf code, name a path the user gave.
 _EXPECTED = (UserError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError)
+
+
+def require(module: str, needed_by: str, extra: str):
+    """Imports and returns the optional dependency `module` (of the `txl_tf[extra]` extra in pyproject.toml);
+    without it, a UserError naming the extra: `<needed_by> needs <module>: pip install 'txl_tf[<extra>]'`."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UserError(f"{needed_by} needs {module}: pip install 'txl_tf[{extra}]'") from None
 
 
 def one_line(error: BaseException) -> str:

@@ -43,10 +43,14 @@ from __future__ import annotations
 
 import os
 
+# First: txl_tf.cli quiets TensorFlow's start-up (it must come before TensorFlow's import).
+from txl_tf import cli
+
+# isort: split
 import tensorflow as tf
 from absl import flags
 
-from txl_tf import cli, loading
+from txl_tf import loading
 from txl_tf.generation import decode_loop
 from txl_tf.inference import Recurrent
 from txl_tf.protocol import Protocol

@@ -101,6 +101,8 @@ def _from_saved_model():
 
 
 def main(argv):
+    from txl_tf import generation
+
     cli.no_arguments(argv, "quote the --prompt (see --helpshort)")
     if bool(FLAGS.saved_model) == bool(FLAGS.model_dir or FLAGS.checkpoint):
         raise ConfigError("give exactly one of --model_dir (or --checkpoint with --gin_file) and --saved_model")
@@ -108,11 +110,7 @@ def main(argv):
     print(f"# {source}: seed {FLAGS.seed}, temperature {FLAGS.temperature}, top_k {FLAGS.top_k}, "
           f"top_p {FLAGS.top_p}")
     for prompt, row in zip(FLAGS.prompt, result.tokens, strict=True):
-        continuation = vocab.decode(row.tolist())
-        # Word level: decode joins words with spaces, so the prompt's last word and the first new one need one.
-        joiner = " " if vocab.level == "word" and prompt and not prompt[-1].isspace() and continuation \
-            and not continuation[0].isspace() else ""
-        print(prompt + joiner + continuation)
+        print(generation.with_prompt(vocab, prompt, vocab.decode(row.tolist())))
     print(f"# {result.tokens.size} tokens in {result.decode_seconds:.2f} s: {result.tokens_per_second:.1f} tokens/s "
           f"(prompt: {result.prompt_seconds:.2f} s)")
 

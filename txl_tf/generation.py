@@ -283,6 +283,17 @@ def generate_text(model, vocab, prompt: str, *, max_tokens: int = 200, **kwargs)
     return vocab.decode(result.tokens[0].tolist())
 
 
+def with_prompt(vocab, prompt: str, continuation: str) -> str:
+    """The prompt followed by its decoded continuation, as `python -m txl_tf.generate` prints it.
+
+    Word level: `Vocab.decode` joins words with spaces, so the prompt's last word and the first new one get one
+    space between them (none when either side already has whitespace there).
+    """
+    joiner = " " if vocab.level == "word" and prompt and not prompt[-1].isspace() and continuation \
+        and not continuation[0].isspace() else ""
+    return prompt + joiner + continuation
+
+
 def check_settings(vocab, prompts: Sequence[str] | str, *, max_tokens: int, temperature: float, top_k: int,
                    top_p: float = 1.0) -> list:
     """Checks the sampling settings against the vocabulary; returns each prompt's ids (errors.ConfigError).

@@ -7,8 +7,9 @@ r"""Train Transformer-XL: everything but infrastructure is configured with gin.
     scripts/launch_local_multiworker.sh 2 --gin_file=gin/sample.gin --model_dir=runs/mw
 
 Re-running the same command resumes from the latest checkpoint in --model_dir (default: runs/<gin file name>).
-SIGTERM / Ctrl-C save a checkpoint and exit cleanly. A gin file is found as given, else in the repository's gin/
-folder, so `--gin_file=enwik8.gin` works from any directory; `include` lines resolve the same way.
+SIGTERM / Ctrl-C save a checkpoint and exit cleanly. A gin file is found as given, else among the shipped gin
+files (the checkout's gin/ folder, which a wheel installs as txl_tf/gin: `txl_tf.configs.GIN_DIR`), so
+`--gin_file=enwik8.gin` works from any directory; `include` lines resolve the same way.
 """
 
 from __future__ import annotations

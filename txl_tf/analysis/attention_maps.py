@@ -17,11 +17,15 @@ from __future__ import annotations
 import io
 import os
 
+# First: txl_tf.cli quiets TensorFlow's start-up (it must come before TensorFlow's import).
+from txl_tf import cli
+
+# isort: split
 import numpy as np
 import tensorflow as tf
 from absl import flags
 
-from txl_tf import cli, loading
+from txl_tf import errors, loading
 from txl_tf.protocol import Protocol
 
 
@@ -86,8 +90,7 @@ def plot_attention_map(attention: np.ndarray, path: str | None = None, *, title:
     Darker means more attention, as in the paper's figure 5. `scale="log"` helps when nearby tokens dominate.
     Writes the PNG to `path` when given.
     """
-    import matplotlib
-
+    matplotlib = errors.require("matplotlib", "the attention map", "analysis")
     matplotlib.use("Agg")
     from matplotlib import colors
     from matplotlib import pyplot as plt
@@ -205,6 +208,7 @@ def main(argv):
     from txl_tf.data.pipeline import read_split
 
     cli.no_arguments(argv)
+    errors.require("matplotlib", "the attention map", "analysis")  # before the model is loaded and run
     cfg = flags.FLAGS
     model, configs, prefix = loading.load_model_from_flags(cfg)
     protocol = configs.eval

@@ -49,7 +49,7 @@ class RunSpec:
 
     Attributes:
       name: directory name under DIR/runs and key in results.json.
-      gin_files: gin files (paths relative to the repository's gin/ folder resolve as in txl_tf.train).
+      gin_files: gin files (paths relative to the shipped gin/ folder resolve as in txl_tf.train).
       gin_params: bindings applied after the files.
       label: how the report names it.
     """
