@@ -61,6 +61,13 @@ def _check_batch(name: str, size, batch) -> None:
                          f"the same rows (initial state of batch {batch}, or select_rows)")
 
 
+# Every state's first field (`hidden`, or `keys`) carries its batch and time axes.
+_batch_size = property(lambda self: _length(self[0], self.BATCH_AXIS),
+                       doc="B: a Python int when the shape knows it, else a scalar tensor.")
+_mem_len = property(lambda self: _length(self[0], self.TIME_AXIS),
+                    doc="M: a Python int when the shape knows it, else a scalar tensor.")
+
+
 class LayerMemory(NamedTuple):
     """One layer's hidden-state memory: `hidden` [B, M, d], the states that entered the layer before."""
 
@@ -69,14 +76,8 @@ class LayerMemory(NamedTuple):
     BATCH_AXIS = 0
     TIME_AXIS = 1
 
-    @property
-    def batch_size(self):
-        return _length(self.hidden, self.BATCH_AXIS)
-
-    @property
-    def mem_len(self):
-        """M: a Python int when the shape knows it, else a scalar tensor."""
-        return _length(self.hidden, self.TIME_AXIS)
+    batch_size = _batch_size
+    mem_len = _mem_len
 
     def select_rows(self, start, stop) -> LayerMemory:
         return LayerMemory(self.hidden[start:stop])
@@ -93,14 +94,8 @@ class LayerCache(NamedTuple):
     BATCH_AXIS = 1
     TIME_AXIS = 2
 
-    @property
-    def batch_size(self):
-        return _length(self.keys, self.BATCH_AXIS)
-
-    @property
-    def mem_len(self):
-        """M: a Python int when the shape knows it, else a scalar tensor."""
-        return _length(self.keys, self.TIME_AXIS)
+    batch_size = _batch_size
+    mem_len = _mem_len
 
     def select_rows(self, start, stop) -> LayerCache:
         return self._replace(keys=self.keys[:, start:stop], values=self.values[:, start:stop])
@@ -118,14 +113,8 @@ class Memory(NamedTuple):
     BATCH_AXIS = 1
     TIME_AXIS = 2
 
-    @property
-    def batch_size(self):
-        return _length(self.hidden, self.BATCH_AXIS)
-
-    @property
-    def mem_len(self):
-        """M: a Python int when the shape knows it, else a scalar tensor."""
-        return _length(self.hidden, self.TIME_AXIS)
+    batch_size = _batch_size
+    mem_len = _mem_len
 
     def select_rows(self, start, stop) -> Memory:
         """Rows start .. stop-1 of the batch."""
@@ -187,14 +176,8 @@ class Cache(NamedTuple):
     BATCH_AXIS = 2
     TIME_AXIS = 3
 
-    @property
-    def batch_size(self):
-        return _length(self.keys, self.BATCH_AXIS)
-
-    @property
-    def mem_len(self):
-        """M: a Python int when the shape knows it, else a scalar tensor."""
-        return _length(self.keys, self.TIME_AXIS)
+    batch_size = _batch_size
+    mem_len = _mem_len
 
     def select_rows(self, start, stop) -> Cache:
         """Rows start .. stop-1 of the batch (the position keys have no batch axis)."""
