@@ -50,7 +50,7 @@ import keras
 import tensorflow as tf
 from absl import app, flags
 
-from txl_tf import TransformerXL, fused, loading, schedules
+from txl_tf import autotune, distribute, fused
 from txl_tf.configs import TrainConfig
 from txl_tf.flops import measure_matmul_peak, model_flops_per_token
 
@@ -65,8 +65,9 @@ def define_flags(flag_values) -> None:
     flags.DEFINE_integer("n_layer", 12, "layers (enwik8 base: 12)", flag_values=fv)
     flags.DEFINE_integer("steps", 5, "timed steps per mode (after 2 warm-up steps); the median counts",
                          flag_values=fv)
-    flags.DEFINE_list("modes", ["f32", "bf16", "f32_xla", "bf16_xla"], "modes to time", flag_values=fv)
-    flags.DEFINE_list("kernels", [TrainConfig().kernels], "the step's kernels to time each mode without XLA with: "
+    flags.DEFINE_list("modes", list(MODES), "modes to time: auto (the path the trainer's 'auto' chooses here, "
+                      "measured as the trainer measures it) and fixed ones", flag_values=fv)
+    flags.DEFINE_list("kernels", ["tf"], "the step's kernels to time each mode without XLA with: "
                       "tf (TensorFlow's ops) and/or fused (txl_tf/fused.py); XLA modes run TensorFlow's ops only",
                       flag_values=fv)
     flags.DEFINE_integer("matmul_size", 4096, "square matmul size for the peak measurement", flag_values=fv)
@@ -78,6 +79,7 @@ def define_flags(flag_values) -> None:
                         flag_values=fv)
 
 
+MODES = ("auto", "f32", "bf16", "f32_xla", "bf16_xla")
 ARCH = dict(n_token=204, d_model=512, n_head=8, d_head=64, d_inner=2048, dropout=0.1, dropatt=0.0)
 PEER_LENGTH = 512  # the peer's train_step.py runs tgt_len = mem_len = 512
 CATEGORIES = ("matmul", "attention elementwise", "dropout", "layer norm", "feed-forward elementwise", "casts",
@@ -92,32 +94,27 @@ def train_flops_per_step(batch, qlen, mlen, n_layer, n_token, d_model, n_head, d
     return per_token * batch * qlen
 
 
-def build(mode, mlen, n_layer, kernels="tf"):
-    """The model (its training calls on `kernels`) and the trainer's optimizer (txl_tf.schedules.make_optimizer,
-    TrainConfig defaults)."""
-    with loading.dtype_policy("mixed_bfloat16" if mode.startswith("bf16") else "float32"):
-        keras.utils.set_random_seed(0)
-        model = TransformerXL(n_layer=n_layer, mem_len=mlen, fused_kernels=kernels == "fused", **ARCH)
-        optimizer = schedules.make_optimizer(TrainConfig(), 2.5e-4)
-        optimizer.build(model.trainable_variables)
-    return model, optimizer
+def mode_path(mode: str, kernels: str = "tf") -> autotune.TrainPath:
+    """The training path of a fixed mode ("f32", "bf16", "f32_xla", "bf16_xla") with `kernels`."""
+    return autotune.TrainPath(mode.startswith("bf16"), mode.endswith("xla"), kernels)
+
+
+def model_kwargs(mlen, n_layer) -> dict:
+    return dict(ARCH, n_layer=n_layer, mem_len=mlen)
 
 
 def time_training(mode, batch, qlen, mlen, n_layer, steps, profile_dir=None, kernels="tf"):
-    """Seconds per training step (median of `steps`) in `mode` with `kernels`, and the profile breakdown when
-    asked."""
-    model, optimizer = build(mode, mlen, n_layer, kernels)
-
-    @tf.function(jit_compile=mode.endswith("xla"))
-    def train_step(tokens, targets, mems):
-        with tf.GradientTape() as tape:
-            hidden, new_mems = model(tokens, mems, training=True)
-            loss = tf.reduce_mean(model.nll(hidden, targets))
-        grads = tape.gradient(loss, model.trainable_variables)
-        grads, _ = tf.clip_by_global_norm(grads, TrainConfig().clip_norm)  # as the trainer and the peer clip
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return loss, new_mems
-
+    """(seconds per training step (median of `steps`), the profile breakdown when asked, the path timed, the
+    candidates' tokens/s when "auto" measured) in `mode` with `kernels`; mode "auto" times the path
+    `txl_tf.autotune.choose` picks, as the trainer does."""
+    measured = {}
+    if mode == "auto":
+        path, measured = autotune.choose(model_kwargs(mlen, n_layer), TrainConfig(tgt_len=qlen), batch,
+                                         fused_why=fused.unavailable(), log=lambda line: print(line, file=sys.stderr))
+    else:
+        path = mode_path(mode, kernels)
+    keras.utils.set_random_seed(0)
+    model, train_step = autotune.training_step(model_kwargs(mlen, n_layer), path)
     data = tf.random.uniform([batch, qlen + 1], 0, ARCH["n_token"], tf.int32, seed=1)
     mems = model.initial_memory(batch)  # a txl_tf.state.Memory
     times = []
@@ -138,7 +135,7 @@ def time_training(mode, batch, qlen, mlen, n_layer, steps, profile_dir=None, ker
         wall = time.perf_counter() - start
         tf.profiler.experimental.stop()
         breakdown = profile_breakdown(profile_dir, profiled, wall)
-    return sorted(times)[len(times) // 2], breakdown
+    return sorted(times)[len(times) // 2], breakdown, path, measured
 
 
 def _category(scope: str, op: str) -> str:
@@ -210,14 +207,20 @@ def _covered_ps(intervals: list) -> int:
     return covered
 
 
-def precision_of(mode: str) -> str:
-    """"bf16" or "f32": the precision whose matmul peak a mode's MFU is taken against."""
-    return "bf16" if mode.startswith("bf16") else "f32"
+def precision_of(path: dict) -> str:
+    """"bf16" or "f32": the precision whose matmul peak a path's MFU is taken against."""
+    return "bf16" if path["mixed_precision"] else "f32"
 
 
-def row_label(mode: str, kernels: str) -> str:
-    """A table row's name: the mode, with "+fused" when timed with the fused kernels."""
-    return mode if kernels == "tf" else f"{mode}+{kernels}"
+def path_label(path: dict) -> str:
+    """A short name of a timed path: bf16_xla, f32+fused, ..."""
+    return (("bf16" if path["mixed_precision"] else "f32") + ("_xla" if path["jit_compile"] else "")
+            + ("+fused" if path["kernels"] == "fused" else ""))
+
+
+def row_label(mode: str, path: dict) -> str:
+    """A table row's name: the path, as "auto=<path>" for the auto mode."""
+    return f"auto={path_label(path)}" if mode == "auto" else path_label(path)
 
 
 def time_in_subprocess(mode, batch, kernels):
@@ -236,7 +239,7 @@ def time_in_subprocess(mode, batch, kernels):
 PEER_PEAK = """
 import sys, time, torch
 n = int(sys.argv[1])
-for name, dtype in (("f32", torch.float32), ("bf16", torch.bfloat16)):
+for name, dtype in (("f32", torch.float32), ("bf16", torch.bfloat16))[:int(sys.argv[2])]:
     a = torch.randn(n, n).to(dtype)
     torch.matmul(a, a)  # warm-up
     best = float("inf")
@@ -257,24 +260,52 @@ def _peer_python(peer: str) -> tuple[str, str]:
     return python, code
 
 
+# CPU flags of a bfloat16 dot-product unit (AMX, AVX-512 BF16). Without one PyTorch emulates bfloat16 matmuls
+# (one run took over 10 minutes for its 4096^3 peak), so the peer's bfloat16 is skipped there, and said so.
+NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+PEER_TIMEOUT = 900  # seconds for one of the peer's programs
+
+
+def peer_bf16_native() -> bool:
+    return bool(distribute.cpu_flags() & set(NATIVE_BF16_FLAGS))
+
+
 def peer_peaks(peer: str, size: int) -> dict:
-    """PyTorch's best square-matmul FLOP/s in float32 and bfloat16 (the peer's virtualenv)."""
+    """PyTorch's best square-matmul FLOP/s in float32 and, where the CPU has a bfloat16 unit, bfloat16 (the peer's
+    virtualenv)."""
     python, code = _peer_python(peer)
-    out = subprocess.run([python, "-c", PEER_PEAK, str(size)], capture_output=True, text=True, check=True,
-                         cwd=code).stdout
+    out = subprocess.run([python, "-c", PEER_PEAK, str(size), "2" if peer_bf16_native() else "1"],
+                         capture_output=True, text=True, check=True, cwd=code, timeout=PEER_TIMEOUT).stdout
     return {line.split()[0]: float(line.split()[1]) for line in out.strip().splitlines()}
 
 
 def peer_tokens_per_second(peer: str, batch: int) -> dict:
-    """The authors' PyTorch train step (fp32 and bf16 autocast) at `batch`: {"f32": tokens/s, "bf16": tokens/s}."""
+    """The authors' PyTorch train step at `batch`: {"f32": tokens/s, "bf16": tokens/s}. Its script times fp32,
+    then bf16 autocast; without a bfloat16 unit it is stopped after fp32, and any run is bounded in time."""
     python, code = _peer_python(peer)
-    result = subprocess.run([python, "train_step.py", str(batch)], capture_output=True, text=True, check=False,
-                            cwd=code)
-    if result.returncode != 0:
-        raise RuntimeError(f"the peer's train_step.py failed:\n{result.stderr[-3000:]}")
-    found = re.findall(r"PyTorch (fp32|bf16): ([\d.]+) s/step, (\d+) tokens/s", result.stdout)
-    return {("f32" if mode == "fp32" else "bf16"): batch * PEER_LENGTH / float(seconds)
-            for mode, seconds, _ in found}
+    pattern = re.compile(r"PyTorch (fp32|bf16): ([\d.]+) s/step")
+    found = {}
+    process = subprocess.Popen([python, "train_step.py", str(batch)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=code)
+    deadline = time.monotonic() + PEER_TIMEOUT
+    try:
+        for line in process.stdout:
+            match = pattern.search(line)
+            if match:
+                found["f32" if match[1] == "fp32" else "bf16"] = batch * PEER_LENGTH / float(match[2])
+            if ("f32" in found and not peer_bf16_native()) or time.monotonic() > deadline:
+                break
+    finally:
+        process.kill()
+        stderr = process.stderr.read()
+        process.wait()
+    if "f32" not in found:
+        raise RuntimeError(f"the peer's train_step.py printed no fp32 step:\n{stderr[-3000:]}")
+    if "bf16" not in found:
+        print(f"peer at batch {batch}: bf16 not timed ("
+              + ("no bfloat16 unit on this CPU: PyTorch would emulate it)" if not peer_bf16_native()
+                 else f"over {PEER_TIMEOUT} s)"), flush=True)
+    return found
 
 
 def print_breakdown(mode: str, batch: int, breakdown: dict, flops: float, peak: float) -> None:
@@ -299,10 +330,11 @@ def main(argv):
     if FLAGS.child_mode:
         batch = int(FLAGS.batch[0])
         with tempfile.TemporaryDirectory() as logdir:
-            seconds, breakdown = time_training(FLAGS.child_mode, batch, FLAGS.tgt_len, FLAGS.mem_len,
-                                               FLAGS.n_layer, FLAGS.steps, logdir if FLAGS.profile else None,
-                                               FLAGS.kernels[0])
-        print(json.dumps({"mode": FLAGS.child_mode, "seconds": seconds, "breakdown": breakdown}))
+            seconds, breakdown, path, measured = time_training(FLAGS.child_mode, batch, FLAGS.tgt_len, FLAGS.mem_len,
+                                                     FLAGS.n_layer, FLAGS.steps, logdir if FLAGS.profile else None,
+                                                     FLAGS.kernels[0])
+        print(json.dumps({"mode": FLAGS.child_mode, "seconds": seconds, "breakdown": breakdown,
+                          "path": path.bindings(), "measured": measured}))
         return
     if FLAGS.peer and (FLAGS.tgt_len != PEER_LENGTH or FLAGS.mem_len != PEER_LENGTH):
         raise app.UsageError(f"--peer times the authors' code at tgt_len = mem_len = {PEER_LENGTH} only; got "
@@ -315,12 +347,19 @@ def main(argv):
     if why:
         raise app.UsageError(f"--kernels=fused: the fused CPU kernels cannot run here ({why}); time --kernels=tf")
     # (mode, kernels) pairs, in order: the XLA modes with TensorFlow's ops only.
-    runs = list(dict.fromkeys((mode, "tf" if mode.endswith("xla") else kernels)
+    unknown = sorted(set(FLAGS.modes) - set(MODES))
+    if unknown:
+        raise app.UsageError(f"--modes={','.join(FLAGS.modes)}: {', '.join(unknown)} is not one of {', '.join(MODES)}")
+    runs = list(dict.fromkeys((mode, "tf" if mode.endswith("xla") or mode == "auto" else kernels)
                               for mode in FLAGS.modes for kernels in FLAGS.kernels))
     batches = [int(b) for b in FLAGS.batch]
     print(f"load average before: {os.getloadavg()}")
-    print("timed: " + "; ".join(f"{row_label(mode, kernels)} with {fused.describe(kernels)}"
+    print("timed: " + "; ".join("auto: the path the trainer's 'auto' chooses (txl_tf.autotune)" if mode == "auto"
+                                else f"{path_label(mode_path(mode, kernels).bindings())} with {fused.describe(kernels)}"
                                 for mode, kernels in runs))
+    onednn = autotune.choose_onednn()
+    print(f"TF_ENABLE_ONEDNN_OPTS={os.environ.get(autotune.ONEDNN_ENV, 'unset')} in the timed children"
+          + (" (measured: txl_tf.autotune.choose_onednn, as the trainer sets it)" if onednn else ""))
     peaks = {
         "f32": measure_matmul_peak(tf.float32, FLAGS.matmul_size),
         "bf16": measure_matmul_peak(tf.bfloat16, FLAGS.matmul_size),
@@ -339,7 +378,7 @@ def main(argv):
     cpu_bf16 = max([best["bf16"], *torch_peaks.values()])
     print(f"MFU against TensorFlow's best peak of each precision (f32 {best['f32'] / 1e9:.1f}, bf16 "
           f"{best['bf16'] / 1e9:.1f} GFLOP/s) and against the CPU's best bf16 peak ({cpu_bf16 / 1e9:.1f} GFLOP/s)")
-    header = (f"{'mode':10s} {'batch':>5s} {'s/step':>8s} {'tokens/s':>9s} {'GFLOP/s':>8s} {'MFU(TF peak)':>13s} "
+    header = (f"{'mode':15s} {'batch':>5s} {'s/step':>8s} {'tokens/s':>9s} {'GFLOP/s':>8s} {'MFU(TF peak)':>13s} "
               f"{'MFU(CPU bf16)':>14s}" + (f" {'peer tokens/s':>14s} {'ratio':>6s}" if FLAGS.peer else ""))
     rows, profiles = [], []
     for batch in batches:
@@ -350,16 +389,20 @@ def main(argv):
         ours = {}
         for mode, kernels in runs:
             result = time_in_subprocess(mode, batch, kernels)
-            ours[mode, kernels] = result["seconds"]
+            ours[mode, kernels] = result
+            if result["measured"]:
+                print(f"auto at batch {batch} chose {path_label(result['path'])} of (tokens/s, the trainer's "
+                      f"measurement): " + "; ".join(f"{k}: {v}" for k, v in result["measured"].items()), flush=True)
             if result["breakdown"]:
-                profiles.append((row_label(mode, kernels), batch, result["breakdown"], flops,
-                                 best[precision_of(mode)]))
+                profiles.append((row_label(mode, result["path"]), batch, result["breakdown"], flops,
+                                 best[precision_of(result["path"])]))
         peer = peer_tokens_per_second(FLAGS.peer, batch) if FLAGS.peer else {}
-        for (mode, kernels), seconds in ours.items():
+        for (mode, _), result in ours.items():
+            seconds = result["seconds"]
             rate = flops / seconds
-            precision = precision_of(mode)
-            line = (f"{row_label(mode, kernels):10s} {batch:5d} {seconds:8.3f} {tokens / seconds:9.1f} {rate / 1e9:8.1f} "
-                    f"{rate / best[precision]:12.1%} {rate / cpu_bf16:13.1%}")
+            precision = precision_of(result["path"])
+            line = (f"{row_label(mode, result['path']):15s} {batch:5d} {seconds:8.3f} {tokens / seconds:9.1f} "
+                    f"{rate / 1e9:8.1f} {rate / best[precision]:12.1%} {rate / cpu_bf16:13.1%}")
             if FLAGS.peer:
                 theirs = peer.get(precision, float("nan"))
                 line += f" {theirs:14.1f} {tokens / seconds / theirs:5.2f}x"

@@ -6,6 +6,22 @@ import pathlib
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+
+def _tensorflows_onednn_default() -> str:
+    """"1" where TensorFlow's Linux build turns oneDNN on by itself (CPUs with AVX512_VNNI, AVX512_BF16, AVX_VNNI
+    or AMX), else "0"."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    return "1" if {"avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "amx_bf16"} & set(flags) else "0"
+
+
+# The tests and the processes they start run on TensorFlow's own oneDNN default, so that `python -m txl_tf.train`
+# does not measure oneDNN in every test process (tests/test_autotune.py tests that measurement).
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", _tensorflows_onednn_default())
+
 import pytest  # noqa: E402
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -45,3 +45,24 @@ def test_peer_directory_without_the_setup_is_a_one_line_error(tmp_path):
     assert proc.returncode != 0
     assert f"--peer={tmp_path} is not a directory made by ../shared/peer/setup.sh" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow  # ~30 s: the auto mode times its candidates, then the chosen path
+def test_auto_mode_times_the_path_the_trainer_would_choose(tmp_path):
+    env = {**ENV, "TXL_TF_CACHE": str(tmp_path / "cache"), "TF_ENABLE_ONEDNN_OPTS": "1"}
+    proc = subprocess.run([sys.executable, SCRIPT, "--n_layer=1", "--tgt_len=16", "--mem_len=16", "--batch=1",
+                           "--modes=auto,f32", "--steps=1", "--matmul_size=128"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "TF_ENABLE_ONEDNN_OPTS=1 in the timed children" in proc.stdout  # a user's setting is kept
+    row = re.search(r"^auto=(f32|bf16)(_xla)?(\+fused)?\s+1\s+[\d.]+\s+[\d.]+", proc.stdout, re.M)
+    assert row, proc.stdout
+    assert re.search(r"^f32\s+1\s+[\d.]+", proc.stdout, re.M)
+    choices = (tmp_path / "cache" / "choices.json").read_text()  # the child measured and recorded its choice
+    assert '"choice"' in choices and "tokens_per_second" in choices
+
+
+def test_unknown_modes_are_a_one_line_error():
+    proc = run("--modes=f16", "--matmul_size=64")
+    assert proc.returncode != 0 and "--modes=f16: f16 is not one of auto, f32, bf16, f32_xla, bf16_xla" in proc.stderr
+    assert "Traceback" not in proc.stderr

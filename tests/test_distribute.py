@@ -49,10 +49,13 @@ def _cpuinfo(tmp_path, flags):
     return str(path)
 
 
-@pytest.mark.parametrize("flags, fast", [("", False), ("avx512f avx512_bf16", True), ("amx_tile amx_bf16", True)])
-def test_bfloat16_is_fast_only_with_native_instructions(tmp_path, flags, fast):
-    cpuinfo = _cpuinfo(tmp_path, flags)
-    assert distribute.cpu_flags(cpuinfo) >= {"fpu", "sse2", "avx2"}  # the first CPU's line
-    assert distribute.has_fast_bfloat16(distribute.make_strategy("default"), cpuinfo) is fast
-    assert distribute.has_fast_bfloat16(distribute.make_strategy("mirrored"), cpuinfo) is fast
+def test_cpu_flags_are_the_first_cpus(tmp_path):
+    cpuinfo = _cpuinfo(tmp_path, "avx512f avx512_bf16")
+    assert distribute.cpu_flags(cpuinfo) == {"fpu", "sse2", "avx2", "avx512f", "avx512_bf16"}  # the first line
     assert distribute.cpu_flags(str(tmp_path / "missing")) == set()
+
+
+def test_broadcast_from_chief_takes_the_first_replicas_value_once():
+    mirrored = distribute.make_strategy("mirrored")  # two replicas: a sum over both would double it
+    assert distribute.broadcast_from_chief(mirrored, 5) == 5
+    assert distribute.broadcast_from_chief(distribute.make_strategy("default"), 3) == 3

@@ -168,6 +168,8 @@ def test_every_config_field_is_checked():
         ModelConfig(cutoffs=[3, 2])
     with pytest.raises(errors.ConfigError, match="TrainConfig.mixed_precision='yes' must be True, False or 'auto'"):
         TrainConfig(mixed_precision="yes")
+    with pytest.raises(errors.ConfigError, match="TrainConfig.jit_compile='xla' must be True, False or 'auto'"):
+        TrainConfig(jit_compile="xla")
     with pytest.raises(errors.ConfigError, match="TrainConfig.keep_checkpoints=0 must be >= 1"):
         TrainConfig(keep_checkpoints=0)
 

@@ -38,7 +38,8 @@ def setup(tmp_path_factory):
 def make_run(data_dir, model_dir, lines=None, **train):
     """A Controller (the loop) around a Trainer (the step) of the golden architecture."""
     settings = dict(batch_size=3, tgt_len=5, train_steps=20, warmup_steps=0, learning_rate=3e-3, steps_per_loop=5,
-                    log_every=5, eval_every=0, checkpoint_every=0, sample_tokens=0, measure_mfu=False)
+                    log_every=5, eval_every=0, checkpoint_every=0, sample_tokens=0, measure_mfu=False,
+                    mixed_precision=False, jit_compile=False, kernels="tf")
     settings.update(train)
     trainer = make_trainer(ModelConfig(**ARCHITECTURE, mem_len=MEM_LEN, dropout=0.0, dropatt=0.0),
                            TrainConfig(**settings), data_dir)

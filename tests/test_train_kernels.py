@@ -48,9 +48,10 @@ def test_fused_kernels_under_xla_and_unknown_kernels_are_one_line_errors():
     with pytest.raises(ConfigError, match=r"^TrainConfig.kernels='fused' cannot run under "
                                           r"TrainConfig.jit_compile=True \(XLA cannot compile custom ops\); set "):
         TrainConfig(kernels="fused", jit_compile=True)
-    with pytest.raises(ConfigError, match=r"^TrainConfig.kernels='auto' must be one of 'tf', 'fused'; fix the "):
-        TrainConfig(kernels="auto")
-    assert TrainConfig().kernels == "tf" and TrainConfig(kernels="tf", jit_compile=True).jit_compile
+    with pytest.raises(ConfigError, match=r"^TrainConfig.kernels='xla' must be one of 'tf', 'fused', 'auto'; fix "):
+        TrainConfig(kernels="xla")
+    assert TrainConfig().kernels == "auto" and TrainConfig(kernels="tf", jit_compile=True).jit_compile
+    assert TrainConfig(kernels="fused", jit_compile="auto").jit_compile == "auto"  # "auto" leaves XLA out
 
 
 @needs_compiler
@@ -70,14 +71,14 @@ def test_fused_runs_repeat_bitwise_and_a_resume_across_paths_says_so_once(char_d
 
     to_tf = run_training(str(second), _params(char_data, "tf", 4))
     assert to_tf.stdout.count(NOT_BITWISE) == 1, to_tf.stdout
-    assert (f"{second} trained with the fused kernels (config.gin) and resumes with TensorFlow's ops: "
-            f"{NOT_BITWISE}") in to_tf.stdout
+    assert (f"{second} trained on float32, no XLA, the fused kernels (config.gin) and resumes on float32, no XLA, "
+            f"TensorFlow's ops: {NOT_BITWISE}") in to_tf.stdout
     assert "TrainConfig.kernels = 'tf'" in (second / "config.gin").read_text()
 
     to_fused = run_training(str(second), _params(char_data, "fused", 6))
     assert to_fused.stdout.count(NOT_BITWISE) == 1, to_fused.stdout
-    assert (f"{second} trained with TensorFlow's ops (config.gin) and resumes with the fused kernels: "
-            f"{NOT_BITWISE}") in to_fused.stdout
+    assert (f"{second} trained on float32, no XLA, TensorFlow's ops (config.gin) and resumes on float32, no XLA, "
+            f"the fused kernels: {NOT_BITWISE}") in to_fused.stdout
 
 
 @pytest.mark.slow  # one training subprocess, ~10 s on 2 cores
@@ -96,4 +97,4 @@ def test_without_the_kernels_a_fused_run_trains_with_tensorflows_ops_and_records
     recorded = (model_dir / "config.gin").read_text().rstrip().splitlines()
     assert recorded[-1] == "TrainConfig.kernels = 'tf'"
     assert recorded[-2].startswith("# TrainConfig.kernels='fused' was asked for, but ")
-    assert recorded[-2].endswith("this run trained with TensorFlow's ops.")
+    assert recorded[-2].endswith(": this run trained with 'tf'.")

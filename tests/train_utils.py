@@ -48,6 +48,7 @@ def tiny_params(data_dir: str, **overrides) -> list:
         "TrainConfig.warmup_steps": 2, "TrainConfig.learning_rate": 1e-3, "TrainConfig.steps_per_loop": 2,
         "TrainConfig.log_every": 2, "TrainConfig.eval_every": 0, "TrainConfig.checkpoint_every": 3,
         "TrainConfig.sample_tokens": 0, "TrainConfig.measure_mfu": False, "TrainConfig.mixed_precision": False,
+        "TrainConfig.jit_compile": False, "TrainConfig.kernels": "'tf'",
         "EvalConfig.tgt_len": 4, "EvalConfig.mem_len": 8, "EvalConfig.clamp_len": -1, "EvalConfig.batch_size": 3,
         "EvalConfig.max_steps": 2,
     }
@@ -110,7 +111,8 @@ def tiny_train_config(**train):
     from txl_tf.configs import TrainConfig
 
     settings = dict(batch_size=B, tgt_len=L, train_steps=3, warmup_steps=0, learning_rate=1e-3, steps_per_loop=2,
-                    log_every=1, eval_every=0, checkpoint_every=0, sample_tokens=0, measure_mfu=False)
+                    log_every=1, eval_every=0, checkpoint_every=0, sample_tokens=0, measure_mfu=False,
+                    mixed_precision=False, jit_compile=False, kernels="tf")  # "auto" (the default) is measured
     settings.update(train)
     return TrainConfig(**settings)
 

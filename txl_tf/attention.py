@@ -242,6 +242,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
       content_bias, position_bias: u, v [N, D] (xl only).
       return_probs: also return the attention probabilities [B, N, L, K] float32.
       training: dropout on/off.
+      dropout_seeds: optional [2, 2] int32 from `draw_seeds()`: the seeds of the probabilities' and the output's
+        dropout (memory form, training): the same seeds drop the same elements (a recomputed forward pass).
 
     Returns:
       (outputs [B, L, d], new state) and the probabilities as a third element when `return_probs`. The new state
@@ -296,6 +298,11 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         self.o_kernel = self.add_weight(name="o_kernel", shape=(width, self.d_model), initializer=init)
         self.layer_norm.build((None, None, self.d_model))
         super().build(input_shape)
+
+    def draw_seeds(self):
+        """[2, 2] int32: the seeds one training call's dropouts (probabilities, output) draw, each generator
+        advanced as a call advances it; pass them as `dropout_seeds` to repeat that call's masks."""
+        return tf.stack([self.attention_dropout.draw()[0], self.output_dropout.draw()[0]])
 
     def _relative_keys(self, klen, position_encoding, kernels=False):
         """Position keys [N, K, D] in descending distance: W_R R (xl) or the learned table (shaw); `kernels`: as
@@ -353,6 +360,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         position_bias=None,
         return_probs=False,
         training=None,
+        dropout_seeds=None,
     ):
         check_type(state, (LayerMemory, LayerCache), "RelativeMultiHeadAttention")
         positions = _Positions(memory_positions, input_positions)
@@ -389,7 +397,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         # Head-major layout [N, B, T, D]: the position term then needs no broadcast over the batch.
         k, v = _to_heads(kv, self.n_head, self.d_head, 2, kernels)  # [N, B, K, D] each
         r = self._relative_keys(klen, position_encoding, kernels) if self.attn_type in ("xl", "shaw") else None
-        out = self._attend(h, _Operands(q, k, v, r), terms, return_probs, training)
+        out = self._attend(h, _Operands(q, k, v, r), terms, return_probs, training, dropout_seeds)
         return (out[0], new_memory, *out[1:])
 
     def _call_cached(self, raw, h, cache, lengths, positions, terms, return_probs):
@@ -444,10 +452,11 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         out = self._attend(h, _Operands(q, k, v, r), terms, return_probs, False)
         return (out[0], new_cache, *out[1:])
 
-    def _attend(self, h, operands, terms, return_probs, training):
+    def _attend(self, h, operands, terms, return_probs, training, seeds=None):
         """Scores, softmax, values, output projection and residual: the part both states share.
 
-        h: residual [B, L, d]; operands: `_Operands` (q, k, v, r); terms: `_ScoreTerms` (mask, u, v).
+        h: residual [B, L, d]; operands: `_Operands` (q, k, v, r); terms: `_ScoreTerms` (mask, u, v); seeds: the
+        call's `dropout_seeds`.
         """
         q, k, v, r = operands
         attention_bias, content_bias, position_bias = terms
@@ -475,31 +484,32 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                 if not return_probs and (attention_bias is None or attention_bias.shape.rank == 2) and kernels:
                     # Training on CPU: shift, add, mask and softmax (and their gradient) in one kernel each way.
                     probs = fused.rel_softmax(score, position_score, attention_bias)  # [N, B, L, K]
-                    return self._output(h, probs, v, batch, qlen, training, kernels)
+                    return self._output(h, probs, v, batch, qlen, training, kernels, seeds)
                 score += shift_padded(position_score)  # [N, B, L, K]: (b) + (d)
 
         score = tf.cast(score, tf.float32)
         if attention_bias is not None:
             score += tf.cast(attention_bias, tf.float32)  # [L, K] broadcast
         probs = tf.nn.softmax(score, axis=-1)  # [N, B, L, K] float32
-        out = self._output(h, tf.cast(probs, dtype), v, batch, qlen, training, kernels)
+        out = self._output(h, tf.cast(probs, dtype), v, batch, qlen, training, kernels, seeds)
         if return_probs:
             return out[0], tf.transpose(probs, [1, 0, 2, 3])  # [B, N, L, K]
         return out
 
-    def _output(self, h, probs, v, batch, qlen, training, kernels):
+    def _output(self, h, probs, v, batch, qlen, training, kernels, seeds=None):
         """Attention dropout, values, output projection, output dropout and the residual (with LayerNorm);
-        `kernels`: as `_to_heads`'s."""
+        `kernels`: as `_to_heads`'s; `seeds`: the call's `dropout_seeds` (None: each dropout draws its own)."""
         dtype = self.compute_dtype
         width = self.n_head * self.d_head
-        dropped = self.attention_dropout(probs, training=training)
+        seeds = (None, None) if seeds is None else (seeds[0], seeds[1])
+        dropped = self.attention_dropout(probs, training=training, seed=seeds[0])
         attn = tf.matmul(dropped, v)  # [N, B, L, D]
         if kernels:
             attn = fused.merge_heads([attn], self.n_head)  # [B, L, N*D]
         else:
             attn = tf.reshape(tf.transpose(attn, [1, 2, 0, 3]), [batch, qlen, width])  # [B, L, N*D]
         out = _dense(attn, tf.cast(self.o_kernel, dtype))  # [B, L, d]
-        out = self.output_dropout(out, training=training)
+        out = self.output_dropout(out, training=training, seed=seeds[1])
         out = h + out if self.pre_lnorm else fused.add_layer_norm(self.layer_norm, h, out, kernels)  # [B, L, d]
         return (out,)
 

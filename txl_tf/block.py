@@ -11,6 +11,7 @@ import tensorflow as tf
 from txl_tf import fused
 from txl_tf.attention import RelativeMultiHeadAttention
 from txl_tf.dropout import Dropout
+from txl_tf.state import LayerMemory
 
 
 @keras.saving.register_keras_serializable(package="txl_tf")
@@ -22,6 +23,8 @@ class PositionwiseFeedForward(keras.layers.Layer):
 
     Call args:
       inputs: [B, L, d]; training: dropout on/off.
+      dropout_seeds: optional [2, 2] int32 from `draw_seeds()`: the seeds of the inner and the output dropout
+        (the same seeds drop the same elements: a recomputed forward pass).
 
     Returns:
       [B, L, d].
@@ -50,19 +53,25 @@ class PositionwiseFeedForward(keras.layers.Layer):
         self.layer_norm.build((None, None, self.d_model))
         super().build(input_shape)
 
-    def call(self, inputs, training=None):
+    def draw_seeds(self):
+        """[2, 2] int32: the seeds one training call's dropouts (inner, output) draw, each generator advanced as a
+        call advances it; pass them as `dropout_seeds` to repeat that call's masks."""
+        return tf.stack([self.inner_dropout.draw()[0], self.output_dropout.draw()[0]])
+
+    def call(self, inputs, training=None, dropout_seeds=None):
+        seeds = (None, None) if dropout_seeds is None else (dropout_seeds[0], dropout_seeds[1])
         x = self.layer_norm(inputs) if self.pre_lnorm else inputs  # [B, L, d]
         # On [B*L, d] rows the dense layers are plain 2-D matmuls, which TensorFlow's grappler fuses with the
         # bias and ReLU into one oneDNN kernel (a rank-3 input goes through Tensordot's reshapes, which it cannot).
         rows = tf.reshape(x, [-1, self.d_model])  # [B*L, d]
         kernels = fused.applies(self.fused_kernels, rows.dtype, training)
         if kernels:  # bias, ReLU and dropout in one kernel each way
-            seed, threshold, scale = self.inner_dropout.draw()
+            seed, threshold, scale = self.inner_dropout.draw(seeds[0])
             hidden = fused.bias_relu_dropout(tf.matmul(rows, tf.cast(self.inner.kernel, rows.dtype)),
                                              self.inner.bias, seed, threshold, scale)  # [B*L, F]
         else:
-            hidden = self.inner_dropout(self.inner(rows), training=training)  # [B*L, F]
-        out = self.output_dropout(self.outer(hidden), training=training)  # [B*L, d]
+            hidden = self.inner_dropout(self.inner(rows), training=training, seed=seeds[0])  # [B*L, F]
+        out = self.output_dropout(self.outer(hidden), training=training, seed=seeds[1])  # [B*L, d]
         out = tf.reshape(out, tf.shape(inputs))  # [B, L, d]
         return inputs + out if self.pre_lnorm else fused.add_layer_norm(self.layer_norm, inputs, out, kernels)
 
@@ -88,7 +97,13 @@ class TransformerXLBlock(keras.layers.Layer):
     in Al-Rfou et al. (2018).
 
     Args: as `RelativeMultiHeadAttention` (`fused_kernels` included, passed to both sublayers) plus `d_inner`
-      (feed-forward width).
+      (feed-forward width) and `recompute`.
+      recompute: training calls in a `tf.function` with the hidden-state memory (or none) keep for the backward
+        pass only the block's inputs and recompute its activations there (`tf.recompute_grad`): less memory for
+        one more forward pass of the block (`TrainConfig.recompute="block"`). The dropout seeds are drawn before
+        and passed in, so the recomputation drops what the first pass dropped: outputs, new memory, gradients and
+        the dropout generators' states are those of a plain call. Eager calls (where `tf.recompute_grad` does
+        not see the variables the block reads) and inference run the plain call.
 
     Call args: as `RelativeMultiHeadAttention` (the recurrent state is the attention's: `state`, a
       `txl_tf.state.LayerMemory` or `LayerCache` or None, with `mem_len` and `lengths`), without `input_positions`
@@ -100,12 +115,13 @@ class TransformerXLBlock(keras.layers.Layer):
 
     def __init__(self, d_model, n_head, d_head, d_inner, dropout=0.0, dropatt=0.0, attn_type="xl",
                  pre_lnorm=False, layer_norm_epsilon=1e-12, max_position=1024, init_std=0.02, fused_kernels=False,
-                 **kwargs):
+                 recompute=False, **kwargs):
         super().__init__(**kwargs)
         self.d_model = d_model
         self.n_head = n_head
         self.d_head = d_head
         self.d_inner = d_inner
+        self.recompute = recompute
         self.dropout = dropout
         self.dropatt = dropatt
         self.attn_type = attn_type
@@ -148,18 +164,55 @@ class TransformerXLBlock(keras.layers.Layer):
 
     def call(self, inputs, state=None, *, mem_len=0, lengths=None, position_encoding=None, memory_positions=None,
              attention_bias=None, content_bias=None, position_bias=None, return_probs=False, training=None):
+        operands = dict(inputs=inputs, memory=state.hidden if isinstance(state, LayerMemory) else None,
+                        position_encoding=position_encoding, memory_positions=memory_positions,
+                        attention_bias=attention_bias, content_bias=content_bias, position_bias=position_bias)
+        if (self.recompute and training is True and not return_probs and not tf.executing_eagerly()
+                and (state is None or isinstance(state, LayerMemory))):
+            return self._recomputed(operands, mem_len, lengths)
+        return self._forward(operands, state, mem_len, lengths, return_probs, training)
+
+    def _forward(self, operands, state, mem_len, lengths, return_probs, training, seeds=None):
+        """The block's call on `operands` (the call's tensors by name); `seeds`: [4, 2] int32, the dropout seeds
+        of the attention (2) and the feed-forward (2), or None (each dropout draws its own)."""
+        inputs, memory_positions = operands["inputs"], operands["memory_positions"]
         input_positions = None
         if self.attn_type == "al_rfou":
             mlen = 0 if state is None else state.mem_len
             memory_positions, input_positions = self._absolute_positions(tf.shape(inputs)[1], mlen)
         out = self.attention(
             inputs, state, mem_len=mem_len, lengths=lengths,
-            position_encoding=position_encoding, memory_positions=memory_positions,
-            input_positions=input_positions, attention_bias=attention_bias, content_bias=content_bias,
-            position_bias=position_bias, return_probs=return_probs, training=training,
+            position_encoding=operands["position_encoding"], memory_positions=memory_positions,
+            input_positions=input_positions, attention_bias=operands["attention_bias"],
+            content_bias=operands["content_bias"], position_bias=operands["position_bias"],
+            return_probs=return_probs, training=training, dropout_seeds=None if seeds is None else seeds[:2],
         )
-        hidden = self.feed_forward(out[0], training=training)  # [B, L, d]
+        hidden = self.feed_forward(out[0], training=training,
+                                   dropout_seeds=None if seeds is None else seeds[2:])  # [B, L, d]
         return (hidden, *out[1:])
+
+    def _recomputed(self, operands, mem_len, lengths):
+        """A training call whose activations the backward pass recomputes: (outputs [B, L, d], new LayerMemory).
+
+        Every tensor operand goes in as an argument of the recomputed function (tf.custom_gradient in a graph
+        takes positional tensors only): the gradient reaches each of them, and the recomputation depends on the
+        incoming gradient, so the graph optimisers cannot merge it with the first pass. The seeds go in as float64
+        (exact for int32; a gradient tape watches floating tensors only).
+        """
+        seeds = tf.concat([self.attention.draw_seeds(), self.feed_forward.draw_seeds()], axis=0)  # [4, 2]
+        names = [name for name, value in operands.items() if value is not None]
+
+        def forward(float_seeds, *values):
+            given = dict.fromkeys(operands)
+            given.update(zip(names, values, strict=True))
+            state = None if given["memory"] is None else LayerMemory(given["memory"])
+            hidden, new_state = self._forward(given, state, mem_len, lengths, False, True,
+                                              tf.cast(float_seeds, tf.int32))
+            return hidden, new_state.hidden
+
+        values = [tf.convert_to_tensor(operands[name]) for name in names]
+        hidden, new_memory = tf.recompute_grad(forward)(tf.cast(seeds, tf.float64), *values)
+        return hidden, LayerMemory(new_memory)
 
     def get_config(self):
         return {
@@ -176,4 +229,5 @@ class TransformerXLBlock(keras.layers.Layer):
             "max_position": self.max_position,
             "init_std": self.init_std,
             "fused_kernels": self.fused_kernels,
+            "recompute": self.recompute,
         }

@@ -36,6 +36,9 @@ from collections.abc import Callable
 from txl_tf import errors
 from txl_tf.errors import ConfigError
 
+# The tf.distribute strategies of --strategy (txl_tf.distribute.make_strategy makes them).
+STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored", "tpu")
+
 TF_LOGS_ENV = "TXL_TF_TF_LOGS"
 
 

@@ -118,14 +118,17 @@ class TrainConfig:
     clip_norm: float = 0.25
     grad_accum_steps: int = 1  # the batch is split into this many chunks, each with its own memory
     loss_recent_half: bool = False  # ablation: loss only over the most recent half of each segment
-    # keras mixed_bfloat16 policy: True, False, or "auto" (on where bfloat16 matmuls are native: GPU, TPU, a CPU
-    # with AMX or AVX-512 BF16; txl_tf.distribute.has_fast_bfloat16)
-    mixed_precision: bool | str = False
-    jit_compile: bool = False  # XLA (which is faster depends on the device: docs/performance.md)
-    # The training step's elementwise ops: "tf" (TensorFlow's) or "fused" (txl_tf.fused's C++ CPU kernels; their
-    # dropout draws other masks, so the two give different runs from one seed; not with jit_compile). The trainer
-    # falls back to "tf" with one warning where the kernels cannot run, and config.gin records what ran.
-    kernels: str = "tf"
+    # The training path. "auto" (the default) times the candidates on this machine at the run's model and batch
+    # and trains on the fastest (txl_tf.autotune); config.gin records what was chosen and a resumed run keeps it.
+    mixed_precision: bool | str = "auto"  # keras mixed_bfloat16 policy: True, False or "auto"
+    jit_compile: bool | str = "auto"  # XLA: True, False or "auto"
+    # The step's elementwise ops: "tf" (TensorFlow's), "fused" (txl_tf.fused's C++ CPU kernels; their dropout
+    # draws other masks, so the two give different runs from one seed; not with jit_compile) or "auto". The
+    # trainer falls back to "tf" with one warning where "fused" cannot run, and config.gin records what ran.
+    kernels: str = "auto"
+    # "block": the backward pass recomputes each block's activations from its inputs (tf.recompute_grad) instead of
+    # keeping them: less memory for one more forward pass per step, same gradients as "none" (docs/training.md)
+    recompute: str = "none"
     steps_per_loop: int = 10
     log_every: int = 10
     eval_every: int = 1000
@@ -244,7 +247,7 @@ def validate(config) -> None:
 def check_kernels(config: TrainConfig) -> None:
     """Raises ConfigError when `config.kernels` cannot go with its other fields: XLA (`jit_compile`) compiles the
     step itself and cannot run the fused kernels, which are custom ops."""
-    if config.kernels == "fused" and config.jit_compile:
+    if config.kernels == "fused" and config.jit_compile is True:
         raise ConfigError("TrainConfig.kernels='fused' cannot run under TrainConfig.jit_compile=True (XLA cannot "
                           "compile custom ops); set TrainConfig.kernels='tf' or TrainConfig.jit_compile=False")
 
@@ -267,10 +270,13 @@ _RULES = {
         "learning_rate": _positive(), "warmup_steps": _at_least(0), "min_lr_ratio": _in_range(0, 1),
         "adam_beta1": _in_range(0, 1, high_open=True), "adam_beta2": _in_range(0, 1, high_open=True),
         "adam_epsilon": _positive(), "clip_norm": _positive(), "grad_accum_steps": _at_least(1),
-        "mixed_precision": ((lambda v: v == "auto"), "True, False or 'auto'"), "steps_per_loop": _at_least(1), "log_every": _at_least(1),
+        "mixed_precision": ((lambda v: v == "auto"), "True, False or 'auto'"),
+        "jit_compile": ((lambda v: v == "auto"), "True, False or 'auto'"),
+        "steps_per_loop": _at_least(1), "log_every": _at_least(1),
         "eval_every": _at_least(0), "eval_steps": _at_least(0), "checkpoint_every": _at_least(0),
         "keep_checkpoints": _at_least(1), "nonfinite": _one_of("stop", "skip"), "sample_tokens": _at_least(0),
-        "kernels": _one_of("tf", "fused"),
+        "kernels": _one_of("tf", "fused", "auto"),
+        "recompute": _one_of("none", "block"),
     },
     "EvalConfig": {
         "tgt_len": _at_least(1), "mem_len": _at_least(0), "clamp_len": _at_least(-1), "batch_size": _at_least(1),

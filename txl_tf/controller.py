@@ -355,14 +355,11 @@ class Controller:
 
     def _model_line(self) -> str:
         c, trainer = self.config, self.trainer
-        auto = ""
-        if c.mixed_precision == "auto":
-            auto = (" (mixed_precision='auto': native bfloat16 on these devices)" if trainer.mixed_precision else
-                    " (mixed_precision='auto': no native bfloat16 on these devices, so float32 is faster)")
+        auto = " (the fastest measured here: txl_tf.autotune)" if trainer.path_measured else ""
         return (f"model: {trainer.num_parameters():,} parameters; {trainer.replicas} replica(s), global batch "
                 f"{trainer.global_batch} x tgt_len {c.tgt_len} (mem_len {trainer.model.mem_len}), "
-                f"{trainer.model.dtype_policy.name}{auto}{', XLA' if c.jit_compile else ''}; kernels "
-                f"{trainer.kernels!r}: {fused.describe(trainer.kernels)}")
+                f"{trainer.model.dtype_policy.name}{', XLA' if trainer.path.jit_compile else ''}; kernels "
+                f"{trainer.kernels!r}: {fused.describe(trainer.kernels)}{auto}")
 
     def train(self) -> dict:
         """Trains until TrainConfig.train_steps (or a stop request); returns the last metrics and "step"."""
@@ -372,7 +369,8 @@ class Controller:
         flops_per_token = flops.config_flops_per_token(trainer.model_config, trainer.n_token, tgt_len=c.tgt_len,
                                                        batch_size=trainer.global_batch // c.grad_accum_steps)
         precision = "bfloat16" if trainer.mixed_precision else "float32"
-        peak = flops.measure_matmul_peak(precision, jit_compile=c.jit_compile) if c.measure_mfu else float("nan")
+        peak = flops.measure_matmul_peak(precision, jit_compile=trainer.path.jit_compile) if c.measure_mfu \
+            else float("nan")
         stop = self._stop = _StopRequest(on_request=trainer.request_stop)
         stop.install()
         window, last_metrics, loops = LoopStats(), {}, 0

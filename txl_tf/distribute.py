@@ -24,7 +24,8 @@ from typing import Optional
 
 import tensorflow as tf
 
-STRATEGIES = ("default", "one_device", "mirrored", "multi_worker_mirrored", "tpu")
+from txl_tf.cli import STRATEGIES
+
 _MIRRORED: dict = {}
 
 
@@ -55,14 +56,9 @@ def make_strategy(name: str = "default", tpu: Optional[str] = None) -> tf.distri
     raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
 
 
-# CPU instructions that give oneDNN native bfloat16 matmuls (AMX tiles, AVX-512 BF16 dot products). Without
-# them bfloat16 is converted to float32 around every op and trains slower than float32 (measured on an AVX2-only
-# AMD EPYC: 3,400 vs 4,600 tokens/s for gin/sample.gin).
-BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
-
-
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
-    """The instruction-set flags of the first CPU in `cpuinfo` (Linux's format); empty where it is unreadable."""
+    """The instruction-set flags of the first CPU in `cpuinfo` (Linux's format); empty where it is unreadable.
+    For the record of a run (which CPU measured it), not for choosing a path: `txl_tf.autotune` measures."""
     try:
         with open(cpuinfo) as f:
             for line in f:
@@ -74,15 +70,6 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
     return set()
 
 
-def has_fast_bfloat16(strategy: tf.distribute.Strategy, cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether the strategy's devices compute bfloat16 matmuls natively: GPUs and TPUs, or CPUs with AMX or
-    AVX-512 BF16. Decides `TrainConfig.mixed_precision='auto'`. Each worker of a cluster reads its own CPU, so a
-    cluster that mixes CPUs with and without native bfloat16 must set mixed_precision explicitly."""
-    if device_kinds(strategy) & {"GPU", "TPU"}:
-        return True
-    return bool(cpu_flags(cpuinfo) & set(BF16_CPU_FLAGS))
-
-
 def device_kinds(strategy: tf.distribute.Strategy) -> set[str]:
     """The kinds ("CPU", "GPU", "TPU") of the devices this worker's replicas of `strategy` compute on; for the
     default strategy, where ops go: the first GPU if there is one, else the CPU."""
@@ -91,6 +78,17 @@ def device_kinds(strategy: tf.distribute.Strategy) -> set[str]:
     except RuntimeError:  # the default strategy
         devices = [d.name for d in tf.config.list_logical_devices("GPU")[:1]] or ["/device:CPU:0"]
     return {tf.DeviceSpec.from_string(d).device_type for d in devices}
+
+
+def broadcast_from_chief(strategy: tf.distribute.Strategy, value: int) -> int:
+    """The chief's `value` (a non-negative int) on every worker: one all-reduce in which only the first replica
+    contributes. Workers that measured something each (`txl_tf.autotune`) agree on the chief's result."""
+    def contribution():
+        first = tf.distribute.get_replica_context().replica_id_in_sync_group == 0
+        return tf.where(first, tf.constant(value, tf.int64), tf.constant(0, tf.int64))
+
+    total = strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(contribution), axis=None)
+    return int(total.numpy())
 
 
 def task_info(strategy: tf.distribute.Strategy) -> tuple[Optional[str], int]:

@@ -34,6 +34,8 @@ class Dropout(keras.layers.Layer):
 
     Call args:
       inputs: any shape; training: drop only when true.
+      seed: optional [2] int32 from `draw()`: drop with it instead of drawing a new one (the same seed drops the
+        same elements: a recomputed forward pass, `TransformerXLBlock(recompute=True)`, repeats the first one's).
 
     Returns:
       `inputs` with dropped elements zeroed and the rest scaled by 1 / (1 - rate).
@@ -49,17 +51,19 @@ class Dropout(keras.layers.Layer):
         self.threshold = round(rate * _LEVELS)
         self.seed_generator = keras.random.SeedGenerator(seed) if self.threshold > 0 else None
 
-    def draw(self):
+    def draw(self, seed=None):
         """(seed [2] int32, threshold, scale) of one training call, for kernels that drop as this layer does
-        (`txl_tf.fused`); with rate 0, threshold 0 and scale 1 (nothing dropped)."""
+        (`txl_tf.fused`); with rate 0, threshold 0 and scale 1 (nothing dropped). A `seed` given (one this
+        method returned before) is returned as it is and the generator does not advance."""
         if self.seed_generator is None:
             return tf.zeros([2], tf.int32), 0, 1.0
-        return tf.cast(self.seed_generator.next(), tf.int32), self.threshold, 1.0 / (1.0 - self.rate)
+        seed = tf.cast(self.seed_generator.next(), tf.int32) if seed is None else tf.cast(seed, tf.int32)
+        return seed, self.threshold, 1.0 / (1.0 - self.rate)
 
-    def call(self, inputs, training=False):
+    def call(self, inputs, training=False, seed=None):
         if not training or self.seed_generator is None:
             return inputs
-        seed, threshold, scale = self.draw()
+        seed, threshold, scale = self.draw(seed)
         if fused.applies(self.fused_kernels, inputs.dtype, training):  # draw, compare and scale in one pass
             return fused.dropout(inputs, seed, threshold, scale)
         shape = tf.shape(inputs)

@@ -46,17 +46,18 @@ def dtype_policy(dtype: str | None):
 
 
 def build_model(model_config: ModelConfig, n_token: int | None = None, dtype: str | None = None, *,
-                check: bool = True, fused_kernels: bool = False):
+                check: bool = True, fused_kernels: bool = False, recompute: str = "none"):
     """Builds a TransformerXL (every layer in `dtype`'s policy; None: the current one) from a ModelConfig.
 
     `check`: one tiny forward pass, so that a config that cannot run fails here (the trainer, which builds the
     model inside a strategy's scope, skips it). `fused_kernels`: training calls use the fused CPU kernels (the
-    trainer's resolved `TrainConfig.kernels`; `txl_tf.fused`).
+    trainer's resolved `TrainConfig.kernels`; `txl_tf.fused`). `recompute`: "block" recomputes each block's
+    activations in the backward pass of training steps (`TrainConfig.recompute`; `TransformerXL`).
     """
     from txl_tf.model import TransformerXL
 
     with dtype_policy(dtype):
-        model = TransformerXL(**model_config.model_kwargs(n_token), fused_kernels=fused_kernels)
+        model = TransformerXL(**model_config.model_kwargs(n_token), fused_kernels=fused_kernels, recompute=recompute)
     if not check:
         return model
     tokens = tf.zeros([1, 2], tf.int32)

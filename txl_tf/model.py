@@ -30,6 +30,8 @@ from txl_tf.protocol import Protocol
 from txl_tf.softmax import AdaptiveSoftmax
 from txl_tf.state import Cache, Memory, check_type
 
+RECOMPUTE = ("none", "block")  # the choices of `recompute` (TrainConfig.recompute)
+
 
 @keras.saving.register_keras_serializable(package="txl_tf")
 class TransformerXL(keras.Model):
@@ -53,6 +55,10 @@ class TransformerXL(keras.Model):
       fused_kernels: training calls use the fused CPU kernels (`txl_tf.fused`) in every layer's attention,
         feed-forward and dropout: the trainer's `TrainConfig.kernels="fused"`. Not part of the architecture (the
         weights are the same); inference always runs TensorFlow's ops.
+      recompute: "none", or "block": training calls (in a `tf.function`) keep for the backward pass only each
+        block's inputs and recompute its activations there (`TransformerXLBlock(recompute=True)`,
+        `tf.recompute_grad`): the trainer's `TrainConfig.recompute`. Not part of the architecture, nor of the
+        numerics: outputs, new memory and gradients are those of "none" (under XLA within float rounding).
 
     `mem_len`, `clamp_len`, `same_length` are the training lengths (`protocol`); evaluate with others by passing
     a `Protocol` to the call, never by changing them.
@@ -74,12 +80,14 @@ class TransformerXL(keras.Model):
                  d_embed=None, cutoffs=(), div_val=1, tie_projs=None, proj_same_dim=True, untie_r=False,
                  same_length=False, clamp_len=-1, attn_type="xl", pre_lnorm=False, layer_norm_epsilon=1e-12,
                  init_std=0.02, proj_init_std=0.01, max_position=1024, same_length_keys="tf", fused_kernels=False,
-                 **kwargs):
+                 recompute="none", **kwargs):
         super().__init__(**kwargs)
         if attn_type not in ATTN_TYPES:
             raise ValueError(f"attn_type must be one of {ATTN_TYPES}, got {attn_type!r}")
         if same_length_keys not in ("tf", "pytorch"):
             raise ValueError(f"same_length_keys must be 'tf' or 'pytorch', got {same_length_keys!r}")
+        if recompute not in RECOMPUTE:
+            raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
         self.n_token = n_token
         self.n_layer = n_layer
         self.d_model = d_model
@@ -104,6 +112,7 @@ class TransformerXL(keras.Model):
         self.max_position = max_position
         self.same_length_keys = same_length_keys
         self.fused_kernels = fused_kernels
+        self.recompute = recompute
 
         self.embedding = AdaptiveEmbedding(
             n_token, d_model, d_embed=self.d_embed, cutoffs=self.cutoffs, div_val=div_val,
@@ -119,7 +128,7 @@ class TransformerXL(keras.Model):
             block = TransformerXLBlock(
                 d_model, n_head, d_head, d_inner, dropout=dropout, dropatt=dropatt, attn_type=attn_type,
                 pre_lnorm=pre_lnorm, layer_norm_epsilon=layer_norm_epsilon, max_position=max_position,
-                init_std=init_std, fused_kernels=fused_kernels, name=f"layer_{i}",
+                init_std=init_std, fused_kernels=fused_kernels, recompute=recompute == "block", name=f"layer_{i}",
             )
             setattr(self, f"layer_{i}", block)
         self.embedding_dropout = Dropout(dropout, fused_kernels=fused_kernels)
@@ -294,4 +303,5 @@ class TransformerXL(keras.Model):
             "max_position": self.max_position,
             "same_length_keys": self.same_length_keys,
             "fused_kernels": self.fused_kernels,
+            "recompute": self.recompute,
         }

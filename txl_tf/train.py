@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 from absl import flags
 
-from txl_tf import cli
-from txl_tf.distribute import STRATEGIES
+from txl_tf import autotune, cli
+from txl_tf.cli import STRATEGIES
 from txl_tf.errors import ConfigError, UserError
 
 FLAGS = flags.FLAGS
@@ -69,9 +69,10 @@ def check_configs(model_dir: str, gin_files, gin_params):
     saved = run_dir.saved_configs(model_dir)
     made = configs.parse_configs(gin_files, gin_params)
     if saved is not None:
-        # The kernels get their own line once the trainer knows which it runs (`kernels_change`).
+        # "auto" fields resume on the path the run recorded (`run`); a path that changes anyway gets its own line
+        # once the trainer knows which it runs (`path_change`).
         changes = [c for c in configs.compare_configs(model_dir, saved, made)
-                   if not c.startswith("TrainConfig.kernels")]
+                   if not c.startswith(tuple(f"TrainConfig.{f}" for f in autotune.FIELDS))]
         if changes:
             print(f"{len(changes)} binding(s) differ from {os.path.join(model_dir, run_dir.CONFIG_FILE)} "
                   f"(this command's values are used): {'; '.join(changes)}", flush=True)
@@ -112,9 +113,11 @@ def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=Non
     # One writer per run directory (the chief's; other workers write only their own temporary folders).
     with RunLock(model_dir) if chief else contextlib.nullcontext():
         set_global_seeds(made.train)
-        trainer = Trainer(made.model, made.train, strategy=strategy_obj, n_token=len(vocab),
+        # A resumed run keeps the path its config.gin recorded for the fields this command leaves "auto".
+        train_config = autotune.with_recorded_path(made.train, saved.train if saved is not None else None)
+        trainer = Trainer(made.model, train_config, strategy=strategy_obj, n_token=len(vocab),
                           dataset_fn=training_batches(strategy_obj, data_config.data_dir, made.train))
-        change = kernels_change(model_dir, saved, trainer.kernels)
+        change = path_change(model_dir, saved, trainer.path)
         if change:
             print(change, flush=True)
         print(f"training in {model_dir} with strategy {strategy} ({strategy_obj.num_replicas_in_sync} replica(s))",
@@ -128,7 +131,7 @@ def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=Non
             controller = Controller(
                 trainer, checkpoints, model_dir=model_dir, level=vocab.level,
                 actions=default_actions(trainer, made.eval, data_dir=data_config.data_dir, vocab=vocab),
-                config_str=with_kernels(gin.operative_config_str(), made.train.kernels, trainer))
+                config_str=with_path(gin.operative_config_str(), made.train, trainer))
             return controller.train()
         except Exception as error:  # noqa: BLE001  (re-raised unless a multi-worker peer was lost)
             lost = distribute.lost_worker(error, strategy_obj)
@@ -143,34 +146,48 @@ def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=Non
                 "to resume from it") from None
 
 
-_KERNELS_TEXT = {"tf": "TensorFlow's ops", "fused": "the fused kernels"}
-
-
-def with_kernels(config_str: str, requested: str, trainer) -> str:
-    """The config.gin text of a run: `config_str`, plus a binding of the kernels the trainer runs when they are
-    not the requested ones (`Trainer.kernels_fallback` says why), so the file records the path that trained."""
-    if trainer.kernels == requested:
+def with_path(config_str: str, requested, trainer) -> str:
+    """The config.gin text of a run: `config_str`, plus bindings of the path the trainer runs (`trainer.path`)
+    where it is not what TrainConfig `requested` says ("auto" measured, or "fused" kernels that could not run),
+    so the file records the path that trained and a resumed run keeps it."""
+    lines = []
+    for name, value in trainer.path.bindings().items():
+        if getattr(requested, name) == value:
+            continue
+        if getattr(requested, name) == autotune.AUTO:
+            lines.append(f"TrainConfig.{name} = {value!r}")
+        else:
+            lines.append(f"# TrainConfig.{name}={getattr(requested, name)!r} was asked for, but "
+                         f"{trainer.kernels_fallback}: this run trained with {value!r}.\n"
+                         f"TrainConfig.{name} = {value!r}")
+    if not lines:
         return config_str
-    return (f"{config_str.rstrip()}\n\n# TrainConfig.kernels={requested!r} was asked for, but "
-            f"{trainer.kernels_fallback}: this run trained with {_KERNELS_TEXT[trainer.kernels]}.\n"
-            f"TrainConfig.kernels = {trainer.kernels!r}\n")
+    measured = "; ".join(f"{path}: {rate} tokens/s" for path, rate in trainer.path_measured.items())
+    header = f"# The path this run trained on ({trainer.path.describe()})" + (
+        f", measured here: {measured}" if measured else "") + "."
+    return f"{config_str.rstrip()}\n\n{header}\n" + "\n".join(lines) + "\n"
 
 
-def kernels_change(model_dir: str, saved, kernels: str) -> str | None:
-    """The one line a resumed run prints when its saved config.gin (`saved`, None for a new run) recorded other
-    kernels than `kernels` (the trainer's): the two paths' dropout draws other masks, so the run from here is no
-    longer the one an uninterrupted run would have been. None otherwise (also when no checkpoint exists yet)."""
+def path_change(model_dir: str, saved, path) -> str | None:
+    """The one line a resumed run prints when its saved config.gin (`saved`, None for a new run) recorded another
+    path than `path` (the trainer's `TrainPath`): other kernels draw other dropout masks and another precision
+    rounds otherwise, so the run from here is no longer the one an uninterrupted run would have been. None
+    otherwise (also when no checkpoint exists yet)."""
     from txl_tf import run_dir
 
-    if saved is None or saved.train.kernels == kernels or not run_dir.candidates(model_dir):
+    if saved is None or not run_dir.candidates(model_dir):
         return None
-    return (f"{model_dir} trained with {_KERNELS_TEXT[saved.train.kernels]} ({run_dir.CONFIG_FILE}) and resumes "
-            f"with {_KERNELS_TEXT[kernels]}: from here its weights are no longer bit for bit those of an "
+    recorded = {name: getattr(saved.train, name) for name in autotune.FIELDS}
+    if autotune.AUTO in recorded.values() or recorded == path.bindings():
+        return None
+    return (f"{model_dir} trained on {autotune.TrainPath(**recorded).describe()} ({run_dir.CONFIG_FILE}) and "
+            f"resumes on {path.describe()}: from here its weights are no longer bit for bit those of an "
             "uninterrupted run")
 
 
 def main(argv):
     cli.no_arguments(argv, "give settings as --gin_param (see --helpshort)")
+    autotune.choose_onednn(functools.partial(print, flush=True))  # before TensorFlow starts
     run(FLAGS.gin_file, FLAGS.gin_param, FLAGS.model_dir, FLAGS.strategy, FLAGS.tpu)
 
 

@@ -30,6 +30,7 @@ variables; call it (on every worker) before saving.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -38,7 +39,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from txl_tf import configs, distribute, fused, loading, schedules
+from txl_tf import autotune, configs, distribute, fused, loading, schedules
 from txl_tf.configs import ModelConfig, TrainConfig
 from txl_tf.errors import ConfigError, UserError
 from txl_tf.state import Memory
@@ -96,12 +97,17 @@ class Trainer:
 
     Use: `start(step)` once (the data position and the memory), then `train_loop(num_steps)` per host loop.
 
-    `kernels` is the path the steps run, "tf" or "fused": TrainConfig.kernels, or "tf" where the fused kernels
-    cannot run in this process (`kernels_fallback` then says why; None otherwise).
+      log: where the choice of an "auto" path and its measurement are reported (one line each).
+
+    `path` (a `txl_tf.autotune.TrainPath`) is what the steps run: TrainConfig.mixed_precision, jit_compile and
+    kernels, with "auto" ones measured (`path_measured`: tokens/s of each candidate; the global seeds are set
+    again afterwards), and "tf" kernels where the fused ones cannot run in this process (`kernels_fallback` then
+    says why; None otherwise). `mixed_precision` and `kernels` repeat two of its fields.
     """
 
     def __init__(self, model_config: ModelConfig, train_config: TrainConfig, *, strategy: tf.distribute.Strategy,
-                 dataset_fn: DatasetFn, n_token: int | None = None):
+                 dataset_fn: DatasetFn, n_token: int | None = None,
+                 log: Callable[[str], None] = functools.partial(print, flush=True)):
         self.model_config, self.config = model_config, train_config
         self.strategy, self.dataset_fn = strategy, dataset_fn
         self._check_config()
@@ -111,8 +117,8 @@ class Trainer:
         self.global_batch = train_config.batch_size
         self.replicas = strategy.num_replicas_in_sync
         self.replica_batch = self.global_batch // self.replicas
-        self.mixed_precision = (distribute.has_fast_bfloat16(strategy) if train_config.mixed_precision == "auto"
-                                else bool(train_config.mixed_precision))
+        self.path, self.path_measured, self.kernels_fallback = self._resolve_path(log)
+        self.mixed_precision, self.kernels = self.path.mixed_precision, self.path.kernels
         self._iterator = self.mems = None
         self._build()
 
@@ -132,37 +138,50 @@ class Trainer:
                 raise ConfigError(f"TrainConfig.{name} must be >= 1; got {getattr(c, name)}")
         if c.loss_recent_half and c.tgt_len < 2:
             raise ConfigError("TrainConfig.loss_recent_half needs tgt_len >= 2")
-        if c.mixed_precision not in (True, False, "auto"):
-            raise ConfigError(f"TrainConfig.mixed_precision must be True, False or 'auto'; got {c.mixed_precision!r}")
-        if c.kernels not in fused.KERNELS:
-            raise ConfigError(f"TrainConfig.kernels must be one of {fused.KERNELS}; got {c.kernels!r}")
+        for name in autotune.FIELDS:
+            allowed = (*fused.KERNELS, "auto") if name == "kernels" else (True, False, "auto")
+            if getattr(c, name) not in allowed:
+                raise ConfigError(f"TrainConfig.{name} must be one of {', '.join(map(repr, allowed))}; "
+                                  f"got {getattr(c, name)!r}")
         configs.check_kernels(c)
 
-    def _resolve_kernels(self) -> tuple[str, str | None]:
-        """(the kernels this trainer's steps run, why that is not TrainConfig.kernels or None), decided once here.
+    def _resolve_path(self, log) -> tuple[autotune.TrainPath, dict, str | None]:
+        """(the path this trainer's steps run, {candidate: tokens/s} when "auto" measured, why the kernels are
+        not TrainConfig.kernels or None), decided once here.
 
-        "fused" runs where the strategy computes on CPUs only and the kernels build and load (`fused.unavailable`);
-        otherwise the step runs TensorFlow's ops and one warning says why.
+        "auto" fields are measured (`txl_tf.autotune.choose`; in a multi-worker run every worker takes the
+        chief's choice). "fused" runs where the strategy computes on CPUs only and the kernels build and load
+        (`fused.unavailable`); otherwise the step runs TensorFlow's ops and one warning says why.
         """
-        if self.config.kernels == "tf":
-            return "tf", None
-        accelerators = distribute.device_kinds(self.strategy) & {"GPU", "TPU"}
-        if accelerators:
-            why = f"the strategy computes on {' and '.join(sorted(accelerators))} and the kernels are CPU-only"
+        c = self.config
+        accelerators = sorted(distribute.device_kinds(self.strategy) & {"GPU", "TPU"})
+        why = None
+        if c.kernels in ("fused", "auto"):
+            why = (f"the strategy computes on {' and '.join(accelerators)} and the kernels are CPU-only"
+                   if accelerators else fused.unavailable())
+        measured = {}
+        if autotune.auto_fields(c):
+            chunk = self.replica_batch // c.grad_accum_steps
+            paths = autotune.candidates(c, accelerators=accelerators, fused_why=why)
+            path, measured = autotune.choose(self.model_config.model_kwargs(self.n_token), c, chunk,
+                                             accelerators=accelerators, fused_why=why, log=log)
+            if distribute.is_multi_worker(self.strategy):
+                path = paths[distribute.broadcast_from_chief(self.strategy, paths.index(path))]
+            set_global_seeds(c)  # the measurement drew from the global random state; the run starts afresh
         else:
-            why = fused.unavailable()
-        if why is None:
-            return "fused", None
-        logging.warning("txl_tf: TrainConfig.kernels='fused' but %s; training with TensorFlow's ops "
-                        "(TrainConfig.kernels='tf' silences this)", why)
-        return "tf", why
+            path = autotune.TrainPath(bool(c.mixed_precision), bool(c.jit_compile), c.kernels)
+        if path.kernels == "fused" and why is not None:
+            logging.warning("txl_tf: TrainConfig.kernels='fused' but %s; training with TensorFlow's ops "
+                            "(TrainConfig.kernels='tf' silences this)", why)
+            return dataclasses.replace(path, kernels="tf"), measured, why
+        return path, measured, None
 
     def _build(self) -> None:
-        self.kernels, self.kernels_fallback = self._resolve_kernels()
         policy = "mixed_bfloat16" if self.mixed_precision else "float32"
         with loading.dtype_policy(policy), self.strategy.scope():
             self.model = loading.build_model(self.model_config, self.n_token, check=False,
-                                             fused_kernels=self.kernels == "fused")
+                                             fused_kernels=self.kernels == "fused",
+                                             recompute=self.config.recompute)
             self.schedule = schedules.learning_rate_schedule(self.config)
             self.optimizer = schedules.make_optimizer(self.config, self.schedule)
             self.optimizer.build(self.model.trainable_variables)
@@ -184,7 +203,7 @@ class Trainer:
         # the host loop ends after the step during which any worker's flag was set. Not checkpointed.
         self.stop_flag = tf.Variable(False, trainable=False, name="stop_requested")
         self._loop_fn = tf.function(self._host_loop)
-        self._grad_fn = tf.function(self._loss_and_grads, jit_compile=True) if self.config.jit_compile \
+        self._grad_fn = tf.function(self._loss_and_grads, jit_compile=True) if self.path.jit_compile \
             else self._loss_and_grads
 
     def num_parameters(self) -> int:
