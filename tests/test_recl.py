@@ -88,3 +88,18 @@ def test_cli_reads_npy_and_text_files(tmp_path):
     rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.split("RECL:")[1].splitlines()
             if line.startswith(("xl", "rnn"))}
     assert rows == {"xl": ["500", "500"], "rnn": ["100", "100"]}
+
+
+def test_bootstrap_recl_separates_a_real_lead_from_noise():
+    rng = np.random.default_rng(0)
+    base = rng.uniform(2.0, 3.0, size=4000)
+    contexts = CONTEXTS[:4]
+    # A gains 0.1 nats per step up to 300; B only up to 200; C is B plus per-token noise of the same size.
+    a = np.stack([base - 0.1 * min(k, 2) for k in range(4)])
+    b = np.stack([base - 0.1 * min(k, 1) for k in range(4)])
+    spread = recl.bootstrap_recl(np.stack([a, b]), contexts, r=1.0, samples=50, block=100)
+    assert spread["low"] == [300, 200] and spread["high"] == [300, 200]
+    assert spread["longest"] == [1.0, 0.0]
+    # Two identical models never lead: ties are counted as no one strictly the longest.
+    same = recl.bootstrap_recl(np.stack([a, a]), contexts, r=1.0, samples=20, block=100)
+    assert same["longest"] == [0.0, 0.0]

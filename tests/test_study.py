@@ -128,3 +128,57 @@ def test_published_report_is_what_the_generator_renders():
         assert (docs / report.PUBLISHED_NAME / png).exists()
     readme = (root / "README.md").read_text()
     assert report.replace_summary(readme, document) == readme  # the README's block is the generator's too
+
+
+def test_context_quick_end_to_end(tmp_path, data_root):
+    """Study `context` (--quick): four runs, the memory axis on the same kept tokens, RECL, the probe, the report;
+    a second study call trains and scores nothing again."""
+    from txl_tf.study import context
+
+    out = str(tmp_path / "study")
+    section = studies.run(["context"], out, quick=True, data_root=data_root)["studies"]["context"]
+    settings = context.QUICK
+    names = [m.name for m in context.MODELS]
+    assert list(section["runs"]) == sorted(names)
+    kept = section["setup"]["kept_tokens"]["test"]
+    assert kept == settings.eval_batch * ((settings.max_tokens - 1) // settings.eval_batch - settings.drop)
+    for name in names:
+        run = section["runs"][name]
+        assert run["steps"] == 30
+        table = run["test"][str(context.UNCLAMPED)]
+        assert set(table) == {str(m) for m in settings.memories}
+        assert all(math.isfinite(v) for v in table.values())
+        assert run["best"]["memory"] in settings.memories
+    # The vanilla model's window stops at its training span: every longer memory scores the same.
+    vanilla = section["runs"]["al_rfou"]["test"][str(context.UNCLAMPED)]
+    assert len({vanilla[str(m)] for m in settings.memories if m >= settings.train_span}) == 1
+    # Clamping at the training span changes nothing where no distance reaches it, and is kept apart elsewhere.
+    clamped = section["runs"]["xl"]["test"][str(settings.train_span)]
+    assert set(clamped) == {str(m) for m in settings.memories if settings.clamp_matters(m)}
+    assert [p["step"] for p in section["gain_curve"]] == [10, 20, 30]
+    assert section["recl"]["paper_group"]["models"] == list(context_results_group())
+    assert section["recl"]["paper_group"]["tokens"] == section["setup"]["vanilla_subset_tokens"]
+    distances = [str(d) for d in settings.probe.distances]
+    assert set(section["probe"]["xl"][str(settings.memories[0])]) == set(distances)
+
+    text = open(os.path.join(out, "report.md")).read()
+    assert text == report.render(runs.read_results(os.path.join(out, "results.json")))
+    claims = [row[0] for row in report.claims(runs.read_results(os.path.join(out, "results.json")))]
+    assert claims[0].startswith("A longer memory at evaluation")
+    recl_rows = [c for c in claims if c.startswith("Transformer-XL has the longest RECL")]
+    assert recl_rows == ["Transformer-XL has the longest RECL (appendix C, the paper's group)"]
+    for png in ("context_bpc.png", "context_gain.png", "context_recl.png", "context_probe.png"):
+        with open(os.path.join(out, png), "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+    evals = os.path.join(out, "runs", "context_xl", runs.EVAL_DIR)
+    before = sorted(os.listdir(evals))
+    again = studies.run(["context_xl"], out, quick=True, data_root=data_root)["studies"]["context"]
+    assert sorted(os.listdir(evals)) == before and again["runs"]["xl"]["test"] == section["runs"]["xl"]["test"]
+    assert json.load(open(os.path.join(out, "runs", "context_xl", runs.ATTEMPTS_FILE)))["attempts"] == 1
+
+
+def context_results_group():
+    from txl_tf.study import context_results
+
+    return context_results.PAPER_GROUP

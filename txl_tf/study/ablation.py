@@ -79,7 +79,7 @@ QUICK = Settings(
                   "ModelConfig.d_head = 16", "ModelConfig.d_inner = 64", "ModelConfig.max_position = 32",
                   "TrainConfig.train_steps = 30", "TrainConfig.warmup_steps = 5", "TrainConfig.steps_per_loop = 10",
                   "TrainConfig.log_every = 10", "TrainConfig.checkpoint_every = 15",
-                  "TrainConfig.measure_mfu = False"),
+                  "TrainConfig.measure_mfu = False", *runs.PINNED_PATH),
     recurrent_params=("ModelConfig.mem_len = 16", "TrainConfig.batch_size = 4", "TrainConfig.tgt_len = 16"),
     nonrecurrent_params=("ModelConfig.mem_len = 0", "TrainConfig.batch_size = 2", "TrainConfig.tgt_len = 32"),
 )
@@ -164,13 +164,7 @@ def _best_length(losses: dict, name: str, lengths) -> int:
 
 
 def _check_parameters(records: dict) -> float:
-    base = records[BASELINE]["parameters"]
-    deviation = max(abs(r["parameters"] - base) / base for r in records.values())
-    if deviation > PARAMETER_TOLERANCE:
-        counts = ", ".join(f"{n} {r['parameters']:,}" for n, r in records.items())
-        raise runs.StudyError(f"the variants' parameter counts differ by {deviation:.1%} (> 5%): {counts}; "
-                              "fix the sizes in gin/study/ablation_*.gin")
-    return deviation
+    return runs.check_parameters(records, BASELINE, PARAMETER_TOLERANCE, "gin/study/ablation_*.gin")
 
 
 def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool = True) -> dict:

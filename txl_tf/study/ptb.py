@@ -25,7 +25,8 @@ AVERAGED_DIR = "averaged"
 @dataclasses.dataclass(frozen=True)
 class Settings:
     average_last: int = 5
-    eval_tokens: int = 0  # 0 = the whole test split
+    eval_tokens: int = 0  # 0 = the whole test split (and the whole validation split for the sweep)
+    sweep_memories: tuple = (35, 70, 140, 210, 280, 350, 420)  # evaluation memories tried on the validation split
     bootstrap_block: int = 100
     params: tuple = ()
     vanilla_params: tuple = ()
@@ -33,12 +34,12 @@ class Settings:
 
 FULL = Settings()
 QUICK = Settings(
-    eval_tokens=600, bootstrap_block=20,
+    eval_tokens=600, bootstrap_block=20, sweep_memories=(4, 8, 16, 24),
     params=("ModelConfig.n_layer = 2", "ModelConfig.d_model = 32", "ModelConfig.n_head = 2", "ModelConfig.d_head = 16",
             "ModelConfig.d_inner = 64", "ModelConfig.mem_len = 8", "TrainConfig.batch_size = 4",
             "TrainConfig.tgt_len = 8", "TrainConfig.train_steps = 25", "TrainConfig.warmup_steps = 5",
             "TrainConfig.steps_per_loop = 5", "TrainConfig.log_every = 5", "TrainConfig.checkpoint_every = 5",
-            "TrainConfig.eval_every = 0", "TrainConfig.measure_mfu = False", "EvalConfig.tgt_len = 8",
+            "TrainConfig.eval_every = 0", "TrainConfig.measure_mfu = False", *runs.PINNED_PATH, "EvalConfig.tgt_len = 8",
             "EvalConfig.mem_len = 16", "EvalConfig.batch_size = 2"),
     vanilla_params=("ModelConfig.mem_len = 0", "ModelConfig.max_position = 16", "TrainConfig.batch_size = 2",
                     "TrainConfig.tgt_len = 16", "EvalConfig.tgt_len = 16", "EvalConfig.batch_size = 8"),
@@ -62,13 +63,16 @@ def _averaged_dir(run_dir: str, count: int) -> str:
     return output
 
 
-def _score(model_dir: str, run_dir: str, key: str, tokens: np.ndarray):
-    """Per-word test losses of the model in model_dir with its run's evaluation protocol (cached under run_dir)."""
+def _score(model_dir: str, run_dir: str, key: str, tokens: np.ndarray, mem_len: int | None = None):
+    """Per-word losses of the model in model_dir with its run's evaluation protocol (cached under run_dir);
+    `mem_len` replaces the protocol's memory (the validation sweep)."""
     from txl_tf import evaluation
 
     def compute():
         model, configs = runs.load_run_model(model_dir)
         e = configs.eval
+        if mem_len is not None:
+            e = dataclasses.replace(e, mem_len=mem_len)
         if e.protocol == "vanilla":
             result = evaluation.evaluate_vanilla(model, tokens, window=e.tgt_len, batch_size=e.batch_size,
                                                  clamp_len=e.clamp_len, return_token_losses=True)
@@ -83,14 +87,30 @@ def _score(model_dir: str, run_dir: str, key: str, tokens: np.ndarray):
     return runs.cached_eval(run_dir, key, compute)
 
 
+def _memory_sweep(model_dir: str, run_dir: str, valid: np.ndarray, test: np.ndarray, settings: Settings):
+    """The averaged model's validation perplexity at every memory of the sweep, then the test split at the best
+    one; returns ({"valid_ppl": {memory: ppl}, "chosen": memory, "test_ppl": ppl}, test losses at it)."""
+    n = settings.average_last
+    ppl = {}
+    for memory in settings.sweep_memories:
+        ppl[str(memory)] = _score(model_dir, run_dir, f"valid_averaged{n}_mem{memory}_n{valid.size}", valid,
+                                  mem_len=memory)[1]["ppl"]
+        runs.log(f"[ptb] validation ppl {ppl[str(memory)]:.2f} at evaluation memory {memory}")
+    chosen = min(settings.sweep_memories, key=lambda m: ppl[str(m)])
+    losses, info = _score(model_dir, run_dir, f"test_averaged{n}_mem{chosen}_n{test.size}", test, mem_len=chosen)
+    runs.log(f"[ptb] memory {chosen} chosen on validation: test ppl {info['ppl']:.2f}")
+    return {"valid_ppl": ppl, "chosen": chosen, "test_ppl": info["ppl"], "valid_words": int(valid.size - 1)}, losses
+
+
 def run(output_dir: str, data_dir: str, *, quick: bool = False) -> dict:
     """Trains and scores both models; returns the study's section of results.json."""
     from txl_tf.data import pipeline
 
     settings = QUICK if quick else FULL
     tokens = pipeline.read_split(data_dir, "test")
+    valid = pipeline.read_split(data_dir, "valid")
     if settings.eval_tokens:
-        tokens = tokens[: settings.eval_tokens + 1]
+        tokens, valid = tokens[: settings.eval_tokens + 1], valid[: settings.eval_tokens + 1]
     records, losses = {}, {}
     for index, (name, label, gin_files) in enumerate(MODELS):
         spec = run_spec(name, label, gin_files, data_dir, settings)
@@ -110,6 +130,9 @@ def run(output_dir: str, data_dir: str, *, quick: bool = False) -> dict:
         averaged_dir = _averaged_dir(run_dir, settings.average_last)
         averaged, info = _score(averaged_dir, run_dir, f"test_averaged{settings.average_last}_n{tokens.size}", tokens)
         record.update(test_ppl_last=last_ppl, test_ppl=info["ppl"], eval=info, averaged_checkpoints=settings.average_last)
+        if configs.eval.protocol != "vanilla":  # the evaluation memory, chosen on the validation split
+            record["memory_sweep"], averaged = _memory_sweep(averaged_dir, run_dir, valid, tokens, settings)
+            record["test_ppl_recipe"], record["test_ppl"] = info["ppl"], record["memory_sweep"]["test_ppl"]
         runs.log(f"{position}: test ppl {info['ppl']:.2f} (mean of the last {settings.average_last} checkpoints)"
                  + (f", {last_ppl:.2f} (last checkpoint)" if last_ppl else "")
                  + f"; {info['tokens']:,} words in {info['seconds']:.0f} s")

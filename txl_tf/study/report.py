@@ -274,6 +274,15 @@ def _ptb_section(section: dict) -> list[str]:
     rows.append(["Transformer-XL, paper (24M, GPU)", "", "", "", "54.52", ""])
     out += _table(["model", "parameters", "training minutes", "test ppl (last)", "test ppl (averaged)",
                    "trained at commit"], rows)
+    sweep = section["runs"]["xl"].get("memory_sweep")
+    if sweep:
+        out += ["", f"Transformer-XL's evaluation memory, chosen on the validation split ({sweep['valid_words']:,} "
+                f"words, averaged weights) before the test split was read: memory {sweep['chosen']}, test ppl "
+                f"{sweep['test_ppl']:.2f} (the table's averaged figure; {section['runs']['xl']['test_ppl_recipe']:.2f} "
+                "with the recipe's own memory).", ""]
+        tried = sorted(sweep["valid_ppl"].items(), key=lambda item: int(item[0]))
+        out += _table(["evaluation memory", *[m for m, _ in tried]],
+                      [["validation ppl", *[f"{v:.2f}" + ("*" if int(m) == sweep["chosen"] else "") for m, v in tried]]])
     return out + [""]
 
 
@@ -290,11 +299,19 @@ def render(document: dict, images: str = "", source: str = "results.json") -> st
     out += [""]
     if "ablation" in studies:
         out += _ablation_section(studies["ablation"], images)
+    if "context" in studies:
+        from txl_tf.study import report_context
+
+        out += report_context.section_lines(studies["context"], images, _machine(studies["context"]))
     if "ptb" in studies:
         out += _ptb_section(studies["ptb"])
     commands = ["python -m txl_tf.study --study=recl --output_dir=studies/cpu   # the six ablation runs, table, RECL",
                 "python -m txl_tf.study --study=ptb --output_dir=studies/cpu    # Penn Treebank, XL and vanilla",
                 "python -m txl_tf.study --study=report --output_dir=studies/cpu --publish=docs --readme=README.md"]
+    if "context" in studies:
+        from txl_tf.study import report_context
+
+        commands[1:1] = report_context.commands()
     out += ["## Reproduce", "", "```bash", *commands, "```", "",
             "Each command resumes where it stopped; per-token losses are cached as `.npy` under each run's `evals/`, "
             "the plots are drawn with matplotlib, and `results.json` holds every figure with the gin files, bindings "
@@ -312,6 +329,11 @@ def claims(document: dict) -> list[tuple[str, str, str, str]]:
     rows = []
     if "ablation" in studies:
         rows += _ablation_claims(studies["ablation"])
+    if "context" in studies:  # measured the paper's way: it replaces the ablation's rows on attention lengths
+        from txl_tf.study import report_context
+
+        rows = [row for row in rows if not row[0].startswith(report_context.REPLACED_CLAIMS)]
+        rows += report_context.claims(studies["context"])
     if "ptb" in studies:
         rows += _ptb_claims(studies["ptb"])
     return rows
@@ -345,6 +367,10 @@ def plot(document: dict, directory: str) -> list[str]:
 
     os.makedirs(directory, exist_ok=True)
     written = []
+    if "context" in document["studies"]:
+        from txl_tf.study import report_context
+
+        written += report_context.plot(document["studies"]["context"], directory, plt)
     section = document["studies"].get("ablation")
     if section is None:
         return written

@@ -34,6 +34,8 @@ import numpy as np
 from txl_tf.errors import UserError
 
 RUN_RECORD = "study.json"
+# The quick studies (the test suite's) pin the training path instead of timing candidates (txl_tf.autotune).
+PINNED_PATH = ("TrainConfig.mixed_precision = False", "TrainConfig.jit_compile = False", "TrainConfig.kernels = 'tf'")
 TRAIN_LOG = "train.log"
 EVAL_DIR = "evals"
 ATTEMPTS_FILE = "attempts.json"
@@ -150,6 +152,11 @@ def _write_json(path: str, value) -> None:
     os.replace(tmp, path)
 
 
+def read_record(run_dir: str) -> dict | None:
+    """The record (study.json) of a finished run, or None."""
+    return _read_json(os.path.join(run_dir, RUN_RECORD))
+
+
 def train_run(spec: RunSpec, run_dir: str, *, echo: bool = True) -> dict:
     """Trains `spec` into `run_dir` unless already finished; returns its record (study.json).
 
@@ -217,16 +224,29 @@ def cached_eval(run_dir: str, key: str, compute: Callable[[], tuple[np.ndarray, 
     return np.asarray(losses, np.float32), info
 
 
-def load_run_model(run_dir: str, gin_params: Sequence[str] = ()):
-    """(model, configs) of a finished run, float32, from its config.gin and latest checkpoint."""
+def load_run_model(run_dir: str, gin_params: Sequence[str] = (), checkpoint: str | None = None):
+    """(model, configs) of a finished run, float32, from its config.gin and latest checkpoint (or `checkpoint`, a
+    prefix such as run_dir/ckpt-500)."""
     from txl_tf.loading import load_model
 
-    model, configs, _ = load_model(run_dir, gin_params=gin_params)
+    model, configs, _ = load_model(run_dir, checkpoint, gin_params=gin_params)
     return model, configs
 
 
 def num_parameters(model) -> int:
     return int(sum(np.prod(v.shape) for v in model.trainable_variables))
+
+
+def check_parameters(records: dict, baseline: str, tolerance: float, gin_files: str) -> float:
+    """The largest relative deviation of the runs' parameter counts from `baseline`'s; a StudyError above
+    `tolerance` (the sizes in `gin_files` need fixing)."""
+    base = records[baseline]["parameters"]
+    deviation = max(abs(r["parameters"] - base) / base for r in records.values())
+    if deviation > tolerance:
+        counts = ", ".join(f"{n} {r['parameters']:,}" for n, r in records.items())
+        raise StudyError(f"the runs' parameter counts differ by {deviation:.1%} (> {tolerance:.0%}): {counts}; "
+                         f"fix the sizes in {gin_files}")
+    return deviation
 
 
 def paired_bootstrap(a: np.ndarray, b: np.ndarray, *, samples: int = 2000, seed: int = 0,

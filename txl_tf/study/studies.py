@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 
-STUDIES = ("ablation", "recl", "ptb", "report")
+CONTEXT_STUDIES = ("context_xl", "context_shaw", "context_no_recurrence", "context_al_rfou")
+STUDIES = ("ablation", "recl", "context", *CONTEXT_STUDIES, "ptb", "report")
 
 
 def prepared_data(data_root: str, dataset: str) -> str:
@@ -40,6 +41,12 @@ def run(studies, output_dir: str, *, quick: bool = False, data_root: str = "data
             data_dir = prepared_data(data_root, "enwik8_sample")
             section = ablation.run(output_dir, data_dir, quick=quick, with_recl=with_recl)
             runs.write_results(output_dir, "ablation", section)
+        elif study == "context" or study in CONTEXT_STUDIES:
+            from txl_tf.study import context
+
+            models = None if study == "context" else (study[len(context.STUDY_PREFIX):],)
+            section = context.run(output_dir, prepared_data(data_root, "enwik8_sample"), models=models, quick=quick)
+            runs.write_results(output_dir, "context", section)
         elif study == "ptb":
             from txl_tf.study import ptb
 

@@ -1,0 +1,287 @@
+"""Study `context`: the paper's title claim measured the way the paper measures it (Tables 5 and 6, appendix C).
+
+Four models at the size of the `make run` model (gin/study/context_<name>.gin), trained with a memory of 128 and
+128-token segments (training span 256), with parameter counts within 5%:
+
+    xl             Transformer-XL: relative encoding + recurrence (checkpoints at 1/3 and 2/3 scored too)
+    shaw           Shaw et al. (2018) learned relative encoding + recurrence
+    no_recurrence  Transformer-XL trained without memory (256-token segments), scored with a memory
+    al_rfou        the vanilla model of Al-Rfou et al. (2018): learned absolute positions, a 256-token window
+
+The length axis is the paper's attention length at evaluation: the memory (64 ... 640: half the training memory
+to 5x it), "init" being the training memory (128), with one segment length (128) and same_length for every
+memory, relative distances unclamped and clamped at the training span side by side. The vanilla model's axis is
+its window, min(memory, 256): like the paper's Transformer row it cannot look further than it was trained to.
+
+Scoring: the whole split in 10 streams through the cached state, every stream's first n_layer x 640 predictions
+dropped (txl_tf.study.scoring), so every cell scores the same tokens with a full context. Each model's best
+(memory, clamp) is chosen on the validation split and then reported on the test split; intervals are paired block
+bootstraps (runs.paired_bootstrap). The vanilla model is scored on a fixed subset of blocks of those tokens (one
+forward pass per token) and compared with the others on that subset.
+
+Also: RECL (appendix C) of the four-model group at contexts 64, 128, ..., 640 (each model scored at exactly c,
+the vanilla model at its window up to 256), and the copy probe (txl_tf.study.probe) per model and memory.
+Each model is its own study (`context_xl`, ...) so that each fits an hour; every study re-assembles the section
+from the runs and cached scores there are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import numpy as np
+
+from txl_tf.protocol import Protocol
+from txl_tf.study import ablation, runs, scoring
+from txl_tf.study import probe as probe_lib
+
+LN2 = math.log(2.0)
+UNCLAMPED = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    name: str
+    label: str
+    vanilla: bool = False
+
+
+MODELS = (
+    Model("xl", "Transformer-XL (ours + recurrence)"),
+    Model("shaw", "Shaw et al. encoding + recurrence"),
+    Model("no_recurrence", "w/o recurrence"),
+    Model("al_rfou", "Al-Rfou et al. vanilla (sliding window)", vanilla=True),
+)
+BASELINE = "xl"
+PARAMETER_TOLERANCE = 0.05
+STUDY_PREFIX = "context_"  # study `context_xl` trains and scores model `xl`
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The study's axes and sizes; `quick` shrinks everything so the pipeline runs in the test suite."""
+
+    memories: tuple = (64, 128, 192, 256, 384, 512, 640)
+    train_memory: int = 128
+    train_span: int = 256
+    recl_contexts: tuple = tuple(range(64, 641, 64))
+    eval_tgt_len: int = 128
+    eval_batch: int = 10
+    n_layer: int = 4
+    block: int = 100
+    vanilla_blocks: int = 200  # 20,000 tokens
+    vanilla_batch: int = 32
+    max_tokens: int = 0  # 0 = the whole split
+    checkpoint_fractions: tuple = (3, 3)  # (numerator limit, denominator): checkpoints at 1/3 and 2/3
+    probe: probe_lib.Probe = probe_lib.Probe()
+    train_params: tuple = ()
+    recurrent_params: tuple = ()
+    nonrecurrent_params: tuple = ()
+
+    @property
+    def drop(self) -> int:
+        return self.n_layer * max(max(self.memories), max(self.recl_contexts))
+
+    @property
+    def clamps(self) -> tuple:
+        return (UNCLAMPED, self.train_span)
+
+    def clamp_matters(self, memory: int) -> bool:
+        """Whether clamping at the training span changes anything: some distance (up to memory + segment - 1)
+        exceeds it."""
+        return memory + self.eval_tgt_len - 1 > self.train_span
+
+    def window(self, memory: int) -> int:
+        return min(memory, self.train_span)
+
+
+FULL = Settings()
+QUICK = Settings(
+    memories=(8, 16, 32, 64), train_memory=16, train_span=32, recl_contexts=tuple(range(8, 65, 8)),
+    eval_tgt_len=16, eval_batch=4, n_layer=2, block=20, vanilla_blocks=4, vanilla_batch=16, max_tokens=3001,
+    probe=probe_lib.Probe(distances=(16, 32, 64, 128, 256), span=8, examples=3, lead=80),
+    train_params=(*ablation.QUICK.train_params, "TrainConfig.checkpoint_every = 10"),  # the same tiny model
+    recurrent_params=ablation.QUICK.recurrent_params, nonrecurrent_params=ablation.QUICK.nonrecurrent_params,
+)
+
+
+def settings_for(quick: bool) -> Settings:
+    return QUICK if quick else FULL
+
+
+def run_spec(model: Model, settings: Settings, data_dir: str, quick: bool) -> runs.RunSpec:
+    params = [f"DATA_DIR = '{data_dir}'", *settings.train_params]
+    if quick:
+        recurrent = model.name in ("xl", "shaw")
+        params += settings.recurrent_params if recurrent else settings.nonrecurrent_params
+    return runs.RunSpec(name="context_" + model.name, gin_files=(f"study/context_{model.name}.gin",),
+                        gin_params=tuple(params), label=model.label)
+
+
+@dataclasses.dataclass
+class Splits:
+    """The scored tokens of the validation and test splits and the raw test split (the probe's text)."""
+
+    valid: scoring.ScoredTokens
+    test: scoring.ScoredTokens
+    test_tokens: np.ndarray
+
+
+def splits(data_dir: str, settings: Settings) -> Splits:
+    from txl_tf.data import pipeline
+
+    out = {}
+    for split in ("valid", "test"):
+        tokens = pipeline.read_split(data_dir, split)
+        if settings.max_tokens:
+            tokens = tokens[:settings.max_tokens]
+        out[split] = scoring.ScoredTokens(tokens, settings.eval_batch, settings.drop, settings.block,
+                                          settings.vanilla_blocks)
+        out[split].check()
+    return Splits(out["valid"], out["test"], out["test"].tokens)
+
+
+class Scorer:
+    """Per-token losses of one model (a run's checkpoint), cached under the run's evals/ (runs.cached_eval)."""
+
+    def __init__(self, run_dir: str, model, vanilla: bool, settings: Settings, prefix: str = ""):
+        self.run_dir, self.model, self.vanilla, self.settings, self.prefix = run_dir, model, vanilla, settings, prefix
+
+    def _key(self, split: str, scored: scoring.ScoredTokens, length: int, clamp: int) -> str:
+        where = f"b{scored.batch_size}_d{scored.drop}_n{scored.tokens.shape[0]}"
+        if self.vanilla:
+            return f"{self.prefix}{split}_window{length}_{where}_blocks{scored.subset_blocks}x{scored.block}"
+        return f"{self.prefix}{split}_mem{length}_clamp{clamp}_t{self.settings.eval_tgt_len}_{where}"
+
+    def losses(self, split: str, scored: scoring.ScoredTokens, memory: int, clamp: int = UNCLAMPED) -> np.ndarray:
+        """Kept losses [count] (recurrent) or [subset] (vanilla, window min(memory, span)) in nats."""
+        s = self.settings
+        if not self.vanilla and clamp != UNCLAMPED and not s.clamp_matters(memory):
+            clamp = UNCLAMPED  # no distance reaches the clamp: the same numbers
+        length = s.window(memory) if self.vanilla else memory
+
+        def compute():
+            if self.vanilla:
+                positions = scored.positions()[scored.subset()]
+                import time
+
+                start = time.perf_counter()
+                losses = scoring.score_windows(self.model, scored.tokens, positions, window=length,
+                                               batch_size=s.vanilla_batch)
+                seconds = time.perf_counter() - start
+                protocol = {"protocol": "vanilla", "window": length}
+            else:
+                losses, result = scoring.score_recurrent(
+                    self.model, scored, tgt_len=s.eval_tgt_len,
+                    protocol=Protocol(mem_len=memory, clamp_len=clamp, same_length=True))
+                seconds, protocol = result.seconds, result.protocol
+            info = {"protocol": protocol, "seconds": round(seconds, 2), "tokens": int(losses.size),
+                    "bpc": scoring.bits(losses)}
+            runs.log(f"  {os.path.basename(self.run_dir)} {self.prefix}{split} "
+                     f"{'window' if self.vanilla else 'memory'} {length}"
+                     f"{'' if clamp == UNCLAMPED or self.vanilla else f' clamp {clamp}'}: {info['bpc']:.4f} bpc "
+                     f"({info['tokens']:,} tokens, {info['seconds']:.0f} s)")
+            return losses, info
+
+        return runs.cached_eval(self.run_dir, self._key(split, scored, length, clamp), compute)[0]
+
+    def probe(self, tokens: np.ndarray, memory: int) -> tuple[np.ndarray, np.ndarray]:
+        """([B, P], [B, P]) losses on the two copies of the probe at this memory (window for the vanilla model)."""
+        s, p = self.settings, self.settings.probe
+        length = s.window(memory) if self.vanilla else memory
+        key = (f"{self.prefix}probe_{'window' if self.vanilla else 'mem'}{length}_d{'-'.join(map(str, p.distances))}"
+               f"_s{p.span}_e{p.examples}_l{p.lead}_seed{p.seed}_n{tokens.shape[0]}")
+
+        def compute():
+            if self.vanilla:
+                first, second = probe_lib.score_vanilla(self.model, p, tokens, window=length,
+                                                        batch_size=s.vanilla_batch)
+            else:
+                first, second = probe_lib.score_recurrent(
+                    self.model, p, tokens, tgt_len=s.eval_tgt_len,
+                    protocol=Protocol(mem_len=memory, clamp_len=UNCLAMPED, same_length=True))
+            both = np.stack([first, second])
+            return both.reshape(-1), {"shape": list(both.shape), "bpc_second": scoring.bits(second)}
+
+        flat, info = runs.cached_eval(self.run_dir, key, compute)
+        both = flat.reshape(info["shape"])
+        return both[0], both[1]
+
+
+def _grid(scorer: Scorer, data: Splits, settings: Settings, *, memories=None, clamps=None, recl: bool = True) -> dict:
+    """{(split, memory, clamp): losses}: both splits at every memory and clamp, and the RECL contexts on test."""
+    memories = memories or settings.memories
+    clamps = clamps or ((UNCLAMPED,) if scorer.vanilla else settings.clamps)
+    cells = {}
+    for split, scored in (("valid", data.valid), ("test", data.test)):
+        for memory in memories:
+            for clamp in clamps:
+                if clamp != UNCLAMPED and not settings.clamp_matters(memory):
+                    continue
+                cells[(split, memory, clamp)] = scorer.losses(split, scored, memory, clamp)
+    if recl:
+        for context in settings.recl_contexts:
+            cells[("test", context, UNCLAMPED)] = scorer.losses("test", data.test, context)
+    return cells
+
+
+def _checkpoint_steps(train_steps: int, settings: Settings) -> list[int]:
+    limit, denominator = settings.checkpoint_fractions
+    return [train_steps * k // denominator for k in range(1, limit)]
+
+
+def train_and_score(model: Model, output_dir: str, data_dir: str, data: Splits, settings: Settings,
+                    quick: bool) -> tuple[dict, dict]:
+    """Trains one model (or finds it finished) and computes (or reads back) every score the section needs.
+
+    Returns (record with parameters and training tokens, scores: {"cells": {(split, memory, clamp): losses},
+    "probe": {memory: (first, second)}, and for the baseline "checkpoints": {step: cells}, "checkpoint_tokens"}).
+    """
+    import keras
+
+    spec = run_spec(model, settings, data_dir, quick)
+    run_dir = os.path.join(output_dir, "runs", spec.name)
+    runs.log(f"[context] {model.name}: training ({', '.join(spec.gin_files)}) in {run_dir}")
+    record = dict(runs.train_run(spec, run_dir))
+    runs.log(f"[context] {model.name}: trained {record['steps']} steps in {record['wall_seconds'] / 60:.1f} min; "
+             "scoring")
+    loaded, configs = runs.load_run_model(run_dir)
+    tokens_per_step = configs.train.batch_size * configs.train.tgt_len
+    record["parameters"] = runs.num_parameters(loaded)
+    record["train_tokens"] = record["steps"] * tokens_per_step
+    scorer = Scorer(run_dir, loaded, model.vanilla, settings)
+    scores = {"cells": _grid(scorer, data, settings),
+              "probe": {m: scorer.probe(data.test_tokens, m) for m in settings.memories}}
+    if model.name == BASELINE:
+        scores["checkpoints"], scores["checkpoint_tokens"] = {}, {}
+        for step in _checkpoint_steps(record["steps"], settings):
+            early, _ = runs.load_run_model(run_dir, checkpoint=os.path.join(run_dir, f"ckpt-{step}"))
+            scores["checkpoints"][step] = _grid(Scorer(run_dir, early, False, settings, prefix=f"ckpt{step}_"),
+                                                data, settings, clamps=(UNCLAMPED,), recl=False)
+            scores["checkpoint_tokens"][step] = step * tokens_per_step
+    keras.backend.clear_session()
+    return record, scores
+
+
+def _finished(output_dir: str, model: Model, settings: Settings, data_dir: str, quick: bool) -> bool:
+    spec = run_spec(model, settings, data_dir, quick)
+    record = runs.read_record(os.path.join(output_dir, "runs", spec.name))
+    return record is not None and record["digest"] == spec.digest()
+
+
+def run(output_dir: str, data_dir: str, *, models=None, quick: bool = False) -> dict:
+    """Trains and scores `models` (names; default all four), then assembles the section from every model whose
+    run is finished here (scores read back from the cache, or computed now)."""
+    from txl_tf.study import context_results
+
+    settings = settings_for(quick)
+    data = splits(data_dir, settings)
+    records, scores = {}, {}
+    for model in MODELS:
+        if (models is None or model.name in models) or _finished(output_dir, model, settings, data_dir, quick):
+            records[model.name], scores[model.name] = train_and_score(model, output_dir, data_dir, data, settings,
+                                                                      quick)
+    return context_results.section(records, scores, data, settings, quick=quick,
+                                   dataset=os.path.basename(os.path.normpath(data_dir)))

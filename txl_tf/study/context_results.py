@@ -1,0 +1,158 @@
+"""The `context` section of results.json, computed from the models' per-token losses (txl_tf.study.context).
+
+Every figure is in bits per token on the kept tokens of txl_tf.study.scoring; comparisons are paired block
+bootstraps (runs.paired_bootstrap) on the same tokens: all kept tokens between recurrent models, the vanilla
+subset when the vanilla model is one side. A model's best (memory, clamp) is chosen on the validation split;
+only then is the test split read for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from txl_tf.study import probe as probe_lib
+from txl_tf.study import runs, scoring
+from txl_tf.study.context import BASELINE, MODELS, PARAMETER_TOLERANCE, UNCLAMPED, Settings
+
+LN2 = math.log(2.0)
+PAPER_GROUP = ("xl", "shaw", "no_recurrence", "al_rfou")  # the paper's Table 6 group
+BOOTSTRAP_SAMPLES = 200
+
+
+def _compare(a: np.ndarray, b: np.ndarray, block: int) -> dict:
+    """mean(a - b) in bits with its 95% interval (a, b: per-token losses in nats on the same tokens)."""
+    return {k: v / LN2 for k, v in runs.paired_bootstrap(a, b, block=block).items()}
+
+
+def _init(name: str, settings: Settings) -> tuple[int, int]:
+    vanilla = next(m for m in MODELS if m.name == name).vanilla
+    return (settings.train_span if vanilla else settings.train_memory), UNCLAMPED
+
+
+def _best(cells: dict, settings: Settings) -> tuple[int, int]:
+    """(memory, clamp) with the lowest validation loss (the first such in the axis' order)."""
+    options = [(m, c) for (split, m, c) in cells if split == "valid"]
+    options.sort()
+    return min(options, key=lambda key: float(np.mean(cells[("valid", *key)], dtype=np.float64)))
+
+
+def _table(cells: dict, split: str, settings: Settings, pick=None) -> dict:
+    """{clamp: {memory: bpc}} of one split (string keys)."""
+    out = {}
+    for (s, memory, clamp), losses in sorted(cells.items()):
+        if s == split and memory in settings.memories:
+            out.setdefault(str(clamp), {})[str(memory)] = scoring.bits(losses if pick is None else losses[pick])
+    return out
+
+
+def _check_parameters(records: dict) -> float:
+    if BASELINE not in records:
+        return 0.0
+    return runs.check_parameters(records, BASELINE, PARAMETER_TOLERANCE, "gin/study/context_*.gin")
+
+
+def _gain_curve(scores: dict, final_steps: int, final_tokens: int, settings: Settings) -> list[dict]:
+    """Transformer-XL's (best - init) on test at each kept checkpoint and at the end (unclamped memories)."""
+    points = [(step, scores["checkpoints"][step], scores["checkpoint_tokens"][step])
+              for step in sorted(scores.get("checkpoints", {}))]
+    final = {k: v for k, v in scores["cells"].items() if k[2] == UNCLAMPED and k[1] in settings.memories}
+    points.append((final_steps, final, final_tokens))
+    curve = []
+    for step, cells, tokens in points:
+        best = _best(cells, settings)
+        init = ("test", settings.train_memory, UNCLAMPED)
+        curve.append({"step": step, "tokens": tokens, "best_memory": best[0],
+                      "init_bpc": scoring.bits(cells[init]), "best_bpc": scoring.bits(cells[("test", *best)]),
+                      **_compare(cells[("test", *best)], cells[init], settings.block)})
+    return curve
+
+
+def _recl(scores: dict, names: list, settings: Settings, pick) -> dict:
+    """RECL (appendix C) of `names` at exactly each context (the vanilla model at its window up to the training
+    span); `pick` selects the tokens of the recurrent models (the vanilla subset, or None for all)."""
+    from txl_tf.analysis import recl
+
+    vanilla = {m.name for m in MODELS if m.vanilla}
+    contexts = tuple(settings.recl_contexts)
+    rows = []
+    for n in names:
+        per_context = [scores[n]["cells"][("test", c, UNCLAMPED)] for c in contexts]
+        rows.append(np.stack([x if (n in vanilla or pick is None) else x[pick] for x in per_context]))
+    group = np.stack(rows)  # [models, C, T]
+    out = {"contexts": list(contexts), "models": list(names), "tokens": int(group.shape[2]), "ratios": {}}
+    for r in recl.PAPER_RATIOS:
+        result = recl.compute_recl(group, contexts, r=r)
+        spread = recl.bootstrap_recl(group, contexts, r=r, samples=BOOTSTRAP_SAMPLES, block=settings.block)
+        out["ratios"][str(r)] = {"recl": [int(x) for x in result.recl], "truncated": [bool(x) for x in result.truncated],
+                                 "gains": np.round(result.gains, 6).tolist(), **spread}
+    out["bpc"] = {n: [scoring.bits(row[k]) for k in range(len(contexts))] for n, row in zip(names, rows, strict=True)}
+    return out
+
+
+def section(records: dict, scores: dict, data, settings: Settings, *, quick: bool, dataset: str) -> dict:
+    """The study's section of results.json from the models there are (`records`, `scores` of
+    context.train_and_score)."""
+    names = [m.name for m in MODELS if m.name in records]
+    vanilla = {m.name for m in MODELS if m.vanilla}
+    subset = data.test.subset()
+    block = settings.block
+
+    def test(name: str, key: tuple, on_subset: bool) -> np.ndarray:
+        losses = scores[name]["cells"][("test", *key)]
+        return losses[subset] if on_subset and name not in vanilla else losses
+
+    out_runs, best, comparisons = {}, {}, {}
+    for name in names:
+        cells = scores[name]["cells"]
+        best[name] = _best(cells, settings)
+        record = dict(records[name])
+        record.update(valid=_table(cells, "valid", settings), test=_table(cells, "test", settings),
+                      test_subset=_table(cells, "test", settings, None if name in vanilla else subset),
+                      best={"memory": best[name][0], "clamp": best[name][1]},
+                      init={"memory": _init(name, settings)[0], "clamp": UNCLAMPED})
+        out_runs[name] = record
+        comparisons[f"{name}_longer"] = _compare(test(name, best[name], False), test(name, _init(name, settings), False),
+                                                 block) | {"a": [name, *best[name]], "b": [name, *_init(name, settings)]}
+    if BASELINE in names:
+        for name in names:
+            if name == BASELINE:
+                continue
+            on_subset = name in vanilla
+            xl_best, xl_init = test(BASELINE, best[BASELINE], on_subset), test(BASELINE, _init(BASELINE, settings),
+                                                                                  on_subset)
+            other_best, other_init = test(name, best[name], on_subset), test(name, _init(name, settings), on_subset)
+            comparisons[f"xl_vs_{name}"] = _compare(xl_best, other_best, block) | {"subset": on_subset}
+            comparisons[f"xl_vs_{name}_init"] = _compare(xl_init, other_init, block) | {"subset": on_subset}
+            comparisons[f"xl_gain_vs_{name}"] = _compare(xl_best - xl_init + other_init, other_best, block) | \
+                {"subset": on_subset}  # (xl_best - xl_init) - (other_best - other_init)
+    out = {
+        "quick": quick,
+        "machine": runs.machine(),
+        "setup": {"dataset": dataset, "memories": list(settings.memories), "train_memory": settings.train_memory,
+                  "train_span": settings.train_span, "eval_tgt_len": settings.eval_tgt_len,
+                  "streams": settings.eval_batch, "dropped_per_stream": settings.drop,
+                  "kept_tokens": {"valid": data.valid.count, "test": data.test.count},
+                  "split_tokens": {"valid": int(data.valid.tokens.shape[0]), "test": int(data.test.tokens.shape[0])},
+                  "vanilla_subset_tokens": int(subset.shape[0]), "bootstrap_block": block,
+                  "clamps": list(settings.clamps), "recl_contexts": list(settings.recl_contexts),
+                  "probe": dataclasses.asdict(settings.probe) | {"distances": list(settings.probe.distances)},
+                  "parameter_deviation": _check_parameters(records),
+                  "models": [dataclasses.asdict(m) for m in MODELS if m.name in names]},
+        "runs": out_runs,
+        "comparisons": comparisons,
+        "probe": {n: {str(m): probe_lib.summarize(*scores[n]["probe"][m], settings.probe) for m in settings.memories}
+                  for n in names},
+    }
+    if BASELINE in names:
+        out["gain_curve"] = _gain_curve(scores[BASELINE], records[BASELINE]["steps"],
+                                        records[BASELINE]["train_tokens"], settings)
+    recurrent = [n for n in names if n not in vanilla]
+    if len(recurrent) > 1:
+        out["recl"] = {"recurrent": _recl(scores, recurrent, settings, None)}
+        group = [n for n in PAPER_GROUP if n in names]
+        if len(group) == len(PAPER_GROUP):
+            out["recl"]["paper_group"] = _recl(scores, group, settings, subset)
+    return out

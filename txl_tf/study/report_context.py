@@ -1,0 +1,311 @@
+"""The report's part for study `context` (txl_tf.study.context): claims, tables and plots, from its section of
+results.json only. txl_tf.study.report calls it when the section is there; a document without it renders as
+before."""
+
+from __future__ import annotations
+
+import os
+
+# The paper's figures quoted next to ours (Dai et al., 2019): WikiText-103 Table 5 (init at the training memory,
+# best at the best evaluation memory) and Table 6 (RECL, r = 0.1).
+PAPER = {
+    "longer_xl": "27.02 -> 26.77 ppl (memory 128 -> 500; base model 23.43 at 150 -> 23.09 at 640)",
+    "longer_others": "Shaw 27.94 -> 27.94; w/o recurrence 29.59 -> 29.02",
+    "no_recurrence": "26.77 vs. 29.02 ppl",
+    "shaw": "26.77 vs. 27.94 ppl",
+    "al_rfou": "26.77 vs. 31.16 ppl",
+    "recl": "XL 700 > Shaw 400 > w/o recurrence 300 > Transformer 128 (r = 0.1)",
+    "probe": "(not in the paper: recurrence with relative encodings is claimed to reach beyond the training span)",
+}
+REPLACED_CLAIMS = ("A longer attention at evaluation helps", "... and only with the relative encoding",
+                   "Transformer-XL has the longest RECL")
+LONGEST_SHARE = 0.95  # RECL: the share of bootstrap resamples in which a model must be strictly the longest
+
+
+def _verdict(c: dict) -> str:
+    from txl_tf.study.report import verdict
+
+    return verdict(c)
+
+
+def _interval(c: dict) -> str:
+    return f"{c['mean']:+.4f} bpc [{c['low']:+.4f}, {c['high']:+.4f}]"
+
+
+def _label(section: dict, name: str) -> str:
+    return section["runs"][name]["label"] or name
+
+
+def _cell(key: dict) -> str:
+    return f"memory {key['memory']}" + (f", clamp {key['clamp']}" if key["clamp"] > 0 else "")
+
+
+def _names(section: dict) -> list[str]:
+    return [m["name"] for m in section["setup"]["models"]]
+
+
+def _by_memory(cells: dict) -> list:
+    return sorted(cells.items(), key=lambda item: int(item[0]))
+
+
+def _vanilla(section: dict) -> set:
+    return {m["name"] for m in section["setup"]["models"] if m["vanilla"]}
+
+
+def claims(section: dict) -> list[tuple[str, str, str, str]]:
+    """(claim, paper, ours, verdict) rows of the context study (those its models allow)."""
+    runs, comparisons, rows = section["runs"], section["comparisons"], []
+    if "xl" not in runs:
+        return rows
+    setup = section["setup"]
+    c = comparisons["xl_longer"]
+    rows.append(("A longer memory at evaluation helps Transformer-XL (init = the training memory)", PAPER["longer_xl"],
+                 f"{_interval(c)} from memory {setup['train_memory']} to the validation's best "
+                 f"({_cell(runs['xl']['best'])})", _verdict(c)))
+    others = [m["name"] for m in setup["models"] if m["name"] != "xl" and not m["vanilla"]]
+    if others:
+        gains = {n: comparisons[f"xl_gain_vs_{n}"] for n in others}
+        if all(g["high"] < 0 for g in gains.values()):
+            result = "reproduced"
+        elif any(g["low"] > 0 for g in gains.values()):
+            result = "reversed"
+        else:
+            result = "not reproduced (within noise)"
+        ours = "; ".join(f"{n} gains {_interval(comparisons[f'{n}_longer'])}, XL's gain minus its: {_interval(g)}"
+                         for n, g in gains.items())
+        rows.append(("... and more than with Shaw et al.'s encoding or without recurrence", PAPER["longer_others"],
+                     ours, result))
+    for name, text in (("no_recurrence", "Recurrence helps"), ("shaw", "Our relative encoding beats Shaw et al.'s"),
+                       ("al_rfou", "Transformer-XL beats the vanilla Transformer")):
+        if name in runs:
+            c = comparisons[f"xl_vs_{name}"]
+            where = " (vanilla subset)" if c["subset"] else ""
+            rows.append((f"{text} (make-run size, each at its best memory)", PAPER[name],
+                         f"{_interval(c)}{where}", _verdict(c)))
+    recl = section.get("recl", {})
+    group = recl.get("paper_group") or recl.get("recurrent")
+    if group:
+        r = group["ratios"]["0.1"]
+        values = dict(zip(group["models"], r["recl"], strict=True))
+        share = dict(zip(group["models"], r["longest"], strict=True))
+        longest = max(values.values())
+        if values["xl"] == longest and share["xl"] >= LONGEST_SHARE:
+            result = "reproduced"
+        elif values["xl"] < longest and max(share[n] for n in values if n != "xl") >= LONGEST_SHARE:
+            result = "reversed"
+        else:
+            result = "not reproduced (within noise)"
+        ours = ", ".join(f"{n} {values[n]} [{lo}, {hi}]" for n, lo, hi in zip(group["models"], r["low"], r["high"],
+                                                                             strict=True))
+        rows.append(("Transformer-XL has the longest RECL (appendix C, the paper's group)", PAPER["recl"],
+                     f"{ours}; XL strictly longest in {share['xl']:.0%} of resamples", result))
+    probe = section["probe"]["xl"]
+    memory = str(max(setup["memories"]))
+    distance = str(2 * setup["train_span"])
+    if distance in probe[memory]:
+        p = probe[memory][distance]
+        c = {"mean": p["difference"], "low": p["low"], "high": p["high"]}
+        ours = f"second copy minus first {_interval(c)} at distance {distance}, memory {memory}"
+        for n in sorted(_vanilla(section)):
+            q = section["probe"][n][memory][distance]
+            ours += f"; {n}: {_interval({'mean': q['difference'], 'low': q['low'], 'high': q['high']})}"
+        rows.append(("Transformer-XL copies text from beyond its training span (copy probe)", PAPER["probe"], ours,
+                     _verdict(c)))
+    curve = section.get("gain_curve")
+    if curve and len(curve) > 1:
+        means = [p["mean"] for p in curve]
+        grows = all(b < a for a, b in zip(means, means[1:], strict=False))
+        ours = ", ".join(f"{p['mean']:+.4f} after {p['tokens'] / 1e6:.1f}M" for p in curve)
+        rows.append(("(finding) Transformer-XL's gain from a longer memory grows with training", "(not in the paper)",
+                     ours + " characters", "grows" if grows else "does not grow steadily"))
+    return rows
+
+
+def _table(header, rows):
+    from txl_tf.study.report import _table as table
+
+    return table(header, rows)
+
+
+def section_lines(section: dict, images: str, machine: str) -> list[str]:
+    setup, runs = section["setup"], section["runs"]
+    memories = setup["memories"]
+    names = _names(section)
+    vanilla = _vanilla(section)
+    out = ["## Evaluation memory, RECL and a copy probe (Tables 5 and 6 at the `make run` size)", "", machine, "",
+           f"{len(names)} models on `{setup['dataset']}` ({', '.join(f'`gin/study/context_{n}.gin`' for n in names)}): "
+           f"the `make run` model's size, trained with memory {setup['train_memory']} and segments of "
+           f"{setup['train_span'] - setup['train_memory']} (training span {setup['train_span']}), parameter counts "
+           f"within {setup['parameter_deviation']:.2%}. Vaswani et al.'s encoding and the half loss stay at the "
+           "smaller size of the ablation above.", "",
+           f"The length axis is the memory at evaluation (init = the training memory {setup['train_memory']}), with "
+           f"segments of {setup['eval_tgt_len']} and same_length for every memory, distances unclamped and clamped "
+           f"at the training span ({setup['train_span']}). The whole {setup['split_tokens']['test']:,}-character test "
+           f"split is scored in {setup['streams']} streams through the cached state; the first "
+           f"{setup['dropped_per_stream']:,} predictions of every stream (n_layer x the longest memory) are dropped, "
+           f"so every cell scores the same {setup['kept_tokens']['test']:,} characters with a full context. Each "
+           "model's best memory and clamp are chosen on the validation split (scored the same way), then read on "
+           "test. The vanilla model's window is min(memory, its training window): like the paper's Transformer row "
+           f"it cannot look further; it costs a forward pass per character, so it is scored on "
+           f"{setup['vanilla_subset_tokens']:,} of those characters (evenly spaced blocks of "
+           f"{setup['bootstrap_block']}), and compared with the others there. Intervals: 95% paired block "
+           f"bootstrap (blocks of {setup['bootstrap_block']} characters).", ""]
+    rows = [[_label(section, n), f"{runs[n]['parameters']:,}", f"{runs[n]['train_tokens']:,}",
+             f"{runs[n]['wall_seconds'] / 60:.1f}", f"{runs[n]['cpu_seconds'] / 60:.1f}", f"`{runs[n]['commit']}`"]
+            for n in names]
+    out += _table(["model", "parameters", "training characters", "wall min", "CPU min", "trained at commit"], rows)
+    out += ["", "Test bpc by memory at evaluation (i = init, * = best on validation; the vanilla row on its subset):",
+            ""]
+    rows = []
+    for n in names:
+        table = runs[n]["test_subset" if n in vanilla else "test"]
+        for clamp, values in table.items():
+            cells = []
+            for m in memories:
+                value = values.get(str(m))
+                if value is None:
+                    cells.append("(as unclamped)")
+                    continue
+                mark = ("i" if runs[n]["init"] == {"memory": m, "clamp": int(clamp)} else "") + \
+                       ("*" if runs[n]["best"] == {"memory": m, "clamp": int(clamp)} else "")
+                cells.append(f"{value:.4f}{mark}")
+            name = _label(section, n) + (f", clamp {clamp}" if int(clamp) > 0 else "")
+            rows.append([name + (f" (window = min(memory, {setup['train_span']}))" if n in vanilla else ""), *cells])
+    out += _table(["model", *[str(m) for m in memories]], rows)
+    out += ["", f"![test bpc against the memory at evaluation]({images}context_bpc.png)", ""]
+    curve = section.get("gain_curve")
+    if curve:
+        out += ["Transformer-XL's gain (best memory on validation minus init, on test) as training goes on:", ""]
+        out += _table(["step", "training characters", "init bpc", "best memory", "best bpc", "best - init"],
+                      [[p["step"], f"{p['tokens']:,}", f"{p['init_bpc']:.4f}", p["best_memory"], f"{p['best_bpc']:.4f}",
+                        _interval(p)] for p in curve])
+        out += ["", f"![gain against training characters]({images}context_gain.png)", ""]
+    out += _recl_lines(section, images) + _probe_lines(section, images)
+    return out
+
+
+def _recl_lines(section: dict, images: str) -> list[str]:
+    recl = section.get("recl")
+    if not recl:
+        return []
+    out = ["### RECL (appendix C)", ""]
+    for key, text in (("paper_group", "the paper's four-model group, on the vanilla subset"),
+                      ("recurrent", "the recurrent models, on every kept character")):
+        if key not in recl:
+            continue
+        group = recl[key]
+        out += [f"Contexts {', '.join(map(str, group['contexts']))}, each model scored at exactly c (the vanilla "
+                f"model at its window, up to {section['setup']['train_span']}), threshold 0.01; {text} "
+                f"({group['tokens']:,} characters). "
+                "In brackets the 95% range over block-bootstrap resamples, then the share of resamples in which "
+                "the model is strictly the longest; `>=` marks a model still gaining at the longest context.", ""]
+        rows = []
+        for i, name in enumerate(group["models"]):
+            cells = []
+            for r in ("0.1", "0.5", "1.0"):
+                e = group["ratios"][r]
+                cells.append(f"{'>=' if e['truncated'][i] else ''}{e['recl'][i]} [{e['low'][i]}, {e['high'][i]}] "
+                             f"{e['longest'][i]:.0%}")
+            rows.append([_label(section, name), *cells])
+        out += _table(["model", "r = 0.1", "r = 0.5", "r = 1.0"], rows) + [""]
+    out += [f"![RECL gain curves]({images}context_recl.png)", ""]
+    return out
+
+
+def _probe_lines(section: dict, images: str) -> list[str]:
+    setup = section["setup"]
+    p = setup["probe"]
+    out = ["### Copy probe", "",
+           f"{p['examples']} stretches of the test split per distance (seed {p['seed']}), in each the last "
+           f"{p['span']} characters replaced by a copy of the {p['span']} that start `distance` characters earlier. "
+           f"Cells: bpc on the second copy minus the first (characters 2 .. {p['span']} of each copy), negative = "
+           "the model copies; in brackets the 95% interval over the examples. Training span "
+           f"{setup['train_span']}.", ""]
+    rows = []
+    for name in _names(section):
+        seen = set()
+        for memory, cells in _by_memory(section["probe"][name]):
+            window = min(int(memory), setup["train_span"]) if name in _vanilla(section) else int(memory)
+            if window in seen:
+                continue
+            seen.add(window)
+            where = f"window {window}" if name in _vanilla(section) else f"memory {memory}"
+            rows.append([f"{_label(section, name)}, {where}",
+                         *[f"{cells[str(d)]['difference']:+.3f} [{cells[str(d)]['low']:+.3f}, "
+                           f"{cells[str(d)]['high']:+.3f}]" for d in p["distances"]]])
+    out += _table(["model, length", *[f"distance {d}" for d in p["distances"]]], rows)
+    return out + ["", f"![copy probe]({images}context_probe.png)", ""]
+
+
+def plot(section: dict, directory: str, plt) -> list[str]:
+    """The context study's PNGs (matplotlib's pyplot given, Agg backend); returns their paths."""
+    setup, runs, written = section["setup"], section["runs"], []
+    memories = setup["memories"]
+    fig, ax = plt.subplots(figsize=(7, 4.4))
+    for m in setup["models"]:
+        table = runs[m["name"]]["test_subset" if m["vanilla"] else "test"]
+        for clamp, values in table.items():
+            xs = [x for x in memories if str(x) in values]
+            ax.plot(xs, [values[str(x)] for x in xs], marker="o", linestyle="--" if int(clamp) > 0 else "-",
+                    label=_label(section, m["name"]) + (f", clamp {clamp}" if int(clamp) > 0 else ""))
+    ax.axvline(setup["train_memory"], color="black", linewidth=0.8, linestyle=":", label="training memory")
+    ax.set_xlabel("memory at evaluation")
+    ax.set_ylabel("test bpc (same characters in every cell)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    written.append(_save(fig, directory, "context_bpc.png", plt))
+    if section.get("gain_curve"):
+        curve = section["gain_curve"]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        xs = [p["tokens"] / 1e6 for p in curve]
+        ax.errorbar(xs, [p["mean"] for p in curve], yerr=[[p["mean"] - p["low"] for p in curve],
+                                                          [p["high"] - p["mean"] for p in curve]], marker="o")
+        ax.axhline(0, color="black", linewidth=0.8)
+        ax.set_xlabel("training characters (millions)")
+        ax.set_ylabel("best - init test bpc (95% interval)")
+        ax.set_title("Transformer-XL: gain from a longer memory")
+        ax.grid(alpha=0.3)
+        written.append(_save(fig, directory, "context_gain.png", plt))
+    recl = section.get("recl")
+    if recl:
+        group = recl.get("paper_group") or recl["recurrent"]
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for i, name in enumerate(group["models"]):
+            ax.plot(group["contexts"][:-1], group["ratios"]["0.1"]["gains"][i], marker="o", label=_label(section, name))
+        ax.axhline(0.01, color="black", linestyle="--", linewidth=0.8, label="threshold 0.01")
+        ax.set_xlabel("context c (gain from c to the next context)")
+        ax.set_ylabel("relative gain at r = 0.1")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        written.append(_save(fig, directory, "context_recl.png", plt))
+    distances = setup["probe"]["distances"]
+    names = _names(section)
+    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.8), sharey=True, squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        for memory, cells in _by_memory(section["probe"][name]):
+            ax.plot(distances, [cells[str(d)]["difference"] for d in distances], marker="o", label=f"{memory}")
+        ax.axvline(setup["train_span"], color="black", linewidth=0.8, linestyle=":")
+        ax.set_xscale("log", base=2)
+        ax.set_title(_label(section, name), fontsize=8)
+        ax.set_xlabel("distance")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("second - first copy, bpc")
+    axes[0][-1].legend(title="memory", fontsize=6)
+    written.append(_save(fig, directory, "context_probe.png", plt))
+    return written
+
+
+def _save(fig, directory: str, name: str, plt) -> str:
+    fig.tight_layout()
+    path = os.path.join(directory, name)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def commands() -> list[str]:
+    return ["python -m txl_tf.study --study=context_xl --output_dir=studies/cpu   # Transformer-XL + its checkpoints",
+            "python -m txl_tf.study --study=context_shaw --output_dir=studies/cpu",
+            "python -m txl_tf.study --study=context_no_recurrence --output_dir=studies/cpu",
+            "python -m txl_tf.study --study=context_al_rfou --output_dir=studies/cpu   # the vanilla model, then RECL"]
+
