@@ -85,6 +85,7 @@ def test_a_measured_trainer_starts_from_the_weights_of_the_same_path_set_explici
     assert measured.train_loop(1).loss > 0
 
 
+@pytest.mark.slow  # ~17 s: three in-process training runs, one of them timing its candidates
 def test_a_run_records_the_measured_path_and_a_resume_keeps_it(char_data, cache, tmp_path, capsys):
     model_dir = str(tmp_path / "run")
     auto = {"TrainConfig.mixed_precision": "'auto'", "TrainConfig.jit_compile": "'auto'",
