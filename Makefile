@@ -24,7 +24,7 @@ run: venv
 
 # Fast test suite (< ~10 min on 2 cores).
 test: venv
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # Everything, slow tests included.
 test-all: venv

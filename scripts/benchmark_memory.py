@@ -1,6 +1,6 @@
 """Peak memory of a training step, with and without activation recomputation, beside the authors' code.
 
-    python scripts/benchmark_memory.py [--gin_file=gin/enwik8.gin] [--batch=2 --tgt_len=512 --mem_len=512]
+    python scripts/benchmark_memory.py [--gin_file=gin/enwik8.gin (the default)] [--batch=2 --tgt_len=512 --mem_len=512]
         [--modes=f32,bf16,...] [--recompute=none,block] [--peer=DIR] [--budget_gib=4]
 
 Each row runs in a fresh process: the trainer's step (`txl_tf.trainer.Trainer` under the default strategy on an
@@ -65,15 +65,14 @@ POLL_SECONDS = 0.05
 def define_flags(flag_values) -> None:
     fv = flag_values
     cli.define(fv, "gin_file", "gin_param")
-    fv.set_default("gin_file", ["gin/enwik8.gin"])
-    flags.DEFINE_integer("batch", 2, "batch size", flag_values=fv)
+    flags.DEFINE_list("batch", ["2"], "batch size (one; a list as in scripts/benchmark_model.py)", flag_values=fv)
     flags.DEFINE_integer("tgt_len", 512, "segment length (and the budget search's first length)", flag_values=fv)
     flags.DEFINE_integer("mem_len", None, "memory length (default: --tgt_len)", flag_values=fv)
     flags.DEFINE_integer("steps", 3, "timed steps per row (after one warm-up step)", flag_values=fv)
     flags.DEFINE_list("modes", ["f32"], f"our modes: of {', '.join(MODES)}", flag_values=fv)
     flags.DEFINE_list("recompute", list(RECOMPUTE), "TrainConfig.recompute values, one row per mode each",
                       flag_values=fv)
-    flags.DEFINE_enum("kernels", "tf", ["tf", "fused"], "TrainConfig.kernels of our rows without XLA",
+    flags.DEFINE_list("kernels", ["tf"], "TrainConfig.kernels of our rows without XLA: tf or fused (one)",
                       flag_values=fv)
     flags.DEFINE_string("peer", None, "directory made by ../shared/peer/setup.sh: also the authors' PyTorch code",
                         flag_values=fv)
@@ -258,9 +257,9 @@ class Row:
 
 def probe(row: Row, length: int, mem_len: int, steps: int, budget: int | None, device: str = "CPU") -> Probe:
     """One row at one length in a fresh process."""
-    spec = {"batch": FLAGS.batch, "tgt_len": length, "mem_len": mem_len, "steps": steps, "budget": budget}
+    spec = {"batch": batch_size(), "tgt_len": length, "mem_len": mem_len, "steps": steps, "budget": budget}
     if row.mode == "peer":
-        model = configs.parse_configs(FLAGS.gin_file, FLAGS.gin_param)
+        model = configs.parse_configs(gin_files(), FLAGS.gin_param)
         spec.update({name: getattr(model.model, name) for name in
                      ("n_layer", "n_head", "d_model", "d_head", "d_inner", "dropout", "dropatt", "init_std",
                       "proj_init_std")},
@@ -270,7 +269,7 @@ def probe(row: Row, length: int, mem_len: int, steps: int, budget: int | None, d
         argv = [os.path.join(peer, "venv", "bin", "python"), "-c", PEER_CHILD, json.dumps(spec)]
         cwd = os.path.join(peer, "code")
     else:
-        spec.update(mode=row.mode, recompute=row.recompute, kernels=FLAGS.kernels, gin_file=FLAGS.gin_file,
+        spec.update(mode=row.mode, recompute=row.recompute, kernels=kernels(), gin_file=gin_files(),
                     gin_param=FLAGS.gin_param)
         argv, cwd = [sys.executable, os.path.abspath(__file__), f"--child={json.dumps(spec)}"], None
     return run_child(argv, cwd, budget if device == "CPU" else None, FLAGS.probe_timeout)
@@ -334,6 +333,28 @@ def _ratio(a, b) -> str:
     return f"{a / b:.2f}x" if a and b else "-"
 
 
+DEFAULT_GIN = ["gin/enwik8.gin"]
+
+
+def batch_size() -> int:
+    """The one --batch value."""
+    if len(FLAGS.batch) != 1 or not FLAGS.batch[0].isdigit() or int(FLAGS.batch[0]) < 1:
+        raise app.UsageError(f"--batch={','.join(FLAGS.batch)}: give one batch size, e.g. --batch=2")
+    return int(FLAGS.batch[0])
+
+
+def kernels() -> str:
+    """The one --kernels value."""
+    if len(FLAGS.kernels) != 1 or FLAGS.kernels[0] not in ("tf", "fused"):
+        raise app.UsageError(f"--kernels={','.join(FLAGS.kernels)}: give one of tf, fused")
+    return FLAGS.kernels[0]
+
+
+def gin_files() -> list:
+    """--gin_file, else the enwik8 base setup."""
+    return FLAGS.gin_file or DEFAULT_GIN
+
+
 def main(argv):
     if FLAGS.child:
         cli.no_arguments(argv)
@@ -347,15 +368,15 @@ def main(argv):
     if FLAGS.peer and not os.path.exists(os.path.join(FLAGS.peer, "code", "mem_transformer.py")):
         raise app.UsageError(f"--peer={FLAGS.peer} is not a directory made by ../shared/peer/setup.sh (no "
                              "code/mem_transformer.py); run `../shared/peer/setup.sh GIT_DIR DIR` first")
-    parsed = configs.parse_configs(FLAGS.gin_file, FLAGS.gin_param)
+    parsed = configs.parse_configs(gin_files(), FLAGS.gin_param)
     model, mem_len = parsed.model, FLAGS.mem_len or FLAGS.tgt_len
     rows = [Row(mode, recompute) for mode in FLAGS.modes for recompute in FLAGS.recompute]
     rows += [Row("peer")] if FLAGS.peer else []
     print(f"cpu: {cpu_name()} ({os.cpu_count()} cores); load average before: {os.getloadavg()}")
-    print(f"model: {', '.join(FLAGS.gin_file)} {' '.join(FLAGS.gin_param)}: {model.n_layer} layers, d_model "
+    print(f"model: {', '.join(gin_files())} {' '.join(FLAGS.gin_param)}: {model.n_layer} layers, d_model "
           f"{model.d_model}, {model.n_head}x{model.d_head} heads, d_inner {model.d_inner}, vocabulary {N_TOKEN}, "
-          f"dropout {model.dropout}; batch {FLAGS.batch}, tgt_len {FLAGS.tgt_len}, mem_len {mem_len}; "
-          f"{FLAGS.steps} timed steps after one warm-up step; our rows: the trainer's step, kernels {FLAGS.kernels} "
+          f"dropout {model.dropout}; batch {batch_size()}, tgt_len {FLAGS.tgt_len}, mem_len {mem_len}; "
+          f"{FLAGS.steps} timed steps after one warm-up step; our rows: the trainer's step, kernels {kernels()} "
           "(XLA: tf)", flush=True)
     results, device = {}, "CPU"
     for row in rows:

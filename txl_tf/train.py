@@ -21,7 +21,11 @@ from collections.abc import Callable
 
 from absl import flags
 
-from txl_tf import autotune, cli
+# First: txl_tf.cli sets TF_CPP_MIN_LOG_LEVEL (and txl_tf the Keras backend) before TensorFlow starts.
+from txl_tf import cli
+
+# isort: split
+from txl_tf import autotune
 from txl_tf.cli import STRATEGIES
 from txl_tf.errors import ConfigError, UserError
 
