@@ -94,10 +94,9 @@ class Trainer:
         batch of a step must be a pure function of the step, so that a resumed run sees what an uninterrupted
         one would have.
       n_token: the vocabulary size (None: ModelConfig.n_token, which must then be bound).
+      log: where the choice of an "auto" path and its measurement are reported (one line each).
 
     Use: `start(step)` once (the data position and the memory), then `train_loop(num_steps)` per host loop.
-
-      log: where the choice of an "auto" path and its measurement are reported (one line each).
 
     `path` (a `txl_tf.autotune.TrainPath`) is what the steps run: TrainConfig.mixed_precision, jit_compile and
     kernels, with "auto" ones measured (`path_measured`: tokens/s of each candidate; the global seeds are set
