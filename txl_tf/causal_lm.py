@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import random
 from collections.abc import Sequence
@@ -39,6 +38,7 @@ from txl_tf import errors, generation, loading, run_dir, staging
 from txl_tf.configs import EvalConfig, ModelConfig
 from txl_tf.data.vocab import VOCAB_FILE, Vocab
 from txl_tf.errors import ConfigError, UserError
+from txl_tf.evaluation import LossFigures
 from txl_tf.inference import Recurrent, run_segments
 from txl_tf.protocol import Protocol
 
@@ -53,7 +53,7 @@ _EXPECTED = ("a preset directory (config.json from save_to_preset), a run direct
 
 
 @dataclasses.dataclass
-class ScoreResult:
+class ScoreResult(LossFigures):
     """What a text scored: the log-probability of every token after the first and the totals.
 
     Attributes:
@@ -78,15 +78,6 @@ class ScoreResult:
     def loss(self) -> float:
         """Mean negative log-likelihood per scored token (nats), evaluate's `loss`; NaN when none was scored."""
         return self.nats / self.num_tokens if self.num_tokens else float("nan")
-
-    @property
-    def bpc(self) -> float:
-        """Bits per token (per character at char level)."""
-        return self.loss / math.log(2.0)
-
-    @property
-    def perplexity(self) -> float:
-        return math.exp(min(self.loss, 700.0))
 
     def summary(self) -> str:
         """One line: nats, tokens, and bpc (char level) or perplexity (word level)."""

@@ -38,8 +38,21 @@ PROTOCOLS = ("xl", "vanilla")
 LAYOUTS = ("corpus", "original")
 
 
+class LossFigures:
+    """bpc and perplexity of a result whose `loss` is a mean negative log-likelihood per token (nats)."""
+
+    @property
+    def bpc(self) -> float:
+        """Bits per token (per character at char level)."""
+        return self.loss / math.log(2.0)
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(min(self.loss, 700.0))
+
+
 @dataclasses.dataclass
-class EvalResult:
+class EvalResult(LossFigures):
     """Token-weighted evaluation metrics.
 
     Attributes:
@@ -55,14 +68,6 @@ class EvalResult:
     seconds: float
     protocol: dict
     token_losses: np.ndarray | None = None
-
-    @property
-    def bpc(self) -> float:
-        return self.loss / math.log(2.0)
-
-    @property
-    def perplexity(self) -> float:
-        return math.exp(min(self.loss, 700.0))
 
     def summary(self, level: str | None = None) -> str:
         """One line: loss, bpc (character level) or perplexity (word level), tokens, speed."""
