@@ -51,8 +51,8 @@ from txl_tf import cli
 from absl import app, flags
 
 from txl_tf import configs
+from txl_tf.autotune import cpu_model
 from txl_tf.model import RECOMPUTE
-from txl_tf.study.runs import cpu_model
 
 FLAGS = flags.FLAGS
 
@@ -320,7 +320,7 @@ def longest_within(row: Row, budget: int, device: str, log) -> tuple[int, list]:
 
 # ---- the parent -------------------------------------------------------------------------------------------------
 def cpu_name() -> str:
-    """The CPU's model name as lscpu prints it (else /proc/cpuinfo's: `txl_tf.study.runs.cpu_model`)."""
+    """The CPU's model name as lscpu prints it (else /proc/cpuinfo's: `txl_tf.autotune.cpu_model`)."""
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):

@@ -50,7 +50,7 @@ import keras
 import tensorflow as tf
 from absl import app, flags
 
-from txl_tf import autotune, distribute, fused
+from txl_tf import autotune, fused
 from txl_tf.configs import TrainConfig
 from txl_tf.flops import measure_matmul_peak, model_flops_per_token
 
@@ -267,7 +267,7 @@ PEER_TIMEOUT = 900  # seconds for one of the peer's programs
 
 
 def peer_bf16_native() -> bool:
-    return bool(distribute.cpu_flags() & set(NATIVE_BF16_FLAGS))
+    return bool(autotune.cpu_flags() & set(NATIVE_BF16_FLAGS))
 
 
 def peer_peaks(peer: str, size: int) -> dict:

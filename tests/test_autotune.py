@@ -28,6 +28,14 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache" / autotune.CHOICES_FILE
 
 
+def test_cpu_flags_are_the_first_cpus(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: test CPU\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n\n"
+                       "processor\t: 1\nflags\t\t: fpu\n")
+    assert autotune.cpu_flags(str(cpuinfo)) == {"fpu", "sse2", "avx2", "avx512f", "avx512_bf16"}  # the first line
+    assert autotune.cpu_flags(str(tmp_path / "missing")) == set()
+
+
 def test_candidates_cover_the_auto_fields_only():
     every = autotune.candidates(TrainConfig())
     assert set(every) == {TrainPath(p, j, "tf") for p in (False, True) for j in (False, True)} | {

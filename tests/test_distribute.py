@@ -42,19 +42,6 @@ def test_single_process_is_chief_and_writes_to_model_dir(tmp_path):
     assert tmp_path.exists()  # the chief's directory is never removed
 
 
-def _cpuinfo(tmp_path, flags):
-    path = tmp_path / "cpuinfo"
-    path.write_text(f"processor\t: 0\nmodel name\t: test CPU\nflags\t\t: fpu sse2 avx2 {flags}\n\n"
-                    f"processor\t: 1\nflags\t\t: fpu\n")
-    return str(path)
-
-
-def test_cpu_flags_are_the_first_cpus(tmp_path):
-    cpuinfo = _cpuinfo(tmp_path, "avx512f avx512_bf16")
-    assert distribute.cpu_flags(cpuinfo) == {"fpu", "sse2", "avx2", "avx512f", "avx512_bf16"}  # the first line
-    assert distribute.cpu_flags(str(tmp_path / "missing")) == set()
-
-
 def test_broadcast_from_chief_takes_the_first_replicas_value_once():
     mirrored = distribute.make_strategy("mirrored")  # two replicas: a sum over both would double it
     assert distribute.broadcast_from_chief(mirrored, 5) == 5

@@ -162,20 +162,36 @@ def cache_file() -> pathlib.Path:
     return pathlib.Path(base) / CHOICES_FILE
 
 
-def cpu_name() -> str:
-    """The CPU's model name and a digest of its instruction-set flags (Linux), else the platform's processor."""
-    name, flags = platform.processor() or platform.machine(), ""
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo's first), else the platform's processor."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and name in ("", platform.machine(), platform.processor()):
-                    name = value.strip()
-                elif key.strip() in ("flags", "Features") and not flags:
-                    flags = hashlib.sha256(" ".join(sorted(value.split())).encode()).hexdigest()[:12]
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"{name} [{flags}] x{os.cpu_count()}"
+    return platform.processor() or platform.machine()
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
+    """The instruction-set flags of the first CPU in `cpuinfo` (Linux's format); empty where it is unreadable.
+    For the record of a run and the cache key (which CPU measured it), not for choosing a path."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_name() -> str:
+    """The cache's name of this CPU: model name, a digest of its instruction-set flags and the core count."""
+    flags = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:12]
+    return f"{cpu_model()} [{flags}] x{os.cpu_count()}"
 
 
 def _read_cache() -> dict:

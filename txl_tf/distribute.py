@@ -56,20 +56,6 @@ def make_strategy(name: str = "default", tpu: Optional[str] = None) -> tf.distri
     raise ValueError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
 
 
-def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
-    """The instruction-set flags of the first CPU in `cpuinfo` (Linux's format); empty where it is unreadable.
-    For the record of a run (which CPU measured it), not for choosing a path: `txl_tf.autotune` measures."""
-    try:
-        with open(cpuinfo) as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return set(value.split())
-    except OSError:
-        pass
-    return set()
-
-
 def device_kinds(strategy: tf.distribute.Strategy) -> set[str]:
     """The kinds ("CPU", "GPU", "TPU") of the devices this worker's replicas of `strategy` compute on; for the
     default strategy, where ops go: the first GPU if there is one, else the CPU."""

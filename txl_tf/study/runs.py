@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from txl_tf.autotune import cpu_flags, cpu_model
 from txl_tf.errors import UserError
 
 RUN_RECORD = "study.json"
@@ -89,22 +90,9 @@ def commit() -> str:
     return head + ("+changes" if dirty else "")
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine() -> dict:
     """Where and when the figures were measured (the report prints it next to every table)."""
     import tensorflow as tf
-
-    from txl_tf.distribute import cpu_flags
 
     flags = cpu_flags()
     isa = "AMX" if "amx_bf16" in flags else "AVX-512 BF16" if "avx512_bf16" in flags else \
