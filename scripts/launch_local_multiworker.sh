@@ -11,6 +11,8 @@
 # when a worker fails the others are stopped, and the script exits with the first failing worker's status.
 # A worker that has not ended STOP_GRACE_S seconds (default 120) after a stop request (a hung or stopped process
 # never handles SIGTERM) is killed with SIGKILL, and the script exits non-zero.
+# Keep STOP_GRACE_S above the coordination service's heartbeat timeout (about 10 s): a worker blocked on a
+# killed peer learns of the loss only from that timeout, and then ends itself with one line naming the peer.
 # Across machines: set TF_CONFIG on each machine yourself (same cluster list, task index = machine number) and
 # run `python -m txl_tf.train --strategy=multi_worker_mirrored ...` there.
 set -uo pipefail
