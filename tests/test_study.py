@@ -160,6 +160,9 @@ def test_context_quick_end_to_end(tmp_path, data_root):
     assert section["recl"]["paper_group"]["tokens"] == section["setup"]["vanilla_subset_tokens"]
     distances = [str(d) for d in settings.probe.distances]
     assert set(section["probe"]["xl"][str(settings.memories[0])]) == set(distances)
+    for name in ("xl", "al_rfou"):
+        cell = section["probe"][name][str(settings.memories[-1])][distances[0]]
+        assert cell["copy_low"] <= cell["copy"] <= cell["copy_high"] and math.isfinite(cell["control"])
 
     text = open(os.path.join(out, "report.md")).read()
     assert text == report.render(runs.read_results(os.path.join(out, "results.json")))

@@ -187,27 +187,31 @@ class Scorer:
 
         return runs.cached_eval(self.run_dir, self._key(split, scored, length, clamp), compute)[0]
 
-    def probe(self, tokens: np.ndarray, memory: int) -> tuple[np.ndarray, np.ndarray]:
-        """([B, P], [B, P]) losses on the two copies of the probe at this memory (window for the vanilla model)."""
+    def probe(self, tokens: np.ndarray, memory: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """([B, P] x 3) losses on the two copies of the probe and on its control at this memory (window for the
+        vanilla model)."""
         s, p = self.settings, self.settings.probe
         length = s.window(memory) if self.vanilla else memory
         key = (f"{self.prefix}probe_{'window' if self.vanilla else 'mem'}{length}_d{'-'.join(map(str, p.distances))}"
-               f"_s{p.span}_e{p.examples}_l{p.lead}_seed{p.seed}_n{tokens.shape[0]}")
+               f"_s{p.span}_e{p.examples}_l{p.lead}_seed{p.seed}_n{tokens.shape[0]}_controlled")
 
         def compute():
             if self.vanilla:
-                first, second = probe_lib.score_vanilla(self.model, p, tokens, window=length,
-                                                        batch_size=s.vanilla_batch)
+                losses = probe_lib.score_vanilla(self.model, p, tokens, window=length, batch_size=s.vanilla_batch)
             else:
-                first, second = probe_lib.score_recurrent(
+                losses = probe_lib.score_recurrent(
                     self.model, p, tokens, tgt_len=s.eval_tgt_len,
                     protocol=Protocol(mem_len=memory, clamp_len=UNCLAMPED, same_length=True))
-            both = np.stack([first, second])
-            return both.reshape(-1), {"shape": list(both.shape), "bpc_second": scoring.bits(second)}
+            stacked = np.stack(losses)
+            summary = probe_lib.summarize(*losses, p)
+            runs.log(f"  {os.path.basename(self.run_dir)} {self.prefix}probe {'window' if self.vanilla else 'memory'} "
+                     f"{length}: second copy minus control, bpc by distance: "
+                     + ", ".join(f"{d} {summary[str(d)]['copy']:+.3f}" for d in p.distances))
+            return stacked.reshape(-1), {"shape": list(stacked.shape), "bpc_second": scoring.bits(losses[1])}
 
         flat, info = runs.cached_eval(self.run_dir, key, compute)
         both = flat.reshape(info["shape"])
-        return both[0], both[1]
+        return both[0], both[1], both[2]
 
 
 def _grid(scorer: Scorer, data: Splits, settings: Settings, *, memories=None, clamps=None, recl: bool = True) -> dict:
@@ -237,7 +241,7 @@ def train_and_score(model: Model, output_dir: str, data_dir: str, data: Splits, 
     """Trains one model (or finds it finished) and computes (or reads back) every score the section needs.
 
     Returns (record with parameters and training tokens, scores: {"cells": {(split, memory, clamp): losses},
-    "probe": {memory: (first, second)}, and for the baseline "checkpoints": {step: cells}, "checkpoint_tokens"}).
+    "probe": {memory: (first, second, control)}, and for the baseline "checkpoints": {step: cells}, "checkpoint_tokens"}).
     """
     import keras
 
