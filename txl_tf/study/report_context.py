@@ -140,7 +140,7 @@ def section_lines(section: dict, images: str, machine: str) -> list[str]:
            f"the `make run` model's size, trained with memory {setup['train_memory']} and segments of "
            f"{setup['train_span'] - setup['train_memory']} (training span {setup['train_span']}), parameter counts "
            f"within {setup['parameter_deviation']:.2%}. Vaswani et al.'s encoding and the half loss stay at the "
-           "smaller size of the ablation above.", "",
+           "smaller size of the ablation above.", "", *_training_lines(section),
            f"The length axis is the memory at evaluation (init = the training memory {setup['train_memory']}), with "
            f"segments of {setup['eval_tgt_len']} and same_length for every memory, distances unclamped and clamped "
            f"at the training span ({setup['train_span']}). The whole {setup['split_tokens']['test']:,}-character test "
@@ -185,6 +185,20 @@ def section_lines(section: dict, images: str, machine: str) -> list[str]:
         out += ["", f"![gain against training characters]({images}context_gain.png)", ""]
     out += _recl_lines(section, images) + _probe_lines(section, images)
     return out
+
+
+def _training_lines(section: dict) -> list[str]:
+    """How the models other than Transformer-XL trained, for those in the section."""
+    span, names = section["setup"]["train_span"], set(_names(section))
+    parts = {"shaw": "Shaw et al.'s encoding trains exactly like Transformer-XL (its table of distances stops at "
+                     f"{span}; longer ones share the last row)",
+             "no_recurrence": f"w/o recurrence trains on segments of {span} with no memory, the same span and "
+                              "characters per step as Transformer-XL (so twice its backpropagation length, like the "
+                              "paper's memory-matched Table 8 rather than Table 5), and is scored with a memory like "
+                              "the others",
+             "al_rfou": f"the vanilla model trains on windows of {span} with learned absolute positions"}
+    chosen = [text for name, text in parts.items() if name in names]
+    return [f"{'; '.join(chosen)}.", ""] if chosen else []
 
 
 def _recl_lines(section: dict, images: str) -> list[str]:
