@@ -225,7 +225,14 @@ def _recl_lines(section: dict, images: str) -> list[str]:
                              f"{e['longest'][i]:.0%}")
             rows.append([_label(section, name), *cells])
         out += _table(["model", "r = 0.1", "r = 0.5", "r = 1.0"], rows) + [""]
-    out += [f"![RECL gain curves]({images}context_recl.png)", ""]
+        out += [f"The same models' mean bpc at exactly c ({text}):", ""]
+        out += _table(["model", *map(str, group["contexts"])],
+                      [[_label(section, name), *[f"{v:.4f}" for v in group["bpc"][name]]] for name in group["models"]])
+        out += [""]
+    out += ["RECL counts only a token's improvements over the group's best loss at the shorter context "
+            "(min(b, l) in appendix C), so a model whose per-token losses move most as the context grows gains "
+            "RECL even where its mean loss rises; read the RECL table together with the mean bpc above.", "",
+            f"![RECL gain curves]({images}context_recl.png)", ""]
     return out
 
 
