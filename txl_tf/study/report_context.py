@@ -28,13 +28,18 @@ def _verdict(c: dict) -> str:
     return verdict(c)
 
 
-def _interval(c: dict) -> str:
-    return f"{c['mean']:+.4f} bpc [{c['low']:+.4f}, {c['high']:+.4f}]"
+def _interval(c: dict, digits: int = 4, unit: str = " bpc") -> str:
+    return f"{c['mean']:+.{digits}f}{unit} [{c['low']:+.{digits}f}, {c['high']:+.{digits}f}]"
 
 
 def _copy(cell: dict) -> dict:
     """A probe cell's copy figure (second copy minus control) as an interval."""
     return {"mean": cell["copy"], "low": cell["copy_low"], "high": cell["copy_high"]}
+
+
+def _versus_first(cell: dict) -> dict:
+    """A probe cell's second copy minus first copy as an interval."""
+    return {"mean": cell["difference"], "low": cell["low"], "high": cell["high"]}
 
 
 def _label(section: dict, name: str) -> str:
@@ -249,9 +254,9 @@ def _probe_lines(section: dict, images: str) -> list[str]:
            f"{setup['train_span']}; a direct attention reaches memory + {setup['eval_tgt_len']} characters back at "
            "most.", ""]
     rows, versus_first = [], []
+    ends = (str(setup["train_memory"]), str(max(setup["memories"])))
     for name in _names(section):
         seen = set()
-        ends = (str(setup["train_memory"]), str(max(setup["memories"])))
         for memory, cells in _by_memory(section["probe"][name]):
             window = min(int(memory), setup["train_span"]) if name in _vanilla(section) else int(memory)
             if window in seen:
@@ -259,10 +264,9 @@ def _probe_lines(section: dict, images: str) -> list[str]:
             seen.add(window)
             where = f"{_label(section, name)}, " + (f"window {window}" if name in _vanilla(section)
                                                    else f"memory {memory}")
-            rows.append([where, *[_short(_copy(cells[str(d)])) for d in p["distances"]]])
+            rows.append([where, *[_interval(_copy(cells[str(d)]), 3, "") for d in p["distances"]]])
             if memory in ends:
-                versus_first.append([where, *[_short({"mean": cells[str(d)]["difference"], "low": cells[str(d)]["low"],
-                                                      "high": cells[str(d)]["high"]}) for d in p["distances"]]])
+                versus_first.append([where, *[_interval(_versus_first(cells[str(d)]), 3, "") for d in p["distances"]]])
     header = ["model, length", *[f"distance {d}" for d in p["distances"]]]
     out += _table(header, rows)
     out += ["", "The second copy against the first copy instead (at the training memory and the longest one): the "
@@ -271,10 +275,6 @@ def _probe_lines(section: dict, images: str) -> list[str]:
             ""]
     out += _table(header, versus_first)
     return out + ["", f"![copy probe]({images}context_probe.png)", ""]
-
-
-def _short(c: dict) -> str:
-    return f"{c['mean']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}]"
 
 
 def plot(section: dict, directory: str, plt) -> list[str]:
