@@ -94,6 +94,18 @@ def test_ptb_quick_end_to_end(tmp_path, data_root):
     assert math.isfinite(section["runs"]["xl"]["test_ppl_last"]) and section["runs"]["vanilla"]["test_ppl_last"] is None
     assert section["runs"]["xl"]["eval"]["protocol"]["protocol"] == "xl"
     assert section["runs"]["vanilla"]["eval"]["protocol"]["protocol"] == "vanilla"
+    # The evaluation memory is chosen on the validation split, and the test split is read at that memory only.
+    from txl_tf.study import ptb
+
+    sweep = section["runs"]["xl"]["memory_sweep"]
+    assert set(sweep["valid_ppl"]) == {str(m) for m in ptb.QUICK.sweep_memories}
+    assert sweep["chosen"] == min(ptb.QUICK.sweep_memories, key=lambda m: sweep["valid_ppl"][str(m)])
+    assert section["runs"]["xl"]["test_ppl"] == sweep["test_ppl"]
+    evals = os.listdir(os.path.join(out, "runs", "ptb_xl", runs.EVAL_DIR))
+    assert [e for e in evals if e.startswith("test_averaged5_mem")] == [
+        e for e in evals if e.startswith(f"test_averaged5_mem{sweep['chosen']}_")]
+    report_text = open(os.path.join(out, "report.md")).read()
+    assert f"memory {sweep['chosen']}, test ppl {sweep['test_ppl']:.2f}" in report_text
     rows = _table_rows(open(os.path.join(out, "report.md")).read(), "| model | parameters | training minutes")
     assert [row[0] for row in rows[:2]] == [section["runs"]["xl"]["label"], section["runs"]["vanilla"]["label"]]
     assert rows[2][4] == "141.2" and rows[3][4] == "114.5"
@@ -128,6 +140,10 @@ def test_published_report_is_what_the_generator_renders():
         assert (docs / report.PUBLISHED_NAME / png).exists()
     readme = (root / "README.md").read_text()
     assert report.replace_summary(readme, document) == readme  # the README's block is the generator's too
+    # The ablation's attention-length and RECL tables say they are superseded exactly when the context study ran.
+    without = {**document, "studies": {k: v for k, v in document["studies"].items() if k != "context"}}
+    assert (report.SUPERSEDED in expected) == ("context" in document["studies"])
+    assert report.SUPERSEDED not in report.render(without)
 
 
 def test_context_quick_end_to_end(tmp_path, data_root):

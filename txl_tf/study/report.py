@@ -166,7 +166,14 @@ def _table(header: list[str], rows: list) -> list[str]:
     return lines
 
 
-def _ablation_section(section: dict, images: str) -> list[str]:
+SUPERSEDED = ("Its table by attention length and its RECL section below are kept as the first study's record; the "
+              "claims table takes the attention-length and RECL claims from the section *Evaluation memory, RECL "
+              "and a copy probe* instead, which measures them the paper's way (the memory at evaluation, the whole "
+              "test split, a larger model).")
+
+
+def _ablation_section(section: dict, images: str, superseded: bool = False) -> list[str]:
+    """The ablation's tables; `superseded`: the context study's section carries the attention-length claims."""
     setup, lengths = section["setup"], section["setup"]["lengths"]
     variants = [v["name"] for v in setup["variants"]]
     out = ["## Ablation: encodings, recurrence, loss (the paper's Table 5 at character level)", "",
@@ -178,7 +185,7 @@ def _ablation_section(section: dict, images: str) -> list[str]:
            f"of {setup['warmup_prefix']:,} characters so that every scored character has its whole attention "
            f"length of context. Attention length at evaluation: the memory length (segments of "
            f"{setup['eval_tgt_len']}, same_length) for the recurrent protocol, the window (shifted by one "
-           "character) for the vanilla model.", ""]
+           "character) for the vanilla model." + (f" {SUPERSEDED}" if superseded else ""), ""]
     rows = []
     for name in variants:
         run = section["runs"][name]
@@ -214,7 +221,7 @@ def _ablation_section(section: dict, images: str) -> list[str]:
                 "of a block bootstrap over the scored characters), outside the noise of the evaluation: one seed each."]
     out += ["", f"![bpc against the attention length at evaluation]({images}ablation_bpc.png)", ""]
     if "recl" in section:
-        out += _recl_section(section, images)
+        out += _recl_section(section, images, superseded)
     return out
 
 
@@ -236,7 +243,7 @@ def _recl_table(section: dict, recl: dict) -> list[str]:
     return _table(["model", "r = 0.1", "r = 0.5", "r = 1.0", "bpc at its RECL (r = 0.1)"], rows)
 
 
-def _recl_section(section: dict, images: str) -> list[str]:
+def _recl_section(section: dict, images: str, superseded: bool = False) -> list[str]:
     recl = section["recl"]
     out = ["## Relative effective context length (the paper's Table 6)", "",
            f"Contexts {', '.join(map(str, recl['contexts']))} (the attention length at evaluation, as above), "
@@ -245,12 +252,13 @@ def _recl_section(section: dict, images: str) -> list[str]:
     out += _recl_table(section, recl)
     if "paper_group" in recl:
         group = recl["paper_group"]
+        verdict_by = "this study's verdict used" if superseded else "the verdict above uses"
         out += ["", "RECL counts only the tokens where a model beats the group's best loss at the shorter context, so "
                 "a model whose loss rises with the context (the last column) can still gain there: on the hardest "
                 "tokens a flatter prediction is closer to the truth than the others' confident mistakes. A model can "
                 "always use less context than it is offered, and the paper scores its vanilla Transformer at its "
-                "training window; so the verdict above uses the paper's Table 6 group with every model scored, at "
-                "each context c, at its own best attention length up to c:", ""]
+                f"training window; so {verdict_by} the paper's Table 6 group with every model scored, at each "
+                "context c, at its own best attention length up to c:", ""]
         out += _recl_table(section, group)
     out += ["", f"![relative gains g(c, c + step) at r = 0.1, all six models]({images}recl_gains.png)", ""]
     return out
@@ -298,7 +306,7 @@ def render(document: dict, images: str = "", source: str = "results.json") -> st
     out += _table(["claim", "paper", "ours", "verdict"], rows) if rows else ["No study has run yet."]
     out += [""]
     if "ablation" in studies:
-        out += _ablation_section(studies["ablation"], images)
+        out += _ablation_section(studies["ablation"], images, superseded="context" in studies)
     if "context" in studies:
         from txl_tf.study import report_context
 
