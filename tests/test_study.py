@@ -136,8 +136,13 @@ def test_published_report_is_what_the_generator_renders():
     expected = report.render(document, images=report.PUBLISHED_NAME + "/",
                              source=f"{report.PUBLISHED_NAME}/results.json")
     assert (docs / f"{report.PUBLISHED_NAME}.md").read_text() == expected
-    for png in ("ablation_bpc.png", "recl_gains.png"):
-        assert (docs / report.PUBLISHED_NAME / png).exists()
+    pngs = ["ablation_bpc.png", "recl_gains.png"]
+    if "context" in document["studies"]:  # every plot the context section's text links to
+        pngs += ["context_bpc.png", "context_probe.png"]
+        pngs += ["context_gain.png"] if "gain_curve" in document["studies"]["context"] else []
+        pngs += ["context_recl.png"] if "recl" in document["studies"]["context"] else []
+    for png in pngs:
+        assert (docs / report.PUBLISHED_NAME / png).exists() and f"({report.PUBLISHED_NAME}/{png})" in expected
     readme = (root / "README.md").read_text()
     assert report.replace_summary(readme, document) == readme  # the README's block is the generator's too
     # The ablation's attention-length and RECL tables say they are superseded exactly when the context study ran.
