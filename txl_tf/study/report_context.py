@@ -294,10 +294,9 @@ def plot(section: dict, directory: str, plt) -> list[str]:
                 ax.plot(xs, [values[str(x)] for x in xs], marker="o", linestyle="--" if int(clamp) > 0 else "-",
                         label=_label(section, m["name"]) + (f", clamp {clamp}" if int(clamp) > 0 else ""))
         ax.axvline(setup["train_memory"], color="black", linewidth=0.8, linestyle=":", label="training memory")
-        ax.set_xlabel("memory at evaluation" + (" (window = min(memory, training span))" if models[0]["vanilla"]
-                                                else ""))
-        ax.set_ylabel("test bpc (same characters in every cell" + (", vanilla subset)" if models[0]["vanilla"]
-                                                                    else ")"))
+        vanilla = models[0]["vanilla"]  # each panel holds one kind
+        ax.set_xlabel("memory at evaluation" + (" (window = min(memory, training span))" if vanilla else ""))
+        ax.set_ylabel("test bpc (same characters in every cell" + (", vanilla subset)" if vanilla else ")"))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     written.append(_save(fig, directory, "context_bpc.png", plt))
