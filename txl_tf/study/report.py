@@ -267,10 +267,13 @@ def _recl_section(section: dict, images: str, superseded: bool = False) -> list[
 def _ptb_section(section: dict) -> list[str]:
     out = ["## Penn Treebank on 2 CPU cores", "", _machine(section), ""]
     setup = section["setup"]
+    xl = section["runs"]["xl"]
+    sweep = xl.get("memory_sweep")
+    chosen = " (Transformer-XL at the evaluation memory chosen on the validation split, below)" if sweep else ""
     out += [f"Recipe `{setup['gin_file']}` (word level, `ptb`), trained for {setup['train_steps']:,} steps; the "
             f"weights of the last {setup['average_last']} checkpoints are averaged (`python -m txl_tf.average`) "
-            "before the test split is scored with the recipe's evaluation protocol. The vanilla model gets the same "
-            "budget of steps and tokens.", ""]
+            f"before the test split is scored with the recipe's evaluation protocol{chosen}. The vanilla model gets "
+            "the same budget of steps and tokens.", ""]
     rows = []
     for name in ("xl", "vanilla"):
         run = section["runs"][name]
@@ -282,12 +285,11 @@ def _ptb_section(section: dict) -> list[str]:
     rows.append(["Transformer-XL, paper (24M, GPU)", "", "", "", "54.52", ""])
     out += _table(["model", "parameters", "training minutes", "test ppl (last)", "test ppl (averaged)",
                    "trained at commit"], rows)
-    sweep = section["runs"]["xl"].get("memory_sweep")
     if sweep:
         out += ["", f"Transformer-XL's evaluation memory, chosen on the validation split ({sweep['valid_words']:,} "
-                f"words, averaged weights) before the test split was read: memory {sweep['chosen']}, test ppl "
-                f"{sweep['test_ppl']:.2f} (the table's averaged figure; {section['runs']['xl']['test_ppl_recipe']:.2f} "
-                "with the recipe's own memory).", ""]
+                f"words, averaged weights; the test split plays no part in the choice): memory {sweep['chosen']}, test ppl "
+                f"{sweep['test_ppl']:.2f} (the table's averaged figure; {xl['test_ppl_recipe']:.2f} with memory "
+                f"{xl['eval']['protocol']['mem_len']}, the recipe's setting when it was trained).", ""]
         tried = sorted(sweep["valid_ppl"].items(), key=lambda item: int(item[0]))
         out += _table(["evaluation memory", *[m for m, _ in tried]],
                       [["validation ppl", *[f"{v:.2f}" + ("*" if int(m) == sweep["chosen"] else "") for m, v in tried]]])
