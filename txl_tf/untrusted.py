@@ -1,0 +1,168 @@
+"""Reading files someone else may have made: regular files only, a size limit per kind, strict JSON.
+
+Everything txl_tf reads from disk (a preset's config.json and vocab.json, the autotune cache's choices.json, a
+run's config.gin and the gin files it includes) is untrusted input. A link to /dev/zero, a FIFO, a 3 GB file or
+JSON nested 200,000 levels deep must end in one line naming the file, not in a hung or exhausted machine:
+
+    data = untrusted.read_bytes(path, max_bytes=untrusted.JSON_LIMIT, what="the preset's config.json")
+    config = untrusted.load_json(path, max_bytes=untrusted.JSON_LIMIT, what="the preset's config.json")
+
+`load_json` refuses NaN, Infinity and numbers that overflow to them (every number it returns is finite) and
+nesting deeper than `MAX_DEPTH`. Its errors are `UntrustedFileError` (a `UserError`: one line, exit status 2).
+
+Sizes that come from such input (a model's sizes in a config, a corpus given to prepare) are bounded by the memory
+of the machine: `machine_memory()` (the physical memory, or the container's limit where that is lower) and
+`corpus_limit()` (the largest corpus file read whole).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import stat
+
+from txl_tf.errors import UserError
+
+MIB = 1 << 20
+JSON_LIMIT = 4 * MIB  # config.json, choices.json, metadata.json, a study's records
+VOCAB_LIMIT = 256 * MIB  # vocab.json: a word vocabulary of a few million entries
+GIN_LIMIT = 4 * MIB  # a gin file (a run's config.gin is a few KiB)
+MAX_DEPTH = 64  # JSON nesting: txl_tf's own files nest at most 4 levels
+
+
+class UntrustedFileError(UserError):
+    """A file read from disk is not a regular file, is too large, or does not parse as what it must be."""
+
+
+def _size(n: int) -> str:
+    return f"{n / MIB:.1f} MiB" if n >= MIB else f"{n:,} bytes"
+
+
+def size_text(n: int) -> str:
+    """A byte count for a message: bytes, MiB, GiB or TiB."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", MIB)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,} bytes"
+
+
+def _cgroup_limit() -> int | None:
+    """The memory limit of this process's cgroup (v2, else v1), or None without one."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read(64).strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            return int(text)
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def machine_memory() -> int:
+    """Bytes of memory this process can use: the physical memory, or its container's limit where that is lower."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # a platform without these names
+        physical = 1 << 40
+    limit = _cgroup_limit()
+    return min(physical, limit) if limit else physical
+
+
+CORPUS_FACTOR = 6  # a corpus read whole is held with its int32 ids (4 bytes a byte at char level) and a copy
+
+
+def corpus_limit() -> int:
+    """The largest corpus file `python -m txl_tf.data.prepare` reads whole: a sixth of `machine_memory()` (the
+    bytes, their int32 ids and a copy must fit)."""
+    return machine_memory() // CORPUS_FACTOR
+
+
+def read_bytes(path, *, max_bytes: int, what: str = "the file") -> bytes:
+    """The content of the regular file `path` (a link to one is followed), at most `max_bytes` bytes.
+
+    A device, FIFO, socket or directory, or a file over the limit, is an UntrustedFileError naming the file; a
+    missing file is FileNotFoundError (callers that expect one catch it). The file is opened first and then
+    checked through its descriptor, so what is read is what was checked.
+    """
+    path = os.fspath(path)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)  # a FIFO must not block
+    fd = os.open(path, flags)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file (a device, FIFO or socket)"
+            raise UntrustedFileError(f"{what} {path} is {kind}; give a regular file")
+        if info.st_size > max_bytes:
+            raise UntrustedFileError(f"{what} {path} holds {_size(info.st_size)}, more than the {_size(max_bytes)} "
+                                     "such a file may hold; give the right file")
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, min(MIB, max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > max_bytes:  # it grew while being read
+                raise UntrustedFileError(f"{what} {path} holds more than the {_size(max_bytes)} such a file may "
+                                         "hold; give the right file")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_text(path, *, max_bytes: int, what: str = "the file") -> str:
+    """`read_bytes` decoded as UTF-8 (an undecodable file is one UntrustedFileError)."""
+    data = read_bytes(path, max_bytes=max_bytes, what=what)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise UntrustedFileError(f"{what} {os.fspath(path)} is not UTF-8 text (byte {error.start}); give the "
+                                 "right file") from None
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text} is not finite")
+    return value
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a finite number")
+
+
+def _depth(value, limit: int) -> int:
+    """The nesting depth of a parsed JSON value (iterative, stops past `limit`)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            if deepest > limit:
+                return deepest
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def parse_json(text: str, *, what: str = "the JSON text", max_depth: int = MAX_DEPTH):
+    """Strict JSON: finite numbers only, nesting at most `max_depth`; UntrustedFileError otherwise."""
+    try:
+        value = json.loads(text, parse_float=_finite_float, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise UntrustedFileError(f"{what} nests deeper than {max_depth} levels; give the right file") from None
+    except ValueError as error:
+        raise UntrustedFileError(f"{what} is not valid JSON ({str(error).splitlines()[0]}); give the right "
+                                 "file") from None
+    if _depth(value, max_depth) > max_depth:
+        raise UntrustedFileError(f"{what} nests deeper than {max_depth} levels; give the right file")
+    return value
+
+
+def load_json(path, *, max_bytes: int = JSON_LIMIT, what: str = "the file", max_depth: int = MAX_DEPTH):
+    """The JSON value in the regular file `path` (see `read_bytes` and `parse_json`)."""
+    text = read_text(path, max_bytes=max_bytes, what=what)
+    return parse_json(text, what=f"{what} {os.fspath(path)}", max_depth=max_depth)
