@@ -1,0 +1,66 @@
+"""What the studies and their report share: the paper's figures and groups, and how a comparison reads.
+
+    PAPER        the paper's figures quoted next to ours (report.py and report_context.py)
+    PAPER_GROUP  the paper's Table 6 group (ablation.py and context_results.py compute its RECL)
+    verdict      "A is better than B" from the 95% interval of A - B
+    interval, label, markdown_table   the report's cells and Markdown tables
+
+Nothing here imports another module of the study: each of them imports this one, so the modules of the study
+import each other one way only (tests/test_build_targets.py checks the package has no import circle).
+"""
+
+from __future__ import annotations
+
+# The paper's figures quoted next to ours (Dai et al., 2019): WikiText-103 perplexities of Table 5 (128M models,
+# training attention length 128; "init" is the training memory, "best" the best evaluation memory), RECL of Table 6
+# at r = 0.1, Penn Treebank of Table 3 and the baselines the issue names. The ablation's rows quote each variant;
+# the context study's rows (`xl_vs_*`, `longer_memory_*`, `probe`) quote Transformer-XL against it.
+PAPER = {
+    "xl": "26.77 ppl (27.02 at the training length)",
+    "no_recurrence": "29.02 ppl (29.59)",
+    "shaw": "27.94 ppl (27.94)",
+    "vaswani": "no figure with recurrence (30.97 ppl without, half loss)",
+    "al_rfou": "31.16 ppl (window 120)",
+    "half_loss": "28.33 ppl (28.69)",
+    "longer_xl": "27.02 -> 26.77 ppl when the attention grows from 128 to 500",
+    "longer_others": "Shaw 27.94 at 128 and 256; vanilla best at its window (120)",
+    "recl": "XL 700 > Shaw 400 > w/o recurrence 300 > Transformer 128 (r = 0.1)",
+    "ptb_xl": "54.52 test ppl, 24M parameters (GPU, long training)",
+    "ptb_kn5": 141.2,
+    "ptb_lstm": 114.5,
+    "longer_memory_xl": "27.02 -> 26.77 ppl (memory 128 -> 500; base model 23.43 at 150 -> 23.09 at 640)",
+    "longer_memory_others": "Shaw 27.94 -> 27.94; w/o recurrence 29.59 -> 29.02",
+    "xl_vs_no_recurrence": "26.77 vs. 29.02 ppl",
+    "xl_vs_shaw": "26.77 vs. 27.94 ppl",
+    "xl_vs_al_rfou": "26.77 vs. 31.16 ppl",
+    "probe": "(not in the paper: recurrence with relative encodings is claimed to reach beyond the training span)",
+}
+# The paper's Table 6 group at this size: Transformer-XL, the Shaw encoding, no recurrence and the vanilla Transformer.
+PAPER_GROUP = ("xl", "shaw", "no_recurrence", "al_rfou")
+
+
+def verdict(comparison: dict) -> str:
+    """'reproduced' / 'reversed' / 'not reproduced (within noise)' for "a is better than b"."""
+    if comparison["high"] < 0:
+        return "reproduced"
+    if comparison["low"] > 0:
+        return "reversed"
+    return "not reproduced (within noise)"
+
+
+def interval(comparison: dict, digits: int = 4, unit: str = " bpc") -> str:
+    """A comparison's mean and 95% interval: "+0.0123 bpc [+0.0100, +0.0150]"."""
+    c = comparison
+    return f"{c['mean']:+.{digits}f}{unit} [{c['low']:+.{digits}f}, {c['high']:+.{digits}f}]"
+
+
+def label(section: dict, name: str) -> str:
+    """The label of run `name` of a study's section (its name when it has none)."""
+    return section["runs"][name]["label"] or name
+
+
+def markdown_table(header: list[str], rows: list) -> list[str]:
+    """The lines of a Markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return lines
