@@ -159,7 +159,7 @@ def test_layer_contract(attn_type, pre_lnorm):
 
 def test_rejects_unknown_attn_type():
     with pytest.raises(ValueError, match="attn_type"):
-        RelativeMultiHeadAttention(DM, N, D, attn_type="rope")
+        RelativeMultiHeadAttention(DM, N, D, attn_type="t5_buckets")
 
 
 def test_projection_after_memory_gradient_is_tensorflows():

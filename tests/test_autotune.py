@@ -1,9 +1,11 @@
 """The training path chosen by measurement (TrainConfig "auto"): the candidates, a real measurement on this CPU
-that picks the fastest and is cached, the trainer's initial weights unchanged by measuring, the choice recorded in
-config.gin and kept by a resumed run, and oneDNN's setting measured in child processes."""
+(of the trainer's own step) that picks the fastest and is cached, the trainer's initial weights unchanged by
+measuring, the choice recorded in config.gin and kept by a resumed run, and oneDNN's setting measured in child
+processes."""
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -12,6 +14,8 @@ from train_utils import prepare_tiny_corpus, tiny_params, tiny_trainer
 from txl_tf import autotune, train
 from txl_tf.autotune import TrainPath
 from txl_tf.configs import TrainConfig
+from txl_tf.errors import UserError
+from txl_tf.trainer import Trainer, choose_path
 
 TINY_MODEL = dict(n_token=11, n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=24, dropout=0.1, dropatt=0.0,
                   mem_len=6)
@@ -64,7 +68,7 @@ def test_a_resume_keeps_the_recorded_path_of_auto_fields_only():
 def test_choose_times_each_candidate_picks_the_fastest_and_caches_it(cache):
     config = TrainConfig(tgt_len=5, kernels="tf")
     lines = []
-    path, table = autotune.choose(TINY_MODEL, config, 2, log=lines.append, steps=1)
+    path, table = choose_path(TINY_MODEL, config, 2, log=lines.append, steps=1)
     assert len(table) == 4 and all(rate > 0 for rate in table.values())
     assert table[path.describe()] == max(table.values())
     assert lines[0].startswith("choosing the training path (auto): timing 4 candidates at batch 2 x 5 tokens")
@@ -73,11 +77,28 @@ def test_choose_times_each_candidate_picks_the_fastest_and_caches_it(cache):
     assert entry["choice"] == path.bindings() and entry["tokens_per_second"] == table
 
     again = []
-    assert autotune.choose(TINY_MODEL, config, 2, log=again.append)[0] == path
+    assert choose_path(TINY_MODEL, config, 2, log=again.append)[0] == path
     assert again == [f"training path (auto, measured earlier on this machine; {cache}): {path.describe()}"]
     other = []  # another batch is another measurement
-    autotune.choose(TINY_MODEL, config, 4, log=other.append, steps=1)
+    choose_path(TINY_MODEL, config, 4, log=other.append, steps=1)
     assert other[0].startswith("choosing the training path (auto)")
+
+
+def test_each_candidate_is_timed_by_the_trainers_own_train_loop(cache, monkeypatch):
+    """The autotuner times the step that trains: a Trainer on the candidate's path at the per-replica chunk (no
+    accumulation) and the run's vocabulary, one untimed host loop of one step, then `steps` timed ones."""
+    calls, train_loop = [], Trainer.train_loop
+
+    def recorded(self, num_steps):
+        calls.append((self.path, self.config.batch_size, self.config.grad_accum_steps, self.n_token, num_steps))
+        return train_loop(self, num_steps)
+
+    monkeypatch.setattr(Trainer, "train_loop", recorded)
+    config = TrainConfig(tgt_len=5, batch_size=4, grad_accum_steps=2, jit_compile=False, kernels="tf")
+    path, table = choose_path(TINY_MODEL, config, 2, log=lambda line: None, steps=2)
+    paths = [TrainPath(False, False, "tf"), TrainPath(True, False, "tf")]
+    assert calls == [(p, 2, 1, TINY_MODEL["n_token"], 1) for p in paths for _ in range(3)]
+    assert set(table) == {p.describe() for p in paths} and path in paths
 
 
 def test_a_measured_trainer_starts_from_the_weights_of_the_same_path_set_explicitly(char_data, cache):
@@ -138,3 +159,109 @@ def test_onednn_is_measured_once_and_a_users_setting_is_left_alone(cache, monkey
         os.environ.pop(autotune.ONEDNN_ENV, None)
     monkeypatch.setenv(autotune.ONEDNN_ENV, "0")
     assert autotune.choose_onednn(lines.append) is None and os.environ[autotune.ONEDNN_ENV] == "0"
+
+
+# ---- issue 34: the cache is untrusted input ------------------------------------------------------------------
+# Text a hostile choices.json tried to get into a run's config.gin (train.with_path pasted it into a comment).
+INJECTED = "1\nEvalConfig.mem_len = 7\nTrainConfig.train_steps = 3\ninclude '/some/file.gin'\n# "
+# Every line train.with_path may add after the operative config: its header comment and the path's bindings.
+RECORDED_LINE = re.compile(r"^(# .*|TrainConfig\.(mixed_precision|jit_compile) = (True|False)|"
+                           r"TrainConfig\.kernels = '(tf|fused)'|)$")
+
+
+def _path_entry(cache) -> dict:
+    """The cache's whole content and its one training-path entry (the one with tokens/s)."""
+    content = json.loads(cache.read_text())
+    (entry,) = [v for v in content.values() if "tokens_per_second" in v]
+    return content, entry
+
+
+def _cache_warnings(caplog) -> list:
+    return [r.getMessage() for r in caplog.records if "autotune cache" in r.getMessage()]
+
+
+@pytest.mark.parametrize("tampered", ["name", "rate", "type"])
+def test_a_tampered_cache_entry_writes_none_of_its_text_into_config_gin(char_data, cache, caplog, tampered):
+    auto = dict(mixed_precision="auto")  # two candidates: float32 and mixed_bfloat16 (no XLA, TensorFlow's ops)
+    first = tiny_trainer(char_data, **auto)
+    content, entry = _path_entry(cache)
+    name = first.path.describe()
+    entry["tokens_per_second"] = {"name": {name + INJECTED: 5.0}, "rate": {name: INJECTED},
+                                  "type": "fast"}[tampered]
+    cache.write_text(json.dumps(content))
+    os.chmod(cache, 0o600)
+
+    second = tiny_trainer(char_data, **auto)
+    text = train.with_path("TrainConfig.batch_size = 4\n", second.config, second)
+    added = text.splitlines()[1:]
+    assert all(RECORDED_LINE.match(line) for line in added), text
+    assert "EvalConfig" not in text and "include" not in text and "train_steps" not in text
+    known = {p.describe() for p in autotune.candidates(TrainConfig())}
+    assert set(second.path_measured) <= known and len(second.path_measured) == 2  # measured again
+    assert all(isinstance(rate, float) and rate > 0 for rate in second.path_measured.values())
+    (warning,) = _cache_warnings(caplog)
+    assert warning.startswith(f"txl_tf: ignoring the autotune cache {cache} (") and "\n" not in warning, warning
+    assert warning.endswith("; measuring again and rewriting it"), warning
+    _, rewritten = _path_entry(cache)  # the new measurement replaced the tampered entry
+    assert set(rewritten["tokens_per_second"]) <= known
+
+
+@pytest.mark.parametrize("shared", ["file", "folder", "parent", "owner"])
+def test_a_cache_another_user_could_write_is_ignored_with_one_warning(cache, caplog, shared):
+    config = TrainConfig(tgt_len=5, jit_compile=False, kernels="tf")  # float32 and mixed_bfloat16
+    choose_path(TINY_MODEL, config, 2, log=lambda line: None, steps=1)
+    target = {"file": cache, "folder": cache.parent, "parent": cache.parent.parent, "owner": cache}[shared]
+    if shared == "owner":
+        if os.getuid() != 0:
+            pytest.skip("giving the file to another user needs root")
+        os.chown(cache, 65534, -1)
+        reason = f"{cache} is owned by uid 65534, not {os.getuid()}"
+    else:
+        os.chmod(target, 0o777 if target.is_dir() else 0o666)
+        reason = f"{target} is writable by group and others"
+    lines = []
+    choose_path(TINY_MODEL, config, 2, log=lines.append, steps=1)
+    assert lines[0].startswith("choosing the training path (auto): timing 2 candidates"), lines  # not the cache's
+    (warning,) = _cache_warnings(caplog)
+    assert warning.startswith(f"txl_tf: ignoring the autotune cache {cache} ({reason}"), warning
+
+
+@pytest.mark.parametrize("content,why", [
+    ("[1, 2]", "is not a JSON object"),
+    ('{"k": {"choice": {"mixed_precision": false, "jit_compile": false, "kernels": "tf"}, '
+     '"tokens_per_second": {"float32, no XLA, TensorFlow\'s ops": NaN}}}', "is not valid JSON"),
+    ('{"k": {"choice": "1", "gflops": {"0": 1e999, "1": 2.0}}}', "is not valid JSON"),
+    ('{"0123456789abcdef01234567": {"choice": {"mixed_precision": 1, "jit_compile": 0, "kernels": "tf"}}}',
+     "choice's mixed_precision is int, not true or false"),
+    (" " * (5 << 20) + "{}", "more than the 4.0 MiB"),
+])
+def test_a_damaged_cache_is_ignored_with_one_warning_and_measured_again(cache, caplog, content, why):
+    cache.parent.mkdir(parents=True, mode=0o700)
+    cache.write_text(content)
+    os.chmod(cache, 0o600)
+    lines = []
+    config = TrainConfig(tgt_len=5, jit_compile=False, kernels="tf")
+    path, table = choose_path(TINY_MODEL, config, 2, log=lines.append, steps=1)
+    assert lines[0].startswith("choosing the training path (auto)") and len(table) == 2
+    (warning,) = _cache_warnings(caplog)
+    assert warning.startswith(f"txl_tf: ignoring the autotune cache {cache} (") and why in warning, warning
+    again = []  # rewritten with the new measurement: the next run uses it
+    assert choose_path(TINY_MODEL, config, 2, log=again.append)[0] == path
+    assert again[0].startswith("training path (auto, measured earlier on this machine")
+
+
+def test_when_no_candidate_runs_one_line_says_why(cache):
+    """Every candidate fails for the same real reason (a vocabulary of no symbols): one UserError naming the first
+    failure, not a RuntimeError traceback."""
+    config = TrainConfig(tgt_len=5, jit_compile=False, kernels="tf")
+    lines = []
+    with pytest.raises(UserError) as raised:
+        choose_path(dict(TINY_MODEL, n_token=0), config, 2, log=lines.append, steps=1)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith("none of the 2 candidate training paths ran a step at batch 2 x 5 tokens; the first, "
+                              "float32, no XLA, TensorFlow's ops, failed with "), message
+    assert message.endswith("; fix that, or set TrainConfig.mixed_precision, jit_compile and kernels to values to "
+                            "see the full error"), message
+    assert len(lines) == 3 and all("cannot run here" in line for line in lines[1:]), lines
+    assert not cache.exists()  # nothing measured, nothing cached

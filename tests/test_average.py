@@ -12,7 +12,7 @@ import tensorflow as tf
 from train_utils import AVERAGE_CONFIG as CONFIG
 from train_utils import make_run
 
-from txl_tf import average, loading
+from txl_tf import average, errors, loading
 from txl_tf.configs import ModelConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,3 +72,20 @@ def test_output_dir_that_holds_the_checkpoints_is_refused(tmp_path):
     with pytest.raises(ValueError, match="holds the averaged checkpoint"):
         average.average(average.last_checkpoints(str(tmp_path / "run"), 2), str(tmp_path / "run"),
                         model_dir=str(tmp_path / "run"))
+
+
+def test_a_checkpoint_removed_while_it_is_read_is_named_in_one_line(tmp_path):
+    """`--last=3` while a trainer saves into the run: CheckpointManager deletes the oldest listed checkpoint between
+    the listing and the reading. One line names it (a UserError), not a NotFoundError traceback."""
+    run = tmp_path / "run"
+    make_run(run, [0.0, 0.25, 0.5])
+    prefixes = average.last_checkpoints(str(run), 3)
+    assert [os.path.basename(p) for p in prefixes] == ["ckpt-10", "ckpt-20", "ckpt-30"]
+    for name in os.listdir(run):
+        if name.startswith("ckpt-10."):
+            os.remove(run / name)  # what CheckpointManager does to a checkpoint beyond max_to_keep
+    model = loading.build_model(ModelConfig(**CONFIG))
+    with pytest.raises(errors.UserError) as raised:
+        average.average_weights(model, prefixes)
+    line = errors.one_line(raised.value)
+    assert f"{run / 'ckpt-10'} was removed while it was being read" in line and "re-run" in line, line

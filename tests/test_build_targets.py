@@ -90,15 +90,13 @@ def library_targets(repo: pathlib.Path) -> dict[str, tuple[str, list[str]]]:
     return modules
 
 
-def imported_files(path: pathlib.Path, repo: pathlib.Path) -> set[str]:
-    """Repo-relative candidates for the files `path` imports (txl_tf modules; tests/ helpers from tests/).
-
-    Each dotted name yields both `a/b.py` and `a/b/__init__.py`; callers keep the ones that exist.
-    """
-    names = []
+def _import_statements(path: pathlib.Path, repo: pathlib.Path) -> list[tuple[str, list[str]]]:
+    """(module, names) of every import in `path`, at any depth (lazy imports inside functions included):
+    `import a.b` is ("a.b", []), `from a import b, c` is ("a", ["b", "c"]); relative imports resolved."""
+    statements = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
+            statements += [(alias.name, []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: resolve against the importing file's package
                 package = path.parent.relative_to(repo).parts
@@ -106,7 +104,18 @@ def imported_files(path: pathlib.Path, repo: pathlib.Path) -> set[str]:
                 module = f"{base}.{node.module}" if node.module else base
             else:
                 module = node.module
-            names += [module] + [f"{module}.{alias.name}" for alias in node.names]
+            statements.append((module, [alias.name for alias in node.names]))
+    return statements
+
+
+def imported_files(path: pathlib.Path, repo: pathlib.Path) -> set[str]:
+    """Repo-relative candidates for the files `path` imports (txl_tf modules; tests/ helpers from tests/).
+
+    Each dotted name yields both `a/b.py` and `a/b/__init__.py`; callers keep the ones that exist.
+    """
+    names = []
+    for module, imported in _import_statements(path, repo):
+        names += [module] + [f"{module}.{name}" for name in imported]
     in_tests = path.parent == repo / "tests"
     found = set()
     for name in names:
@@ -116,6 +125,81 @@ def imported_files(path: pathlib.Path, repo: pathlib.Path) -> set[str]:
         elif in_tests and len(parts) == 1:
             found.add(f"tests/{parts[0]}.py")
     return found
+
+
+def _module_file(name: str, repo: pathlib.Path) -> str | None:
+    """The repo-relative file of module `name` of the package (a.b: a/b.py or a/b/__init__.py), None if none."""
+    parts = name.split(".")
+    if parts[0] != PACKAGE:
+        return None
+    for candidate in ("/".join(parts) + ".py", "/".join(parts + ["__init__.py"])):
+        if (repo / candidate).is_file():
+            return candidate
+    return None
+
+
+def import_graph(repo: pathlib.Path) -> dict[str, set[str]]:
+    """{module file: the module files it imports} of the package, lazy imports (and the package's `__getattr__`
+    re-exports) included. `from a import b` imports a/b.py when b is a module, else a itself (its __init__.py);
+    importing a submodule runs its packages' __init__.py too, but that is not counted as an edge (an __init__.py
+    that imports lazily would otherwise make every module look circular)."""
+    graph = {}
+    for path in sorted((repo / PACKAGE).rglob("*.py")):
+        edges = set()
+        for module, names in _import_statements(path, repo):
+            for name in names or [None]:
+                target = (name and _module_file(f"{module}.{name}", repo)) or _module_file(module, repo)
+                if target is not None:
+                    edges.add(target)
+        graph[str(path.relative_to(repo))] = edges
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One shortest cycle [a, b, ..., a] through each group of modules that import each other (Tarjan's strongly
+    connected components, then a breadth-first search inside each), in a stable order."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:  # recursive: the package's import depth is small
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.add(member)
+                if member == node:
+                    break
+            if len(group) > 1 or node in graph.get(node, ()):
+                groups.append(group)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    cycles = []
+    for group in groups:
+        start = min(group)
+        paths = {start: [start]}
+        queue = [start]
+        while queue:
+            node = queue.pop(0)
+            for nxt in sorted(graph[node] & group):
+                if nxt == start:
+                    cycles.append(paths[node] + [start])
+                    queue = []
+                    break
+                if nxt not in paths:
+                    paths[nxt] = paths[node] + [nxt]
+                    queue.append(nxt)
+    return sorted(cycles)
 
 
 def marks_slow(path: pathlib.Path) -> bool:
@@ -207,6 +291,14 @@ def test_every_module_has_a_py_library_with_the_deps_its_imports_need():
 def test_every_test_file_has_a_py_test():
     problems = problems_of_test_targets(REPO_ROOT)
     assert not problems, "fix tests/BUILD:\n  " + "\n  ".join(problems)
+
+
+def test_no_import_cycle_in_the_package():
+    """No txl_tf module imports itself through others, counting the imports inside functions: a lazy import that
+    only hides a circle still makes the modules one tangle (and an import order away from a partial module)."""
+    cycles = import_cycles(import_graph(REPO_ROOT))
+    assert not cycles, "import cycles in txl_tf (a -> b: a imports b):\n  " + "\n  ".join(
+        " -> ".join(cycle) for cycle in cycles)
 
 
 # The checks themselves, on a small made-up repository.
@@ -367,3 +459,23 @@ def test_script_needs_a_py_binary_with_its_deps(fake_repo):
         "//scripts:bench (scripts/bench.py) imports txl_tf/data/pipeline.py but its deps lack "
         "//txl_tf:data/pipeline",
     ]
+
+
+def test_import_cycle_is_named_lazy_imports_included(fake_repo):
+    assert import_cycles(import_graph(fake_repo)) == []
+    (fake_repo / "txl_tf" / "configs.py").write_text("def build():\n    from txl_tf.data import pipeline\n")
+    assert import_cycles(import_graph(fake_repo)) == [
+        ["txl_tf/configs.py", "txl_tf/data/pipeline.py", "txl_tf/configs.py"]]
+
+
+def test_cycle_check_reads_from_package_import_module_as_the_module_not_the_package(fake_repo):
+    """`from txl_tf import configs` imports txl_tf/configs.py; a name that is not a module (`__version__`) is the
+    package's, whose lazy `__getattr__` imports count as its edges."""
+    (fake_repo / "txl_tf" / "__init__.py").write_text(
+        "def __getattr__(name):\n    from txl_tf.data.pipeline import Model\n    return Model\n")
+    graph = import_graph(fake_repo)
+    assert graph["txl_tf/data/pipeline.py"] == {"txl_tf/configs.py", "txl_tf/data/__init__.py"}
+    assert import_cycles(graph) == []
+    (fake_repo / "txl_tf" / "configs.py").write_text("from txl_tf import __version__\n")
+    assert import_cycles(import_graph(fake_repo)) == [
+        ["txl_tf/__init__.py", "txl_tf/data/pipeline.py", "txl_tf/configs.py", "txl_tf/__init__.py"]]

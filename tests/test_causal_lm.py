@@ -2,7 +2,11 @@
 bitwise, one-line errors, and (slow) a tiny trained run whose `generate` and `score` give the CLI's text and
 evaluate's figures."""
 
+import dataclasses
+import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -11,9 +15,12 @@ import pytest
 from golden_utils import FIXTURE_DIR, convert_golden, eval_gin, golden_data
 from train_utils import REPO_ROOT, prepare_tiny_corpus, run_training, subprocess_env, tiny_params
 
-from txl_tf import TransformerXLCausalLM, evaluate
+from txl_tf import TransformerXLCausalLM, evaluate, evaluation, generation, loading
+from txl_tf.configs import EvalConfig, ModelConfig
 from txl_tf.data.pipeline import read_split
+from txl_tf.data.vocab import Vocab
 from txl_tf.errors import ConfigError, UserError
+from txl_tf.protocol import Protocol
 
 
 @pytest.fixture(scope="module")
@@ -54,8 +61,8 @@ def test_converted_golden_fixture_reproduces_its_nll(converted, golden_lm):
 
 def test_preset_reloads_bitwise_without_gin_or_data(golden_lm, tmp_path):
     preset = golden_lm.save_to_preset(tmp_path / "preset")
-    assert sorted(p.name for p in (tmp_path / "preset").iterdir()) == ["config.json", "model.weights.h5",
-                                                                        "vocab.json"]
+    assert sorted(p.name for p in (tmp_path / "preset").iterdir()) == [".txl_tf-manifest.json", "config.json",
+                                                                        "model.weights.h5", "vocab.json"]
     reloaded = TransformerXLCausalLM.from_preset(preset)
     assert reloaded.vocab == golden_lm.vocab and reloaded.eval_config == golden_lm.eval_config
     tokens = np.load(FIXTURE_DIR / "golden.npz")["tokens"].T[:, :5]
@@ -70,7 +77,7 @@ def test_preset_reloads_bitwise_without_gin_or_data(golden_lm, tmp_path):
     golden_lm.save_to_preset(preset, overwrite=True)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="holds no preset"):
+    with pytest.raises(FileExistsError, match="holds no preset written by txl_tf"):
         golden_lm.save_to_preset(tmp_path / "other", overwrite=True)
     assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
 
@@ -169,3 +176,112 @@ def test_tiny_run_generates_the_cli_text_and_scores_evaluate_figures(tmp_path):
     assert result.num_tokens == expected.num_tokens == len(tokens) - 1
     assert result.loss == pytest.approx(expected.loss, abs=1e-5)
     np.testing.assert_allclose(-result.log_probs, np.load(tmp_path / "losses.npy"), atol=1e-5, rtol=0)
+
+
+# ---- issue 34: a preset's sizes, lengths, numbers and files are untrusted input ---------------------------------
+TINY_MODEL = dict(n_layer=2, d_model=64, n_head=2, d_head=32, d_inner=128, mem_len=8, n_token=200, dropout=0.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_preset(tmp_path_factory):
+    """A preset of an untrained tiny model (2 layers, d_model 64) with a 200-symbol char vocabulary."""
+    config = ModelConfig(**TINY_MODEL)
+    lm = TransformerXLCausalLM(loading.build_model(config), Vocab(list(range(200)), "char"), config,
+                               EvalConfig(tgt_len=8, mem_len=16, batch_size=2))
+    return lm.save_to_preset(tmp_path_factory.mktemp("tiny") / "preset")
+
+
+def _edited(preset, tmp_path, section=None, fields=None, config_text=None):
+    """A copy of `preset` whose config.json has `fields` set in `section` ("model" or "eval"), or is
+    `config_text`."""
+    copy = str(tmp_path / "edited")
+    shutil.copytree(preset, copy)
+    path = os.path.join(copy, "config.json")
+    if config_text is None:
+        with open(path) as f:
+            config = json.load(f)
+        config[section].update(fields)
+        config_text = json.dumps(config)
+    with open(path, "w") as f:
+        f.write(config_text)
+    return copy
+
+
+# Sizes far from any machine's memory (terabytes and more), so that every outcome is the same everywhere.
+@pytest.mark.parametrize("fields,message", [
+    ({"n_layer": 1_000_000}, r"config\.json: ModelConfig\.n_layer=1000000 must be in \[1, 1024\]; correct it, or save "
+                             r"the preset again$"),
+    ({"d_model": 10**9}, r"config\.json: ModelConfig\.d_model=1000000000: a model of these sizes needs about "
+                         r"[\d,.]+ TiB of memory, more than the [\d,.]+ [GT]iB of this machine; lower "
+                         r"ModelConfig\.d_model"),
+    ({"n_token": 10**9}, r"n_token=1000000000"),  # the memory estimate, or (on a huge machine) the vocabulary's size
+    ({"n_head": 10**400}, r"config\.json: ModelConfig\.n_head=10{56}\.\.\. must be in \[1, 2147483647\]"),
+], ids=["n_layer", "d_model", "n_token", "n_head"])
+def test_preset_sizes_are_refused_before_the_model_is_built(tiny_preset, tmp_path, fields, message):
+    with pytest.raises(UserError, match=message) as raised:
+        TransformerXLCausalLM.from_preset(_edited(tiny_preset, tmp_path, "model", fields))
+    assert "\n" not in str(raised.value)
+
+
+def test_preset_vocabulary_must_match_the_model_before_it_is_built(tiny_preset, tmp_path):
+    with pytest.raises(UserError, match=r"^the preset .*edited does not fit together: its config\.json has model "
+                                        r"n_token=300 but its vocab\.json holds 200 symbols; save the preset again"):
+        TransformerXLCausalLM.from_preset(_edited(tiny_preset, tmp_path, "model", {"n_token": 300}))
+
+
+@pytest.mark.parametrize("field,value", [("mem_len", 2**31 - 1), ("tgt_len", 10**9)])
+def test_preset_evaluation_lengths_are_refused_when_loaded(tiny_preset, tmp_path, field, value):
+    with pytest.raises(ConfigError, match=rf"config\.json: EvalConfig\.{field}={value}: scoring 1 row\(s\) .* needs "
+                                          rf"about [\d,.]+ TiB of memory, more than the .* of this machine; lower "
+                                          rf"EvalConfig\.{field}$"):
+        TransformerXLCausalLM.from_preset(_edited(tiny_preset, tmp_path, "eval", {field: value}))
+
+
+def test_score_generate_evaluate_bound_their_lengths_before_any_tensor(tiny_preset):
+    lm = TransformerXLCausalLM.from_preset(tiny_preset)
+    long = TransformerXLCausalLM(lm.model, lm.vocab, lm.model_config,
+                                 dataclasses.replace(lm.eval_config, mem_len=2**31 - 1))
+    named = (r"^EvalConfig\.mem_len=2147483647: .* TiB of memory, more than the .* of this machine; lower "
+             r"EvalConfig\.mem_len$")
+    text = "".join(chr(i) for i in range(1, 40))
+    with pytest.raises(ConfigError, match=named):
+        long.score(text)
+    with pytest.raises(ConfigError, match=named):
+        long.generate(text, max_length=45, seed=1)
+    with pytest.raises(ConfigError, match=named):
+        long.stream()
+    protocol = Protocol(mem_len=2**31 - 1, clamp_len=-1, same_length=False)
+    tokens = lm.encode(text)
+    with pytest.raises(ConfigError, match=named):
+        evaluation.evaluate_tokens(lm.model, tokens, tgt_len=8, protocol=protocol, batch_size=2)
+    with pytest.raises(ConfigError, match=named):
+        generation.generate_from_model(lm.model, [tokens.tolist()], max_tokens=2, protocol=protocol, segment_len=8)
+    assert lm.score(text).num_tokens == 38  # the preset's own lengths fit
+
+
+def test_an_infinite_number_in_a_preset_is_refused(tiny_preset, tmp_path):
+    with open(os.path.join(tiny_preset, "config.json")) as f:
+        text = f.read()
+    assert '"layer_norm_epsilon": 1e-12' in text
+    edited = _edited(tiny_preset, tmp_path, config_text=text.replace('"layer_norm_epsilon": 1e-12',
+                                                                     '"layer_norm_epsilon": Infinity'))
+    with pytest.raises(UserError, match=r"config\.json .*edited/config\.json is not valid JSON \(Infinity is not a "
+                                        r"finite number\)"):
+        TransformerXLCausalLM.from_preset(edited)
+
+
+@pytest.mark.parametrize("call", ["generate", "generate_list", "score", "encode", "stream", "generate_ids"])
+def test_text_must_be_str_and_anything_else_is_refused_by_type(tiny_preset, call):
+    lm = TransformerXLCausalLM.from_preset(tiny_preset)
+    run, message = {
+        "generate": (lambda: lm.generate(b"abc", max_length=6), r"^prompts must be a str or a list of str; got bytes; "
+                                                                r"decode bytes first"),
+        "generate_list": (lambda: lm.generate(["ab", b"abc"], max_length=6), r"^prompts\[1\] must be a str; got bytes"),
+        "score": (lambda: lm.score(b"abc"), r"^texts must be a str or a list of str; got bytes"),
+        "encode": (lambda: lm.encode(b"abc"), r"^the text must be a str; got bytes"),
+        "stream": (lambda: lm.stream().score(b"abc"), r"^the piece must be a str; got bytes"),
+        "generate_ids": (lambda: lm.generate(97, max_length=6), r"^prompts must be a str or a list of str; got int$"),
+    }[call]
+    with pytest.raises(TypeError, match=message):
+        run()
+    assert lm.generate(np.array(["\x01\x02"]), max_length=4, seed=1)[0].startswith("\x01\x02")  # str array: fine

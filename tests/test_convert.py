@@ -1,14 +1,17 @@
 """Converter: parity with the authors' TF code on the golden fixture, CLI, and clear mismatch errors."""
 
 import json
+import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from train_utils import REPO_ROOT, make_run, subprocess_env
 
-from txl_tf import TransformerXL, convert, fused
+from txl_tf import TransformerXL, convert, errors, fused
+from txl_tf.policy import TrainingPolicy
 
 SEGMENTS = 3
 
@@ -19,7 +22,7 @@ def _golden(fixture_dir):
     return golden, info
 
 
-def _run_segments(model, golden, tgt_len, training=False):
+def _run_segments(model, golden, tgt_len, training=False, policy=None):
     """Per-segment (nll [L, B], [mem_i [M, B, d]]) time-major like the fixture, starting from zero memory."""
     tokens = golden["tokens"].T  # [B, T] batch-major
     mems = model.initial_memory(tokens.shape[0])
@@ -27,28 +30,26 @@ def _run_segments(model, golden, tgt_len, training=False):
     for s in range(SEGMENTS):
         inputs = tokens[:, s * tgt_len : (s + 1) * tgt_len]
         targets = tokens[:, s * tgt_len + 1 : (s + 1) * tgt_len + 1]
-        hidden, mems = model(inputs, mems, training=training)
+        hidden, mems = model(inputs, mems, training=training, policy=policy)
         nll = model.nll(hidden, targets).numpy().T  # [L, B]
         outputs.append((nll, [np.transpose(m, (1, 0, 2)) for m in mems.hidden.numpy()]))
     return outputs
 
 
-# training=True: the pass of a training step (no dropout in this model); with fused_kernels (TrainConfig.kernels=
-# "fused") it runs the fused CPU kernels (txl_tf/fused.py) in place of TensorFlow's ops, and must meet the authors'
-# numbers as closely.
+# training=True: the pass of a training step (no dropout in this model); with the fused kernels' policy
+# (TrainConfig.kernels="fused") it runs the fused CPU kernels (txl_tf/fused.py) in place of TensorFlow's ops, and
+# must meet the authors' numbers as closely, with the same model (the kernels are not part of the architecture).
 @pytest.mark.parametrize("training, fused_kernels", [(False, False), (True, False), (True, True)])
 def test_parity_with_original_tf(fixture_dir, training, fused_kernels):
     if fused_kernels and fused.unavailable():
         pytest.skip(f"the fused CPU kernels cannot run here: {fused.unavailable()}")
     golden, info = _golden(fixture_dir)
     model = convert.from_original_tf(str(fixture_dir / "model.ckpt"), mem_len=info["mem_len"])
-    if fused_kernels:
-        converted, model = model, TransformerXL.from_config({**model.get_config(), "fused_kernels": True})
-        model.set_weights(converted.get_weights())
     assert (model.n_layer, model.d_model, model.n_head, model.d_head, model.d_inner, model.n_token) == (
         info["n_layer"], info["d_model"], info["n_head"], info["d_head"], info["d_inner"], info["n_token"])
     assert model.dropout == 0 and model.dropatt == 0
-    for s, (nll, mems) in enumerate(_run_segments(model, golden, info["tgt_len"], training)):
+    policy = TrainingPolicy(kernels=fused_kernels)
+    for s, (nll, mems) in enumerate(_run_segments(model, golden, info["tgt_len"], training, policy)):
         np.testing.assert_allclose(nll, golden[f"nll_{s}"], atol=1e-5, rtol=0)
         for i, mem in enumerate(mems):
             np.testing.assert_allclose(mem, golden[f"mem_{s}_{i}"], atol=1e-5, rtol=0)
@@ -143,3 +144,27 @@ def test_command_line_writes_native_checkpoint(fixture_dir, tmp_path):
     tf.train.Checkpoint(model=model).restore(tf.train.latest_checkpoint(str(out))).assert_existing_objects_matched()
     nll, _ = _run_segments(model, golden, info["tgt_len"])[0]
     np.testing.assert_allclose(nll, golden["nll_0"], atol=1e-5)
+
+
+def test_a_file_that_is_not_an_original_checkpoint_is_one_line(tmp_path):
+    """This project's own checkpoint, a file of random bytes and a text file named .index: one line naming the file
+    and what to do (a UserError; the command prints it and exits with status 2), not a traceback."""
+    make_run(tmp_path / "run", [0.0])  # a txl_tf checkpoint: run/ckpt-10
+    (tmp_path / "garbage.ckpt").write_bytes(bytes(np.random.default_rng(0).integers(0, 256, 3000, np.uint8)))
+    (tmp_path / "text.index").write_text("just some text\n")
+    cases = {
+        str(tmp_path / "run" / "ckpt-10"): "is a txl_tf checkpoint, not one of the authors' TF code",
+        str(tmp_path / "garbage.ckpt"): "cannot be read as a TensorFlow checkpoint",
+        str(tmp_path / "text"): "cannot be read as a TensorFlow checkpoint",
+    }
+    for prefix, expected in cases.items():
+        with pytest.raises(errors.UserError) as raised:
+            convert.from_original_tf(prefix)
+        line = errors.one_line(raised.value)
+        assert line.startswith(f"--checkpoint={prefix}") and expected in line, line
+    result = subprocess.run([sys.executable, "-m", "txl_tf.convert", f"--checkpoint={tmp_path / 'text'}",
+                             f"--output_dir={tmp_path / 'out'}"], cwd=REPO_ROOT, env=subprocess_env(),
+                            capture_output=True, text=True, timeout=300)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert not os.path.exists(tmp_path / "out")

@@ -3,9 +3,11 @@ small files in the official formats, downloads from a loopback HTTP server, and 
 
 import bz2
 import functools
+import hashlib
 import http.server
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -18,6 +20,7 @@ import pytest
 from txl_tf.data import corpora, pipeline, records, sources
 from txl_tf.data import prepare as prep
 from txl_tf.data.sources import SourceError
+from txl_tf.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -226,6 +229,67 @@ def test_user_text_word_and_char_levels(tmp_path):
     assert vocab.decode(pipeline.read_split(str(tmp_path / "c"), "train")) == "héllo\nworld\n"
 
 
+def networkx_like_wheel(path):
+    """A stand-in for the networkx wheel: the same layout (package .py files, a non-Python file, dist-info)."""
+    files = {
+        "networkx/__init__.py": "from networkx.classes import *\n",
+        "networkx/classes/graph.py": "class Graph:\n    def add_edge(self, u, v):\n        pass\n" * 300,
+        "networkx/algorithms/tests/test_flow.py": "def test_flow():\n    G = nx.Graph()\n    G.add_edge(1, 2)" * 200,
+        "networkx/generators/atlas.dat.gz": "not Python",
+        "networkx-3.7.dist-info/METADATA": "Name: networkx\nVersion: 3.7\n",
+    }
+    with zipfile.ZipFile(path, "w") as zf:
+        for name in sorted(files, reverse=True):  # the recipe sorts, whatever the archive's order
+            zf.writestr(name, files[name])
+    py = sorted(n for n in files if n.endswith(".py"))
+    return b"".join(b"# file: " + n.encode() + b"\n" + files[n].encode() + (b"" if files[n].endswith("\n") else b"\n")
+                    for n in py)
+
+
+def test_networkx_code_from_a_stand_in_wheel_splits_and_checksums(tmp_path, monkeypatch):
+    wheel = tmp_path / "networkx-3.7-py3-none-any.whl"
+    raw = networkx_like_wheel(wheel)
+    meta = prep.prepare("networkx_code", str(tmp_path / "d"), local(tmp_path, source=str(wheel)))
+    heldout = len(raw) // 10  # train 90%, valid 5%, test 5% of the bytes, newlines kept
+    parts = {"train": raw[:-heldout], "valid": raw[-heldout:-heldout + heldout // 2],
+             "test": raw[-heldout + heldout // 2:]}
+    assert meta["token_counts"] == {s: len(p) for s, p in parts.items()}
+    assert meta["level"] == "char" and meta["vocab_size"] == len(set(raw))
+    assert meta["source"]["networkx-sources.py"] == {"bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest()}
+    vocab = pipeline.load_vocab(str(tmp_path / "d"))
+    assert vocab.decode_bytes(pipeline.read_split(str(tmp_path / "d"), "test")) == parts["test"]
+    assert raw.startswith(b"# file: networkx/__init__.py\nfrom networkx") and b"atlas" not in raw
+    # checked: the sources' sha256 (not networkx 3.7's), a given --source_sha256, and the pinned wheel's sha256
+    with pytest.raises(SourceError, match="networkx_code: the .py files of .* different sha256 than the expected "
+                                          f"{corpora.NETWORKX_SHA256}"):
+        prep.prepare("networkx_code", str(tmp_path / "v"), corpora.Settings(source=str(wheel),
+                                                                            cache_dir=str(tmp_path / "cache")))
+    with pytest.raises(SourceError, match="does not match the expected 0000"):
+        prep.prepare("networkx_code", str(tmp_path / "s"), local(tmp_path, source=str(wheel), source_sha256="0" * 64))
+    downloads = []
+
+    def fake_pip_download(requirement, dest_dir, *, platform_args=()):  # PyPI, offline: the stand-in wheel
+        downloads.append((requirement, platform_args))
+        target = os.path.join(dest_dir, wheel.name)
+        shutil.copy(wheel, target)
+        return target
+
+    monkeypatch.setattr(sources, "pip_download", fake_pip_download)
+    cache = tmp_path / "pypi-cache"
+    with pytest.raises(SourceError, match=f"networkx==3.7 wheel .*does not match the expected "
+                                          f"{corpora.NETWORKX_WHEEL_SHA256}"):
+        prep.prepare("networkx_code", str(tmp_path / "p"), corpora.Settings(cache_dir=str(cache)))
+    assert downloads == [("networkx==3.7", corpora.NETWORKX_PLATFORM)] and os.listdir(cache / "pypi") == []
+    meta = prep.prepare("networkx_code", str(tmp_path / "p"), corpora.Settings(cache_dir=str(cache), verify=False))
+    assert meta["source"][wheel.name] == {"bytes": wheel.stat().st_size, "sha256": sources.file_digest(str(wheel))}
+    assert meta["token_counts"] == {s: len(p) for s, p in parts.items()}
+    prep.prepare("networkx_code", str(tmp_path / "q"), corpora.Settings(cache_dir=str(cache), verify=False))
+    assert len(downloads) == 2  # the second preparation reads the cached wheel
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SourceError, match="holds no .py file"):
+        prep.prepare("networkx_code", str(tmp_path / "e"), local(tmp_path, source=str(tmp_path / "empty")))
+
+
 # ---- bad input ------------------------------------------------------------------------------------------
 @pytest.fixture
 def small_dir(tmp_path):
@@ -306,3 +370,52 @@ def test_unknown_dataset_and_cli(tmp_path):
     bad = subprocess.run(cmd + ["--overwrite", f"--source={tmp_path / 'nope.txt'}"], capture_output=True,
                          text=True, env=env)
     assert bad.returncode == 2 and "nope.txt does not exist" in bad.stderr
+
+
+# ---- issue 34: a source that is not a regular file, or too large to prepare in memory, is one line ---------------
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+def test_a_text_source_that_is_not_a_regular_file_is_refused(tmp_path, kind):
+    source = "/dev/zero"
+    if kind == "fifo":
+        source = str(tmp_path / "fifo")
+        os.mkfifo(source)  # reading it would wait for a writer forever
+    with pytest.raises(SourceError, match=f"^--source {source} is not a regular file \\(a device, FIFO or socket\\); "
+                                          "give a file, a directory or a URL$"):
+        prep.prepare("text", str(tmp_path / "d"), local(tmp_path, source=source, level="char"))
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_folder_source_whose_split_links_to_a_device_is_refused(tmp_path):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    os.symlink("/dev/zero", folder / "train.txt")
+    for split in ("valid", "test"):
+        (folder / f"{split}.txt").write_text("some text\n")
+    with pytest.raises(UserError, match=f"^source file {folder / 'train.txt'} is not a regular file"):
+        prep.prepare("text", str(tmp_path / "d"), local(tmp_path, source=str(folder), level="char"))
+
+
+def test_a_text_source_too_large_for_memory_is_refused_before_it_is_read(tmp_path):
+    """A sparse file of 8 TiB (no disk space used) stands for a corpus far larger than any machine's memory."""
+    huge = tmp_path / "huge.txt"
+    try:
+        with open(huge, "wb") as f:
+            f.truncate(8 << 40)
+    except OSError:
+        pytest.skip("this file system has no sparse files of 8 TiB")
+    with pytest.raises(SourceError, match=r"^the --source text .*huge\.txt holds 8\.0 TiB: preparing it would need "
+                                          r"about 6 times that in memory, more than the [\d,.]+ [GT]iB of this "
+                                          r"machine; prepare it on a machine with more memory, or give a part of it$"):
+        prep.prepare("text", str(tmp_path / "d"), local(tmp_path, source=str(huge), level="char"))
+
+
+def test_prepare_from_dev_zero_is_one_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": REPO, "TXL_TF_CACHE": str(tmp_path / "cache")}
+    result = subprocess.run([sys.executable, "-m", "txl_tf.data.prepare", "--dataset=text", "--level=char",
+                             "--source=/dev/zero", f"--data_dir={tmp_path / 'd'}"], capture_output=True, text=True,
+                            env=env, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+        "error: --source /dev/zero is not a regular file (a device, FIFO or socket); give a file, a directory or a "
+        "URL"], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr

@@ -1,6 +1,10 @@
-"""Vocabulary: frequency order, JSON storage, text round trips and the in-graph tokenizer's equal ids."""
+"""Vocabulary: frequency order, JSON storage, text round trips, the in-graph tokenizer's equal ids, and a vocab.json
+that is no vocabulary (or cannot be read safely) in one line."""
 
 import collections
+import json
+import os
+import re
 
 import numpy as np
 import pytest
@@ -8,6 +12,7 @@ import tensorflow as tf
 
 from txl_tf.data.tf_tokenize import TFTokenizer
 from txl_tf.data.vocab import Vocab, char_vocab_from_bytes, frequency_order
+from txl_tf.errors import UserError
 
 WORDS = Vocab(["<eos>", "the", "cat", "<unk>", "sat", "on", "mat"], "word", eos="<eos>", unk="<unk>")
 SENTENCES = Vocab(["<S>", "</S>", "<UNK>", "a", "b"], "word", bos="<S>", eos="<S>", unk="<UNK>")
@@ -78,3 +83,54 @@ def test_tf_tokenizer_matches_encode_chars():
     assert tokenizer(texts).to_list() == [vocab.encode(t) for t in texts]
     with pytest.raises(tf.errors.InvalidArgumentError, match="not in the vocabulary"):
         tokenizer(["q"])
+
+
+# ---- issue 34: a vocab.json is untrusted input: schema-checked, bounded, one line --------------------------------
+def _vocab_json(**changes) -> dict:
+    return {**Vocab([10, 97, 98], "char").to_json(), **changes}
+
+
+@pytest.mark.parametrize("content,message", [
+    (_vocab_json(symbols=[None, [1], {"a": 1}], size=3),
+     r"char-level symbols must be byte values 0\.\.255, got e\.g\. \[None, \[1\], \{'a': 1\}\]"),
+    (_vocab_json(symbols=[True, 97], size=2), r"char-level symbols must be byte values 0\.\.255, got e\.g\. \[True\]"),
+    (_vocab_json(level="word", symbols=["<eos>", 7, ["x"]], size=3, eos="<eos>", drop=[]),
+     r"word-level symbols must be strings, got e\.g\. \[7, \['x'\]\]"),
+    (_vocab_json(level="word", symbols=["<eos>", "x"], size=2, eos=["<eos>"], drop=[]),
+     r"the eos symbol must be a string or None, got \['<eos>'\]"),
+    (_vocab_json(drop="ab"), r"drop must be a list of byte values 0\.\.255, got 'ab'"),
+    (_vocab_json(level=["char"]), r"vocabulary level must be one of \('char', 'word'\), got \['char'\]"),
+    (_vocab_json(symbols="abc"), r"'symbols' must be a list, got str"),
+    (_vocab_json(size="3"), r"says size '3' but lists 3 symbols"),
+    ([1, 2, 3], r"not a txl_tf\.vocab v1 file \(a JSON list\)"),
+], ids=["unhashable_symbols", "bool_symbol", "word_symbols", "eos_list", "drop_str", "level_list", "symbols_str",
+        "size_str", "json_list"])
+def test_a_vocab_json_that_is_no_vocabulary_is_one_line(tmp_path, content, message):
+    path = tmp_path / "vocab.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: {message}; re-run `python -m txl_tf.data.prepare` "
+                                         "with --overwrite \\(or save the preset again\\)$") as raised:
+        Vocab.load(str(path))
+    assert isinstance(raised.value, UserError)  # one `error:` line from every command
+
+
+@pytest.mark.parametrize("kind,message", [
+    ("device", "is not a regular file \\(a device, FIFO or socket\\)"),
+    ("deep", "nests deeper than 64 levels"),
+    ("large", "holds 300\\.0 MiB, more than the 256\\.0 MiB such a file may hold"),
+    ("infinity", "is not valid JSON \\(Infinity is not a finite number\\)"),
+])
+def test_a_vocab_json_that_cannot_be_read_safely_is_one_line(tmp_path, kind, message):
+    path = tmp_path / "vocab.json"
+    if kind == "device":
+        os.symlink("/dev/zero", path)
+    elif kind == "deep":
+        path.write_text("[" * 200_000 + "]" * 200_000)
+    elif kind == "large":
+        with open(path, "wb") as f:
+            f.truncate(300 << 20)  # sparse: no disk space used
+    else:
+        path.write_text(json.dumps(_vocab_json(drop=[10])).replace("[10]", "[Infinity]"))
+    with pytest.raises(ValueError, match=f"^vocabulary file {re.escape(str(path))} {message}") as raised:
+        Vocab.load(str(path))
+    assert isinstance(raised.value, UserError) and "\n" not in str(raised.value)

@@ -228,7 +228,7 @@ def test_export_refuses_an_existing_directory_unless_it_holds_an_export_and_over
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="not replaced, even with --overwrite"):
+    with pytest.raises(FileExistsError, match="never replaced, with or without --overwrite"):
         check_export_dir(str(other), overwrite=True)
 
 
@@ -337,3 +337,98 @@ def test_evaluation_progress_is_not_a_keras_progbar_when_piped(char_data, capfd)
     out, err = capfd.readouterr()
     assert "\r" not in out + err and "\x08" not in out + err
     assert err.strip().splitlines()[-1].startswith("evaluating: [##############################] 100.0%")
+
+
+# ---- issue 34: a changed model or vocabulary is named, not called corrupt; another vocabulary is refused --------
+def _random_data(directory, symbols) -> str:
+    """A prepared char-level dataset of random ids over the byte values `symbols` (every split 2,000 tokens)."""
+    from txl_tf.data.vocab import Vocab
+
+    rng = np.random.default_rng(0)
+    splits = {split: rng.integers(0, len(symbols), 2000).astype(np.int32) for split in ("train", "valid", "test")}
+    records.write_prepared(str(directory), dataset="random", vocab=Vocab(list(symbols), "char"), splits=splits,
+                           source={}, options={})
+    return str(directory)
+
+
+@pytest.fixture(scope="module")
+def other_vocab_data(char_data, tmp_path_factory):
+    """Random bytes prepared with as many symbols as char_data's vocabulary, but other ones."""
+    mine = pipeline_vocab(char_data).symbols
+    return _random_data(tmp_path_factory.mktemp("other") / "data", [b for b in range(256) if b not in mine][:len(mine)])
+
+
+def pipeline_vocab(data_dir):
+    from txl_tf.data.pipeline import load_vocab
+
+    return load_vocab(data_dir)
+
+
+def _contents(directory, ignore=()):
+    return {os.path.relpath(os.path.join(root, name), directory): open(os.path.join(root, name), "rb").read()
+            for root, _, names in os.walk(directory) for name in names if name not in ignore}
+
+
+def test_an_edited_architecture_is_named_and_not_called_corrupt(char_data, tmp_path):
+    run = tmp_path / "run"
+    _train(run, char_data, **{"TrainConfig.train_steps": 4})  # ckpt-2, ckpt-4 (tiny_params: d_inner 24)
+    config = run / "config.gin"
+    config.write_text(config.read_text().replace("ModelConfig.d_inner = 24", "ModelConfig.d_inner = 32"))
+    before = _contents(run)
+    with pytest.raises(errors.ConfigError) as raised:  # the same command as before, on the edited config.gin
+        train.run([str(config)], ["TrainConfig.train_steps = 6"], str(run))
+    line = errors.one_line(raised.value)
+    assert "ModelConfig.d_inner" in line and "[16, 24] in the checkpoint" in line and "[16, 32] in the model" in line
+    assert "is intact" in line and "restore the files" not in line and "move them out" not in line, line
+    assert _contents(run) == before
+    with pytest.raises(errors.ConfigError, match=r"ModelConfig.d_inner: 24 in the checkpoint, 32 configured"):
+        loading.load_model(str(run))  # evaluate, export, generate, average, from_preset
+
+
+def test_another_vocabulary_size_is_named_and_not_called_corrupt(char_data, tmp_path):
+    run = tmp_path / "run"
+    _train(run, char_data, **{"TrainConfig.train_steps": 2})
+    os.remove(run / run_dir.VOCAB_FINGERPRINT_FILE)  # a run written before fingerprints: the sizes tell
+    big = _random_data(tmp_path / "d256", range(256))
+    size = len(pipeline_vocab(char_data))
+    for call in (lambda: _train(run, big, **{"TrainConfig.train_steps": 4}),
+                 lambda: loading.load_model(str(run), gin_params=[f"DATA_DIR = '{big}'"])):
+        with pytest.raises(errors.ConfigError) as raised:
+            call()
+        line = errors.one_line(raised.value)
+        assert f"vocabulary size n_token: {size} in the checkpoint, 256 configured" in line, line
+        assert "none restores intact" not in line and "restore the files" not in line, line
+
+
+def test_another_vocabulary_of_the_same_size_is_refused_unless_asked_for(char_data, other_vocab_data, tmp_path,
+                                                                         monkeypatch):
+    from txl_tf import TransformerXLCausalLM
+
+    monkeypatch.delenv(run_dir.ALLOW_OTHER_VOCAB_ENV, raising=False)
+    run = tmp_path / "run"
+    _train(run, char_data, **{"TrainConfig.train_steps": 2})
+    assert run_dir.recorded_vocabulary(str(run))["sha256"] == records.vocab_sha256(pipeline_vocab(char_data))
+    before = _contents(run)
+    other = [f"DATA_DIR = '{other_vocab_data}'"]
+    refusals = {
+        "resume": lambda: _train(run, other_vocab_data, **{"TrainConfig.train_steps": 4}),
+        "evaluate": lambda: loading.load_model(str(run), gin_params=other),
+        "from_preset": lambda: TransformerXLCausalLM.from_preset(str(run), gin_param=other),
+        "fine-tune": lambda: _train(tmp_path / "finetuned", other_vocab_data,
+                                    **{"TrainConfig.init_checkpoint": repr(str(run))}),
+    }
+    for name, call in refusals.items():
+        with pytest.raises(errors.ConfigError) as raised:
+            call()
+        line = errors.one_line(raised.value)
+        assert "another vocabulary" in line and str(run / run_dir.VOCAB_FINGERPRINT_FILE) in line, (name, line)
+        assert f"{other_vocab_data}/vocab.json" in line and run_dir.ALLOW_OTHER_VOCAB_ENV in line, (name, line)
+    assert _contents(run) == before  # the resume is refused before anything in the run folder changes
+    assert not any(name.startswith("ckpt-") for name in os.listdir(tmp_path / "finetuned"))
+    monkeypatch.setenv(run_dir.ALLOW_OTHER_VOCAB_ENV, "1")  # asked for
+    assert loading.load_model(str(run), gin_params=other)[2].endswith("ckpt-2")
+    monkeypatch.delenv(run_dir.ALLOW_OTHER_VOCAB_ENV)
+    os.remove(run / run_dir.VOCAB_FINGERPRINT_FILE)  # a run written before fingerprints keeps working
+    assert loading.load_model(str(run), gin_params=other)[2].endswith("ckpt-2")
+    _train(run, char_data, **{"TrainConfig.train_steps": 4})  # and records its vocabulary when it resumes
+    assert run_dir.recorded_vocabulary(str(run))["sha256"] == records.vocab_sha256(pipeline_vocab(char_data))

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from txl_tf import TransformerXL
+from txl_tf import TransformerXL, encodings
 from txl_tf.configs import ModelConfig
 from txl_tf.flops import (
     config_flops_per_token,
@@ -57,9 +57,10 @@ ARCHS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(ARCHS))
+@pytest.mark.parametrize("name", sorted(ARCHS) + [f"char_{name}" for name in encodings.NAMES if name != "xl"])
 def test_forward_count_equals_the_traced_graph(name):
-    arch = ARCHS[name]
+    """Every architecture, and every position encoding (each counts its own FLOPs: `Encoding.flops`)."""
+    arch = ARCHS[name] if name in ARCHS else dict(ARCHS["char"], d_head=6, attn_type=name[len("char_"):])
     batch, qlen, mlen = 3, 7, 5
     model = TransformerXL(dropout=0.0, dropatt=0.0, mem_len=mlen, **arch)
     expected = graph_matmul_flops(model, batch, qlen, mlen)

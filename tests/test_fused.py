@@ -1,8 +1,8 @@
 """The fused CPU kernels, built and loaded for real: the attention's softmax chain checked against TensorFlow's
 ops (values and gradients, float32 and bfloat16), dropout's rate, scale, reproducibility and gradient, the residual
 LayerNorm against Keras' LayerNormalization, the heads' split and merge against tf.split and tf.transpose, and
-where they are used (training calls of layers built with fused_kernels=True; never inference), whatever the
-environment."""
+where they are used (training calls under the training policy's kernels, `kernels=True`; never inference),
+whatever the environment."""
 
 import os
 import subprocess
@@ -89,22 +89,14 @@ def test_bad_shapes_name_the_tensor():
         library.txl_rel_softmax(tf.zeros([2, 3, 4]), tf.zeros([2, 3, 5]), tf.zeros([4, 3]))
 
 
-def _layer(seed=0, fused_kernels=True):
+def _layer(seed=0):
     tf.random.set_seed(seed)
-    layer = RelativeMultiHeadAttention(d_model=16, n_head=2, d_head=8, fused_kernels=fused_kernels)
+    layer = RelativeMultiHeadAttention(d_model=16, n_head=2, d_head=8)
     layer.build((None, None, 16))
     return layer
 
 
-def _twin(layer):
-    """A layer of `layer`'s config and weights with fused_kernels=False: TensorFlow's ops."""
-    twin = type(layer).from_config({**layer.get_config(), "fused_kernels": False})
-    twin.build((None, None, layer.d_model))
-    twin.set_weights(layer.get_weights())
-    return twin
-
-
-def _attention_step(layer, training):
+def _attention_step(layer, training, kernels):
     rng = np.random.default_rng(2)
     x = tf.constant(rng.normal(size=[2, 6, 16]), tf.float32)
     memory = tf.constant(rng.normal(size=[2, 5, 16]), tf.float32)
@@ -113,7 +105,7 @@ def _attention_step(layer, training):
     v = tf.constant(rng.normal(size=[2, 8]), tf.float32)
     with tf.GradientTape() as tape:
         out = layer(x, LayerMemory(memory), mem_len=5, position_encoding=pos, attention_bias=attention_bias(6, 5),
-                    content_bias=u, position_bias=v, training=training)[0]
+                    content_bias=u, position_bias=v, training=training, kernels=kernels)[0]
         loss = tf.reduce_sum(out * out)
     return [out.numpy()] + [g.numpy() for g in tape.gradient(loss, layer.trainable_weights)]
 
@@ -121,34 +113,34 @@ def _attention_step(layer, training):
 def test_training_layer_equals_tensorflow_ops():
     """A training call of the attention layer (no dropout) gives TensorFlow's outputs and weight gradients."""
     layer = _layer()
-    fused = _attention_step(layer, training=True)
-    plain = _attention_step(_twin(layer), training=True)
+    fused = _attention_step(layer, training=True, kernels=True)
+    plain = _attention_step(layer, training=True, kernels=False)
     for got, want in zip(fused, plain, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
-def _op_types(training, fused_kernels=True):
-    layer = _layer(fused_kernels=fused_kernels)
-    fn = tf.function(lambda: _attention_step_graph(layer, training))
+def _op_types(training, kernels=True):
+    layer = _layer()
+    fn = tf.function(lambda: _attention_step_graph(layer, training, kernels))
     return {op.type for op in fn.get_concrete_function().graph.get_operations()}
 
 
-def _attention_step_graph(layer, training):
+def _attention_step_graph(layer, training, kernels):
     x = tf.ones([1, 4, 16])
     out = layer(x, LayerMemory(tf.ones([1, 3, 16])), mem_len=3, position_encoding=tf.ones([7, 16]),
                 attention_bias=attention_bias(4, 3), content_bias=tf.ones([2, 8]), position_bias=tf.ones([2, 8]),
-                training=training)[0]
+                training=training, kernels=kernels)[0]
     return out
 
 
 _ATTENTION_OPS = {"TxlRelSoftmax", "TxlAddLayerNorm", "TxlSplitHeads", "TxlMergeHeads"}
 
 
-def test_used_for_training_calls_of_fused_layers_only():
+def test_used_for_training_calls_with_the_kernels_policy_only():
     assert _ATTENTION_OPS <= _op_types(training=True)
     # Inference and SavedModels keep TensorFlow's ops.
     assert not _ATTENTION_OPS & _op_types(training=False)
-    assert not _ATTENTION_OPS & _op_types(training=True, fused_kernels=False)
+    assert not _ATTENTION_OPS & _op_types(training=True, kernels=False)
 
 
 def test_applies_is_a_pure_function_of_its_arguments():
@@ -166,13 +158,13 @@ def test_a_failed_build_says_why_and_a_fused_layer_names_it(tmp_path):
         "from txl_tf import fused\n"
         "from txl_tf.dropout import Dropout\n"
         "print('unavailable:', fused.unavailable())\n"
-        "Dropout(0.5, fused_kernels=True)(tf.ones([4]), training=True)\n"
+        "Dropout(0.5)(tf.ones([4]), training=True, kernels=True)\n"
     )
     env = {**os.environ, "CXX": "false", "TXL_TF_CACHE": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "unavailable: " in proc.stdout and "failed; its output is in" in proc.stdout, proc.stdout
-    assert "the fused CPU kernels are unavailable: " in proc.stderr and "fused_kernels=False" in proc.stderr
+    assert "the fused CPU kernels are unavailable: " in proc.stderr and "TrainConfig.kernels='tf'" in proc.stderr
     log = next(tmp_path.rglob("*.log"))
     assert "false" in log.read_text()
 
@@ -206,19 +198,20 @@ def test_dropout_bfloat16_and_layer():
     # The layer takes the kernel in training calls when built with it, else TensorFlow's ops; both reproducible
     # from the Keras seed and with the rate's drop probability, and their masks differ.
     masks = []
-    for fused_kernels in (True, False):
+    for kernels in (True, False):
         outs = []
         for _ in range(2):
-            layer = Dropout(0.25, seed=3, fused_kernels=fused_kernels)
-            outs.append(layer(tf.ones([50, 200]), training=True).numpy())
+            layer = Dropout(0.25, seed=3)
+            outs.append(layer(tf.ones([50, 200]), training=True, kernels=kernels).numpy())
         np.testing.assert_array_equal(outs[0], outs[1])
         assert abs((outs[0] == 0).mean() - 0.25) < 0.01
         masks.append(outs[0] == 0)
     assert not np.array_equal(masks[0], masks[1])
-    for fused_kernels in (True, False):
-        layer = Dropout(0.2, fused_kernels=fused_kernels)
-        graph = tf.function(lambda lay=layer: lay(tf.ones([4, 4]), training=True)).get_concrete_function().graph
-        assert ("TxlDropout" in {op.type for op in graph.get_operations()}) == fused_kernels
+    for kernels in (True, False):
+        layer = Dropout(0.2)
+        graph = tf.function(lambda lay=layer, k=kernels: lay(tf.ones([4, 4]), training=True, kernels=k)
+                            ).get_concrete_function().graph
+        assert ("TxlDropout" in {op.type for op in graph.get_operations()}) == kernels
 
 
 def test_dropout_bad_input():
@@ -336,21 +329,21 @@ def test_add_layer_norm_keeps_keras_for_other_norms():
 def test_feed_forward_training_equals_tensorflow_ops():
     """A training call of the feed-forward layer (no dropout) gives Keras' outputs and weight gradients."""
     tf.random.set_seed(5)
-    layer = PositionwiseFeedForward(d_model=16, d_inner=32, fused_kernels=True)
+    layer = PositionwiseFeedForward(d_model=16, d_inner=32)
     layer.build((None, None, 16))
     x = tf.constant(np.random.default_rng(6).normal(size=[2, 7, 16]), tf.float32)
 
-    def step(layer):
+    def step(kernels):
         with tf.GradientTape() as tape:
             tape.watch(x)
-            out = layer(x, training=True)
+            out = layer(x, training=True, kernels=kernels)
             loss = tf.reduce_sum(out * out)
         return [out.numpy()] + [g.numpy() for g in tape.gradient(loss, [x, *layer.trainable_weights])]
 
-    graph = tf.function(lambda: layer(x, training=True)).get_concrete_function().graph
+    graph = tf.function(lambda: layer(x, training=True, kernels=True)).get_concrete_function().graph
     assert {"TxlAddLayerNorm", "TxlBiasReluDropout"} <= {op.type for op in graph.get_operations()}
-    fused = step(layer)
-    plain = step(_twin(layer))
+    fused = step(True)
+    plain = step(False)
     for got, want in zip(fused, plain, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 

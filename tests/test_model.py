@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from txl_tf import TransformerXL
+from txl_tf import TransformerXL, encodings
 from txl_tf.protocol import Protocol
 from txl_tf.state import Cache, Memory
 
@@ -143,7 +143,14 @@ CACHE_CASES = [
     dict(attn_type="shaw", pre_lnorm=True),
     dict(attn_type="vaswani"),
     dict(attn_type="al_rfou", max_position=9),  # windows of up to 5 + 4 = 9 keys: the table's last row is used
+    dict(attn_type="rope", d_head=6),  # rotations need an even head width
+    dict(attn_type="rope", d_head=6, pre_lnorm=True),
+    dict(attn_type="alibi"),
 ]
+
+
+def test_the_cache_cases_cover_every_encoding():
+    assert {case["attn_type"] for case in CACHE_CASES} == set(encodings.NAMES)
 
 
 @pytest.mark.parametrize("kwargs", CACHE_CASES, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
@@ -155,7 +162,7 @@ def test_cache_equals_memory(kwargs, same_length):
     protocol = Protocol(mem_len=5, clamp_len=3, same_length=same_length)
     mems = model.initial_memory(2, protocol)
     cache = model.initial_cache(2, protocol, max_len=4)
-    assert isinstance(cache, Cache) and cache.keys.shape == (NL, NH, 2, 5, DH)
+    assert isinstance(cache, Cache) and cache.keys.shape == (NL, NH, 2, 5, kwargs.get("d_head", DH))
     assert ("position_keys" in cache.named()) == (kwargs["attn_type"] in ("xl", "shaw"))
     x = tokens(2, 13, seed=3)
     start = 0
@@ -165,7 +172,7 @@ def test_cache_equals_memory(kwargs, same_length):
         from_memory, mems = model(segment, mems, protocol=protocol)
         from_cache, cache = model(segment, cache, protocol=protocol)
         np.testing.assert_allclose(from_cache.numpy(), from_memory.numpy(), atol=2e-5)
-    assert cache.keys.shape == (NL, NH, 2, 5, DH)
+    assert cache.keys.shape == (NL, NH, 2, 5, kwargs.get("d_head", DH))
 
 
 @pytest.mark.parametrize("attn_type", ["xl", "shaw"])

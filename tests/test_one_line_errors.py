@@ -2,6 +2,7 @@
 full disk, a split or batch size the data cannot give, an output path that is a directory, and a run whose own
 checkpoints are all damaged (no TensorFlow warnings before the line, and best/ named when it is intact)."""
 
+import errno
 import os
 import shutil
 import subprocess
@@ -162,3 +163,152 @@ def test_damaged_checkpoints_give_one_line_without_warnings_and_name_an_intact_b
     line = _one_line(_run(*train_command(str(run), params)[1:]), "train")
     assert "none restores intact" in line and "nothing was changed" in line, line
     assert f"{run / 'best' / 'ckpt-6'} restores intact: evaluate or export it with --which=best" in line, line
+
+
+# ---- issue 34: a read-only run folder; a changed model; another vocabulary ------------------------------------
+@pytest.fixture
+def read_only():
+    """`read_only(folder)` makes `folder` unwritable as a user meets it and returns the reason the system gives:
+    chmod 0o555 for a user (EACCES); for root, whom modes do not stop, a read-only bind mount of the folder onto
+    itself (EROFS, as on a read-only file system), else the immutable attribute (chattr +i: EPERM). Undone after."""
+    undo = []
+
+    def make(folder) -> str:
+        folder = str(folder)
+        if os.geteuid() != 0:
+            os.chmod(folder, 0o555)
+            undo.append(lambda: os.chmod(folder, 0o755))
+            return os.strerror(errno.EACCES)
+        try:
+            if subprocess.run(["mount", "--bind", folder, folder], capture_output=True).returncode == 0:
+                undo.append(lambda: subprocess.run(["umount", folder], check=True))
+                if subprocess.run(["mount", "-o", "remount,bind,ro", folder], capture_output=True).returncode == 0:
+                    return os.strerror(errno.EROFS)
+            if subprocess.run(["chattr", "+i", folder], capture_output=True).returncode == 0:
+                undo.append(lambda: subprocess.run(["chattr", "-i", folder], check=True))
+                return os.strerror(errno.EPERM)
+        except FileNotFoundError:
+            pass
+        pytest.skip("running as root, which chmod does not stop, without mount or chattr to make a folder read-only")
+
+    yield make
+    for step in reversed(undo):
+        step()
+
+
+def test_a_read_only_run_folder_is_one_line_for_train_and_average(char_data, tmp_path, read_only):
+    from train_utils import make_run
+
+    new = tmp_path / "new_run"
+    new.mkdir()
+    reason = read_only(new)
+    line = _one_line(_run(*train_command(str(new), tiny_params(char_data))[1:]), "train")
+    assert f"--model_dir={new} is not writable ({reason})" in line and "give a writable --model_dir" in line, line
+    run = tmp_path / "run"
+    make_run(run, [0.0, 0.5])
+    reason = read_only(run)
+    line = _one_line(_run("-m", "txl_tf.average", f"--model_dir={run}", "--last=2"), "average")
+    assert f"{run} is not writable ({reason})" in line and "--output_dir" in line, line
+
+
+def test_a_write_refused_by_the_system_is_one_line_naming_the_folder(tmp_path, read_only, capsys):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    reason = read_only(folder)
+
+    def main(argv):
+        with open(folder / "results.txt", "w") as f:  # any writer: an OSError naming the file
+            f.write("x")
+
+    with pytest.raises(SystemExit) as exited:
+        errors.guard(main)([])
+    assert exited.value.code == errors.EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {folder} is not writable ({reason})"), err
+    assert f"writing {folder / 'results.txt'} failed" in err, err
+
+    def buggy(argv):  # a permission error that names no file is a bug: it keeps its traceback
+        raise PermissionError(errno.EACCES, "no file named")
+
+    with pytest.raises(PermissionError):
+        errors.guard(buggy)([])
+
+
+def test_a_file_system_that_refuses_every_user_is_one_line(capsys):
+    """sysfs refuses new files to every user, root included: the same paths as a read-only run folder, without
+    mount or chattr (so this runs wherever Linux does)."""
+    from txl_tf.run_lock import RunLock
+
+    if not os.path.isdir("/sys/kernel") or errors.not_writable_reason("/sys") is None:
+        pytest.skip("no sysfs refusing writes here")
+    with pytest.raises(errors.UserError) as raised:
+        RunLock("/sys/txl_tf_run").acquire()
+    line = errors.one_line(raised.value)
+    assert line.startswith("--model_dir=/sys/txl_tf_run is not writable (") and "give a writable --model_dir" in line
+
+    def main(argv):
+        with open("/sys/txl_tf_results.txt", "w") as f:
+            f.write("x")
+
+    with pytest.raises(SystemExit):
+        errors.guard(main)([])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: /sys is not writable ("), err
+    assert "writing /sys/txl_tf_results.txt failed" in err, err
+
+
+def test_an_edited_architecture_is_one_line_and_nothing_follows_it(char_data, tmp_path):
+    run = tmp_path / "run"
+    train.run(["gin/sample.gin"], tiny_params(char_data, **{"TrainConfig.train_steps": 2}), str(run))
+    gin.clear_config()
+    config = run / "config.gin"
+    config.write_text(config.read_text().replace("ModelConfig.d_inner = 24", "ModelConfig.d_inner = 32"))
+    result = _run("-m", "txl_tf.train", f"--gin_file={config}", f"--model_dir={run}",
+                  "--gin_param=TrainConfig.train_steps=4")
+    line = _one_line(result, "train")
+    assert "ModelConfig.d_inner: 24 in the checkpoint, 32 configured" in line, line
+    assert result.stderr.rstrip().splitlines()[-1] == line, result.stderr  # no TensorFlow warning after it
+
+
+def test_evaluate_on_another_vocabulary_is_one_line(char_data, tmp_path):
+    import numpy as np
+
+    from txl_tf.data import pipeline, records
+    from txl_tf.data.vocab import Vocab
+
+    run = tmp_path / "run"
+    train.run(["gin/sample.gin"], tiny_params(char_data, **{"TrainConfig.train_steps": 2}), str(run))
+    gin.clear_config()
+    mine = pipeline.load_vocab(char_data).symbols  # random bytes, as many symbols as the run's but other ones
+    other = str(tmp_path / "other")
+    records.write_prepared(other, dataset="random", vocab=Vocab([b for b in range(256) if b not in mine][:len(mine)],
+                                                                "char"),
+                           splits={"test": np.random.default_rng(0).integers(0, len(mine), 2000)}, source={},
+                           options={})
+    result = _run("-m", "txl_tf.evaluate", f"--model_dir={run}", f"--gin_param=DATA_DIR='{other}'", "--noprogress")
+    line = _one_line(result, "evaluate")
+    assert "another vocabulary" in line and "evaluating" not in result.stdout, (line, result.stdout)
+
+
+# ---- issue 34: a seed NumPy cannot take; evaluation lengths no machine's memory holds -------------------------
+@pytest.mark.slow  # ~10 s of subprocess; CI runs it in its slow phase
+def test_a_seed_out_of_range_is_one_line_before_training(char_data, tmp_path):
+    run = tmp_path / "run"
+    params = tiny_params(char_data, **{"TrainConfig.seed": 99999999999999999999999})
+    line = _one_line(_run(*train_command(str(run), params)[1:]), "train")
+    assert line == ("error: TrainConfig.seed=99999999999999999999999 must be in [0, 4294967295]; fix the binding "
+                    "`TrainConfig.seed = ...` in the gin file or --gin_param"), line
+    assert not run.exists()
+
+
+@pytest.mark.slow  # ~16 s of subprocesses; CI runs it in its slow phase
+def test_evaluation_lengths_no_memory_holds_are_one_line_before_the_model_is_built(damaged_run):
+    """2**31 - 1 memory positions of a tiny model: terabytes of state on any machine."""
+    common = [f"--model_dir={damaged_run}", "--which=best", "--gin_param=EvalConfig.mem_len=2147483647"]
+    for name, args in {"evaluate": ["-m", "txl_tf.evaluate", *common],
+                       "generate": ["-m", "txl_tf.generate", *common, "--max_tokens=3", "--prompt=the "]}.items():
+        result = _run(*args)
+        line = _one_line(result, name)
+        assert line.startswith("error: EvalConfig.mem_len=2147483647: scoring 1 row(s) in segments of 4 over a memory "
+                               "of 2147483647 needs about "), (name, line)
+        assert line.endswith("of this machine; lower EvalConfig.mem_len") and "evaluating" not in result.stdout, line

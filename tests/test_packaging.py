@@ -40,6 +40,16 @@ def test_pyproject_ships_every_package_folder_and_the_gin_files():
     assert settings["package-data"]["txl_tf.gin"] == ["*.gin"]
 
 
+def test_the_version_is_pyprojects_and_the_license_an_spdx_string():
+    """setuptools stops building a project whose license is the deprecated TOML table after 2027-02-18."""
+    import txl_tf
+
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert txl_tf.__version__ == project["version"]
+    assert project["license"] == "Apache-2.0"
+
+
 def test_gin_dir_is_the_checkouts_gin_folder_and_gin_files_resolve_from_anywhere(tmp_path, monkeypatch):
     assert pathlib.Path(configs.GIN_DIR) == REPO_ROOT / "gin"
     monkeypatch.chdir(tmp_path)

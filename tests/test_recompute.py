@@ -12,6 +12,7 @@ from txl_tf import configs, fused
 from txl_tf.configs import ModelConfig
 from txl_tf.errors import ConfigError
 from txl_tf.model import TransformerXL
+from txl_tf.policy import TrainingPolicy
 from txl_tf.state import Memory
 
 V, NL, M = 13, 2, 6  # vocabulary, layers, memory (with B=4, L=5: pairwise distinct)
@@ -19,9 +20,13 @@ MODEL = dict(n_layer=NL, d_model=16, n_head=2, d_head=8, d_inner=24, mem_len=M, 
 FLOAT32 = dict(mixed_precision=False, jit_compile=False, kernels="tf", adam_epsilon=1e-4)  # see test_trainer.py
 
 
-def _model(recompute, **kwargs):
+def _model(**kwargs):
     tf.keras.utils.set_random_seed(5)
-    return TransformerXL(n_token=V, **MODEL, recompute=recompute, **kwargs)
+    return TransformerXL(n_token=V, **MODEL, **kwargs)
+
+
+def _policy(recompute, kernels="tf"):
+    return TrainingPolicy.of(kernels, recompute)
 
 
 def _inputs():
@@ -31,11 +36,11 @@ def _inputs():
     return tokens, memory
 
 
-def _step_fn(model, jit_compile=False):
+def _step_fn(model, policy, jit_compile=False):
     @tf.function(jit_compile=jit_compile)
     def step(tokens, memory):
         with tf.GradientTape() as tape:
-            hidden, new_memory = model(tokens, memory, training=True)
+            hidden, new_memory = model(tokens, memory, training=True, policy=policy)
             loss = tf.reduce_mean(model.nll(hidden, tokens))
         return loss, tape.gradient(loss, model.trainable_variables), new_memory.hidden
 
@@ -58,8 +63,8 @@ def _assert_steps_equal(plain, recomputed, atol=1e-6):
 @pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
 def test_gradients_memory_and_dropout_streams_equal_the_plain_step(jit_compile):
     tokens, memory = _inputs()
-    models = {name: _model(name) for name in ("none", "block")}
-    steps = {name: _step_fn(model, jit_compile) for name, model in models.items()}
+    models = {name: _model() for name in ("none", "block")}
+    steps = {name: _step_fn(model, _policy(name), jit_compile) for name, model in models.items()}
     for _ in range(2):  # the second step draws new masks: both paths advance the dropout generators alike
         results = {name: step(tokens, memory) for name, step in steps.items()}
         _assert_steps_equal(results["none"], results["block"])
@@ -76,13 +81,13 @@ def _ops(step, tokens, memory, op_type):
 
 def test_the_backward_pass_recomputes_each_block_and_inference_does_not():
     tokens, memory = _inputs()
-    plain, recomputed = (_step_fn(_model(name)) for name in ("none", "block"))
+    plain, recomputed = (_step_fn(_model(), _policy(name)) for name in ("none", "block"))
     random_ops = "StatelessRandomUniformFullIntV2"
     per_block = 4  # attention probabilities and output, feed-forward inner and output
     assert _ops(recomputed, tokens, memory, random_ops) == _ops(plain, tokens, memory, random_ops) + NL * per_block
 
-    model = _model("block")
-    inference = tf.function(lambda tokens, memory: model(tokens, memory, training=False))
+    model = _model()
+    inference = tf.function(lambda tokens, memory: model(tokens, memory, training=False, policy=_policy("block")))
     assert _ops(inference, tokens, memory, random_ops) == 0
     assert _ops(inference, tokens, memory, "IdentityN") == 0  # no custom gradient in the graph
 
@@ -92,9 +97,9 @@ def test_eager_calls_run_the_plain_call_with_the_same_gradients():
     tokens, memory = _inputs()
     results = []
     for name in ("none", "block"):
-        model = _model(name)
+        model = _model()
         with tf.GradientTape() as tape:
-            hidden, new_memory = model(tokens, memory, training=True)
+            hidden, new_memory = model(tokens, memory, training=True, policy=_policy(name))
             loss = tf.reduce_mean(model.nll(hidden, tokens))
         results.append((loss, tape.gradient(loss, model.trainable_variables), new_memory.hidden))
     _assert_steps_equal(*results)
@@ -103,19 +108,17 @@ def test_eager_calls_run_the_plain_call_with_the_same_gradients():
 @pytest.mark.skipif(fused.unavailable() is not None, reason=f"fused kernels unavailable: {fused.unavailable()}")
 def test_fused_kernels_recompute_the_same_masks():
     tokens, memory = _inputs()
-    results = [_step_fn(_model(name, fused_kernels=True))(tokens, memory) for name in ("none", "block")]
+    results = [_step_fn(_model(), _policy(name, "fused"))(tokens, memory) for name in ("none", "block")]
     _assert_steps_equal(*results)
 
 
-def test_the_config_field_reaches_the_model_and_is_checked():
+def test_the_config_field_reaches_the_trainers_policy_not_the_architecture():
     assert configs.TrainConfig().recompute == "none"
     with pytest.raises(ConfigError, match="TrainConfig.recompute='layer' must be one of"):
         configs.TrainConfig(recompute="layer")
     with pytest.raises(ValueError, match="recompute must be one of"):
-        _model("all")
-    model = _model("block")
-    assert model.get_config()["recompute"] == "block" and all(block.recompute for block in model.blocks)
-    assert TransformerXL.from_config(model.get_config()).recompute == "block"
+        _policy("all")
+    assert "recompute" not in _model().get_config() and "recompute" not in _model().blocks[0].get_config()
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +129,7 @@ def char_data(tmp_path_factory):
 def _trainer_steps(data_dir, strategy, recompute, steps=2, **train):
     trainer = make_trainer(ModelConfig(**MODEL), tiny_train_config(recompute=recompute, **{**FLOAT32, **train}),
                            data_dir, strategy)
-    assert trainer.model.recompute == recompute
+    assert trainer.policy.recompute == (recompute == "block")
     trainer.start(0)
     stats = trainer.train_loop(steps)
     trainer.sync_checkpoint(steps)

@@ -80,7 +80,8 @@ def test_load_model_restores_every_weight(tmp_path):
 
 def test_mismatched_architecture_is_reported(tmp_path):
     model_dir, _ = _model_dir(tmp_path)
-    with pytest.raises(ValueError, match="does not match the configured model"):
+    with pytest.raises(ValueError, match=r"does not fit the configured model: .*ModelConfig.n_layer: 2 in the "
+                       r"checkpoint, 3 configured"):
         loading.load_model(str(model_dir), gin_params=["ModelConfig.n_layer = 3"])
 
 

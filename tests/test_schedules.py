@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from txl_tf.configs import TrainConfig
+from txl_tf.errors import ConfigError
 from txl_tf.schedules import learning_rate_schedule, make_optimizer
 
 
@@ -43,11 +44,15 @@ def test_optimizer_is_adam_with_the_configured_moments():
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("learning_rate", 0.0, "learning_rate"), ("min_lr_ratio", 1.5, "min_lr_ratio"), ("train_steps", 0, "train_steps"),
+    ("learning_rate", 0.0, "learning_rate=0.0 must be > 0"),
+    ("min_lr_ratio", 1.5, r"min_lr_ratio=1.5 must be in \[0, 1\]"),
+    ("train_steps", 0, r"train_steps=0 must be in \[1, \d+\]"),
+    ("warmup_steps", -1, r"warmup_steps=-1 must be in \[0, \d+\]"),
 ])
 def test_bad_schedule_settings_name_the_field(field, value, message):
-    with pytest.raises(ValueError, match=message):
-        learning_rate_schedule(TrainConfig(**{field: value}))
+    """The schedule's settings are checked once, when the TrainConfig is made: no schedule is built from them."""
+    with pytest.raises(ConfigError, match=f"^TrainConfig.{message}; fix the binding"):
+        TrainConfig(**{field: value})
 
 
 def _adam_run(optimizer_class, strategy, indices, steps=4):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from train_utils import REPO_ROOT
 
-from txl_tf.study import ablation, report, runs, studies
+from txl_tf.study import ablation, report, runs, studies, tables
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +177,7 @@ def test_context_quick_end_to_end(tmp_path, data_root):
     clamped = section["runs"]["xl"]["test"][str(settings.train_span)]
     assert set(clamped) == {str(m) for m in settings.memories if settings.clamp_matters(m)}
     assert [p["step"] for p in section["gain_curve"]] == [10, 20, 30]
-    assert section["recl"]["paper_group"]["models"] == list(context_results_group())
+    assert section["recl"]["paper_group"]["models"] == list(tables.PAPER_GROUP)
     assert section["recl"]["paper_group"]["tokens"] == section["setup"]["vanilla_subset_tokens"]
     distances = [str(d) for d in settings.probe.distances]
     assert set(section["probe"]["xl"][str(settings.memories[0])]) == set(distances)
@@ -200,9 +200,3 @@ def test_context_quick_end_to_end(tmp_path, data_root):
     again = studies.run(["context_xl"], out, quick=True, data_root=data_root)["studies"]["context"]
     assert sorted(os.listdir(evals)) == before and again["runs"]["xl"]["test"] == section["runs"]["xl"]["test"]
     assert json.load(open(os.path.join(out, "runs", "context_xl", runs.ATTEMPTS_FILE)))["attempts"] == 1
-
-
-def context_results_group():
-    from txl_tf.study import context_results
-
-    return context_results.PAPER_GROUP

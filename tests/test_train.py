@@ -2,6 +2,7 @@
 re-running the same command ends with the uninterrupted run's weights, and 2 local workers under
 MultiWorkerMirroredStrategy (started by scripts/launch_local_multiworker.sh) match single-process training."""
 
+import json
 import os
 import random
 import re
@@ -285,3 +286,47 @@ def test_launcher_propagates_a_worker_failure(tmp_path):
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "does_not_exist.gin" in result.stdout + result.stderr
+
+
+# ---- issue 34: a batch the data cannot fill is one line, before a model is built or a path measured -------------
+AUTO_PATH = {"TrainConfig.mixed_precision": "'auto'", "TrainConfig.jit_compile": "'auto'",
+             "TrainConfig.kernels": "'auto'"}
+
+
+def _too_large(data_dir: str, batch: int) -> str:
+    with open(os.path.join(data_dir, "metadata.json")) as f:
+        tokens = json.load(f)["splits"]["train"]["num_tokens"]
+    return (f"TrainConfig.batch_size={batch} is too large for the train split of {data_dir} ({tokens} tokens): "
+            f"{batch} streams of tgt_len=5 need at least batch_size x (tgt_len + 1) = {batch * 6} tokens; set "
+            f"TrainConfig.batch_size to at most {tokens // 6} (or lower tgt_len, or prepare more data)")
+
+
+@pytest.mark.parametrize("path", ["auto", "explicit"])
+def test_a_batch_the_data_cannot_fill_is_refused_before_a_model_is_built(char_data, tmp_path, capsys, path):
+    from txl_tf import train
+    from txl_tf.errors import ConfigError
+
+    params = tiny_params(char_data, **{"TrainConfig.batch_size": 10000, **(AUTO_PATH if path == "auto" else {})})
+    with pytest.raises(ConfigError) as raised:
+        train.run(["gin/sample.gin"], params, str(tmp_path / "run"))
+    assert str(raised.value) == _too_large(char_data, 10000)
+    out = capsys.readouterr().out
+    assert "choosing the training path" not in out and "training in" not in out, out  # nothing measured or built
+    assert not (tmp_path / "run").exists()
+
+
+def _limit_memory():  # a model of this batch would fail to allocate here rather than take the machine's memory
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
+
+
+def test_train_with_a_batch_of_a_hundred_million_says_why_in_one_line(char_data, tmp_path):
+    params = tiny_params(char_data, **{"TrainConfig.batch_size": 100000000, **AUTO_PATH})
+    result = subprocess.run(train_command(str(tmp_path / "run"), params), cwd=REPO_ROOT, env=subprocess_env(),
+                            capture_output=True, text=True, timeout=600, preexec_fn=_limit_memory)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert [line for line in result.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: {_too_large(char_data, 100000000)}"], result.stderr[-3000:]
+    assert "choosing the training path" not in result.stdout

@@ -98,3 +98,28 @@ def test_without_the_kernels_a_fused_run_trains_with_tensorflows_ops_and_records
     assert recorded[-1] == "TrainConfig.kernels = 'tf'"
     assert recorded[-2].startswith("# TrainConfig.kernels='fused' was asked for, but ")
     assert recorded[-2].endswith(": this run trained with 'tf'.")
+
+
+@needs_compiler
+def test_the_kernels_are_a_policy_a_fused_run_loads_and_scores_as_the_architecture_alone(char_data, tmp_path):
+    """Issue 35: `get_config` holds no kernels, recomputation or precision; a run trained with the fused kernels
+    (and recomputation) is a plain model: it loads from its folder and scores exactly as the same weights in a
+    model built from the architecture alone."""
+    from txl_tf import TransformerXL, TransformerXLCausalLM
+    from txl_tf.configs import ModelConfig
+
+    config = TransformerXL(**ModelConfig(n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=24).model_kwargs(11),
+                           dtype="mixed_bfloat16").get_config()
+    assert not {"fused_kernels", "recompute", "kernels", "dtype", "policy"} & set(config), sorted(config)
+    run = tmp_path / "run"
+    run_training(str(run), _params(char_data, "fused", 2) + ["TrainConfig.recompute = 'block'"])
+    recorded = (run / "config.gin").read_text()
+    assert "TrainConfig.kernels = 'fused'" in recorded and "TrainConfig.recompute = 'block'" in recorded
+    lm = TransformerXLCausalLM.from_preset(str(run))
+    plain = TransformerXL.from_config(lm.model.get_config())
+    plain.set_weights(lm.model.get_weights())
+    text = "0 the memory of a segment."
+    ids = tf.constant([lm.vocab.encode(text)])
+    np.testing.assert_array_equal(plain.log_probs(plain(ids)[0]).numpy(), lm.model.log_probs(lm.model(ids)[0]).numpy())
+    again = TransformerXLCausalLM(plain, lm.vocab, lm.model_config, lm.eval_config)
+    np.testing.assert_array_equal(again.score(text).log_probs, lm.score(text).log_probs)

@@ -5,6 +5,7 @@ point, and a real shared library whose constructor leaves a marker when somethin
 
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -168,17 +169,22 @@ __attribute__((constructor)) static void planted() {
 """
 
 
+def _build_library(tmp_path_factory, name: str, says: str) -> bytes:
+    """The bytes of a shared library whose constructor appends `says` to $TXL_TF_TEST_PLANTED_MARKER."""
+    compiler = fused._compiler()
+    if compiler is None:
+        pytest.skip("no C++ compiler to build the test libraries (CI installs g++)")
+    directory = tmp_path_factory.mktemp(name)
+    (directory / f"{name}.cc").write_text(PLANTED.replace("planted library ran", says))
+    subprocess.run([compiler, "-shared", "-fPIC", str(directory / f"{name}.cc"), "-o", str(directory / f"{name}.so")],
+                   check=True, capture_output=True)
+    return (directory / f"{name}.so").read_bytes()
+
+
 @pytest.fixture(scope="module")
 def planted_library(tmp_path_factory):
     """A shared library whose constructor appends to $TXL_TF_TEST_PLANTED_MARKER when it is loaded."""
-    compiler = fused._compiler()
-    if compiler is None:
-        pytest.skip("no C++ compiler to build the planted library (CI installs g++)")
-    directory = tmp_path_factory.mktemp("planted")
-    (directory / "planted.cc").write_text(PLANTED)
-    subprocess.run([compiler, "-shared", "-fPIC", str(directory / "planted.cc"), "-o", str(directory / "planted.so")],
-                   check=True, capture_output=True)
-    return (directory / "planted.so").read_bytes()
+    return _build_library(tmp_path_factory, "planted", "planted library ran")
 
 
 @pytest.fixture
@@ -263,3 +269,156 @@ def test_own_cache_is_private_and_loaded(planted_library, kernel_env, tmp_path, 
     library, reason = fused._load_once.__wrapped__()
     assert library is not None, reason
     assert kernel_env.read_text() == "planted library ran\n"
+
+
+# ---- issue 34: a run's config.gin, or a file it includes, that is huge or a device is one line ------------------
+@pytest.mark.parametrize("kind", ["huge include", "device include", "device config"])
+def test_a_gin_file_that_is_huge_or_a_device_is_one_line(tmp_path, kind):
+    run = tmp_path / "run"
+    run.mkdir()
+    target = tmp_path / "included.gin"
+    if kind == "huge include":
+        with open(target, "wb") as f:
+            f.truncate(3 << 30)  # 3 GiB, sparse: no disk space used
+        message = f"gin file {target} holds 3072.0 MiB, more than the 4.0 MiB such a file may hold; give the right file"
+    else:
+        os.symlink("/dev/zero", target)
+        message = f"gin file {target} is not a regular file (a device, FIFO or socket); give a regular file"
+    if kind == "device config":
+        os.symlink(target, run / "config.gin")
+        message = message.replace(str(target), str(run / "config.gin"))
+    else:
+        (run / "config.gin").write_text(f"include '{target}'\nEvalConfig.mem_len = 8\n")
+    with pytest.raises(ConfigError) as raised:
+        run_dir.read_configs(str(run))
+    assert str(raised.value) == message
+
+
+# ---- issue 34: every folder above the cache is checked, and exactly the checked file is loaded ------------------
+@pytest.mark.parametrize("shared", ["parent", "grandparent", "owner"])
+def test_a_cache_below_a_folder_others_may_write_is_not_loaded(planted_library, kernel_env, tmp_path, monkeypatch,
+                                                               caplog, shared):
+    above = {"parent": tmp_path / "shared", "grandparent": tmp_path / "shared", "owner": tmp_path / "theirs"}[shared]
+    cache = above / "cache" if shared != "grandparent" else above / "mine" / "cache"
+    cache.mkdir(parents=True, mode=0o700)
+    os.chmod(cache.parent, 0o700)
+    monkeypatch.setenv("TXL_TF_CACHE", str(cache))
+    _plant(planted_library, cache / "kernels", 0o644)  # a library this user's folders hold
+    if shared == "owner":
+        if os.getuid() != 0:
+            pytest.skip("giving a folder to another user needs root")
+        os.chmod(above, 0o755)
+        os.chown(above, 65534, -1)
+        reason = f"{above} is owned by uid 65534, not {os.getuid()} or root"
+    else:
+        os.chmod(above, 0o777)
+        reason = f"{above} is writable by group and others (mode 777)"
+    library, why = fused._load_once.__wrapped__()
+    assert not kernel_env.exists(), "a library another user could have swapped in was loaded"
+    assert library is None and "output is in" in why, why
+    assert f"not loading the fused CPU kernels from {cache / 'kernels'} ({reason}" in caplog.text, caplog.text
+
+
+def test_a_cache_in_a_sticky_shared_folder_is_loaded(planted_library, kernel_env, tmp_path, monkeypatch):
+    sticky = tmp_path / "sticky"  # like /tmp: others may write it, but not rename or delete what is not theirs
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)
+    monkeypatch.setenv("TXL_TF_CACHE", str(sticky / "cache"))
+    (sticky / "cache").mkdir(mode=0o700)
+    _plant(planted_library, sticky / "cache" / "kernels", 0o644)
+    library, reason = fused._load_once.__wrapped__()
+    assert library is not None, reason
+    assert kernel_env.read_text() == "planted library ran\n"
+
+
+SWAPPER = r"""
+import ctypes, os, sys
+a, b, stop = sys.argv[1:4]
+libc = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD, RENAME_EXCHANGE = -100, 2
+SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276, "riscv64": 276}.get(os.uname().machine)
+
+def renameat2():
+    return libc.renameat2(AT_FDCWD, a.encode(), AT_FDCWD, b.encode(), RENAME_EXCHANGE)
+
+def syscall():
+    return libc.syscall(SYS_RENAMEAT2, AT_FDCWD, a.encode(), AT_FDCWD, b.encode(), RENAME_EXCHANGE)
+
+def rename_pairs():  # no renameat2 here: three renames, with moments where a or b is missing
+    os.rename(a, a + ".swap"); os.rename(b, a); os.rename(a + ".swap", b)
+    return 0
+
+ways = [way for way, usable in ((renameat2, hasattr(libc, "renameat2")), (syscall, SYS_RENAMEAT2)) if usable]
+exchange = next((way for way in ways if way() == 0 and way() == 0), rename_pairs)
+print("swapping with", exchange.__name__, flush=True)
+swaps = 0
+while not os.path.exists(stop):
+    for _ in range(100):
+        try:
+            exchange()
+        except OSError:  # rename_pairs racing the loader's mkdir
+            pass
+    swaps += 100
+print("swaps", swaps, flush=True)
+"""
+
+LOADER = r"""
+import os, sys
+from txl_tf import fused
+loaded = 0
+for compiler in sys.argv[1:]:
+    os.environ["CXX"] = compiler
+    loaded += fused._load_once.__wrapped__()[0] is not None
+print("loaded", loaded, "of", len(sys.argv) - 1, flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def own_library(tmp_path_factory):
+    """A shared library standing for the kernels this user built: its constructor appends "own library ran"."""
+    return _build_library(tmp_path_factory, "own", "own library ran")
+
+
+def test_swapping_the_kernels_folder_between_check_and_load_never_loads_the_other_library(
+        planted_library, own_library, tmp_path):
+    """The race of issue 34 as an attacker runs it: a second process exchanges the checked kernels/ folder with
+    one holding another user's library (renameat2 RENAME_EXCHANGE, in a loop) while fresh processes load the
+    kernels again and again (each load under another compiler name: another key, another file to load)."""
+    cache, bin_dir, tmp = tmp_path / "cache", tmp_path / "bin", tmp_path / "tmp"
+    kernels, foreign = cache / "kernels", cache / "foreign"
+    for folder in (cache, bin_dir, tmp, kernels, foreign):
+        folder.mkdir(mode=0o700)
+    compilers = []
+    for i in range(300):  # failing compilers (nothing is built); each name is another cache key
+        compiler = bin_dir / f"cxx{i}"
+        compiler.symlink_to(shutil.which("false"))
+        compilers.append(str(compiler))
+        key = fused._cache_key(str(compiler))
+        for root, library in ((kernels, own_library), (foreign, planted_library)):
+            (root / key).mkdir(mode=0o700)
+            (root / key / "fused_ops.so").write_bytes(library)
+            os.chmod(root / key / "fused_ops.so", 0o644)
+        if os.getuid() == 0:
+            os.chown(foreign / key / "fused_ops.so", 65534, 65534)  # another user's library
+        else:
+            os.chmod(foreign / key / "fused_ops.so", 0o666)  # one another user could have rewritten
+    marker, stop = tmp_path / "marker", tmp_path / "stop"
+    env = dict(subprocess_env(), TXL_TF_CACHE=str(cache), TMPDIR=str(tmp), TXL_TF_TEST_PLANTED_MARKER=str(marker),
+               TF_CPP_MIN_LOG_LEVEL="3")
+    swapper = subprocess.Popen([sys.executable, "-c", SWAPPER, str(kernels), str(foreign), str(stop)],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert swapper.stdout.readline().startswith("swapping with ")
+        results = [subprocess.run([sys.executable, "-c", LOADER, *compilers[i::2]], cwd=REPO_ROOT, env=env,
+                                  capture_output=True, text=True, timeout=120) for i in range(2)]
+    finally:
+        stop.touch()
+        swaps = swapper.communicate(timeout=30)[0]
+    assert int(swaps.split()[-1]) > 0
+    ran = marker.read_text().splitlines() if marker.exists() else []
+    assert "planted library ran" not in ran, f"the other user's library was loaded {ran.count('planted library ran')} times"
+    for result in results:
+        assert result.returncode == 0 and result.stdout.startswith("loaded "), result.stderr[-2000:]
+    loaded = sum(int(result.stdout.split()[1]) for result in results)
+    assert loaded >= 1 and ran.count("own library ran") == loaded, (loaded, ran)  # the kernels were loaded
+    assert not list(tmp.iterdir()), "a private copy was left behind"

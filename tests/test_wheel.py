@@ -44,8 +44,11 @@ def test_the_wheel_prepares_trains_evaluates_generates_and_exports_outside_the_c
     for name in ("txl_tf", "gin"):
         shutil.copytree(REPO_ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "BUILD"))
     build_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp_path / "dist", source], tmp_path,
-         build_env)
+    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-v", "-w", tmp_path / "dist", source],
+                 tmp_path, build_env)
+    # setuptools stops building projects with the deprecated license table after 2027-02-18: the SPDX string only.
+    assert "project.license` as a TOML table is deprecated" not in built.stdout + built.stderr
+    assert "License classifiers are deprecated" not in built.stdout + built.stderr
     wheel, = (tmp_path / "dist").glob("txl_tf-*.whl")
 
     venv = tmp_path / "venv"

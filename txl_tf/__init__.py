@@ -8,11 +8,11 @@ first use, so an entry point can set up its environment (txl_tf.cli) before Tens
 
 import os
 
+from txl_tf.version import __version__
+
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-__version__ = "0.1.0"
-
-__all__ = ["TransformerXL", "TransformerXLCausalLM"]
+__all__ = ["TransformerXL", "TransformerXLCausalLM", "__version__"]
 
 
 def __getattr__(name: str):

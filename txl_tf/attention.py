@@ -6,13 +6,12 @@ Shape glossary:
 Query i (0 <= i < L) sits at key position M + i; key j (0 <= j < K) is at distance M + i - j from it.
 The relative position matrix R has one row per key in DESCENDING distance: row k encodes distance K-1-k.
 
-Attention scores, with q_i the query, k_j the key, W_R R the projected positions:
-  xl       (a) q_i.k_j + (b) q_i.W_R R_{i-j} + (c) u.k_j + (d) v.W_R R_{i-j}     (the paper)
-  shaw     (a) + (b) with a learned relative table R_hat[distance] in place of W_R R (Shaw et al., 2018)
-  vaswani  (a) only; absolute sinusoid positions are added to the inputs by the model
-  al_rfou  (a) only; learned absolute positions are added to each layer's input by the block
-Terms (b) and (d) are computed for all queries against all K rows of R with one matmul and aligned with
-`rel_shift` (Appendix B), never by materialising W_R R_{i-j} per (i, j) pair.
+The scores are (q_i + u).k_j + (q_i + v).r_{i-j} + bias_{i,j}, each part given by the position encoding the layer
+holds (`txl_tf.encodings`: one module per encoding): u and v (xl's), the position rows r (xl's W_R R, shaw's
+learned table), a rotation of q and k (rope), an additive bias (alibi's penalty, with the causal mask), or
+nothing (vaswani and al_rfou add absolute positions to the inputs instead). The relative term is computed for all
+queries against all K rows of r with one matmul and aligned with `rel_shift` (Appendix B), never by
+materialising r_{i-j} per (i, j) pair.
 """
 
 from __future__ import annotations
@@ -22,11 +21,11 @@ from typing import NamedTuple
 import keras
 import tensorflow as tf
 
-from txl_tf import fused
+from txl_tf import encodings, fused
 from txl_tf.dropout import Dropout
 from txl_tf.state import LayerCache, LayerMemory, check_type
 
-ATTN_TYPES = ("xl", "shaw", "vaswani", "al_rfou")
+ATTN_TYPES = encodings.NAMES
 MASK_VALUE = -1e30  # the TF original's value for blocked scores
 
 
@@ -205,24 +204,23 @@ class _Operands(NamedTuple):
 
 @keras.saving.register_keras_serializable(package="txl_tf")
 class RelativeMultiHeadAttention(keras.layers.Layer):
-    """Multi-head attention over [memory, segment] with relative positions, residual and LayerNorm.
+    """Multi-head attention over [memory, segment] with a position encoding, residual and LayerNorm.
 
     Weights (no biases, TF original layout): `qkv_kernel` [d, 3*N*D] split q | k | v, head-major inside each
-    part; `r_kernel` [d, N*D] (xl); `o_kernel` [N*D, d]; `relative_table` [max_position, N, D] (shaw).
-    The u / v vectors (`content_bias`, `position_bias`) belong to the stack, which shares them across layers
-    or not (`untie_r`), and are passed in.
+    part; `o_kernel` [N*D, d]; and the encoding's own (`txl_tf.encodings`): `r_kernel` [d, N*D] (xl),
+    `relative_table` [max_position, N, D] (shaw). The u / v vectors (`content_bias`, `position_bias`) belong to
+    the stack, which shares them across layers or not (`untie_r`), and are passed in.
 
     Args:
       d_model, n_head, d_head: sizes d, N, D.
       dropout: on the attention output (before the residual).
       dropatt: on the attention probabilities.
-      attn_type: one of "xl", "shaw", "vaswani", "al_rfou" (see the module docstring).
+      attn_type: the position encoding, a name of `txl_tf.encodings.REGISTRY` ("xl", "shaw", "vaswani",
+        "al_rfou", "rope", "alibi"); resolved once into `self.encoding`.
       pre_lnorm: LayerNorm before the projections (of memory and segment) and no LayerNorm after the residual.
       layer_norm_epsilon: LayerNorm epsilon (the TF original uses 1e-12).
       max_position: rows of the learned relative table (shaw); longer distances use the last row.
       init_std: standard deviation of the kernels' normal initialiser.
-      fused_kernels: training calls run the score chain, head layout, dropout and residual LayerNorm as fused CPU
-        kernels (`txl_tf.fused`; `TrainConfig.kernels="fused"`); inference always runs TensorFlow's ops.
 
     The recurrent state goes in and comes out of the call as one value of `txl_tf.state`, in one of two forms:
       `LayerMemory` (training, and the authors' semantics): the hidden states [B, M, d] that entered this layer in
@@ -235,15 +233,19 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
       state: a `LayerMemory`, a `LayerCache` (inference only), or None (no memory, M = 0).
       mem_len: positions of memory the returned state keeps (memory form; the cache keeps its own length).
       lengths: optional [B] int32 tokens per row; the rest of a row is padding and does not enter the state.
-      position_encoding: R [K, d] rows in descending distance (xl, memory form).
+      position_encoding: what the encoding prepared once for all layers (`Prepared.encoding`): R [K, d] in
+        descending distance (xl, memory form), the rotation table [2, K, D/2] (rope), else None.
       memory_positions, input_positions: absolute positions [M, d] and [L, d] added to memory and inputs before
         the attention (vaswani's first layer: the memory's; al_rfou: both); the state keeps the inputs without.
-      attention_bias: additive mask [L, K] (0 or MASK_VALUE), float32.
+      attention_bias: additive mask [L, K] (0 or MASK_VALUE), float32, or [N, 1, L, K] with the encoding's bias
+        (alibi).
       content_bias, position_bias: u, v [N, D] (xl only).
       return_probs: also return the attention probabilities [B, N, L, K] float32.
       training: dropout on/off.
       dropout_seeds: optional [2, 2] int32 from `draw_seeds()`: the seeds of the probabilities' and the output's
         dropout (memory form, training): the same seeds drop the same elements (a recomputed forward pass).
+      kernels: a training call runs the score chain, head layout, dropout and residual LayerNorm as fused CPU
+        kernels (`txl_tf.fused`; the training policy's `kernels`); inference always runs TensorFlow's ops.
 
     Returns:
       (outputs [B, L, d], new state) and the probabilities as a third element when `return_probs`. The new state
@@ -263,12 +265,10 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         layer_norm_epsilon=1e-12,
         max_position=1024,
         init_std=0.02,
-        fused_kernels=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if attn_type not in ATTN_TYPES:
-            raise ValueError(f"attn_type must be one of {ATTN_TYPES}, got {attn_type!r}")
+        self.encoding = encodings.get(attn_type)
         self.d_model = d_model
         self.n_head = n_head
         self.d_head = d_head
@@ -279,22 +279,16 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.max_position = max_position
         self.init_std = init_std
-        self.fused_kernels = fused_kernels
         self.scale = d_head**-0.5
-        self.output_dropout = Dropout(dropout, fused_kernels=fused_kernels)
-        self.attention_dropout = Dropout(dropatt, fused_kernels=fused_kernels)
+        self.output_dropout = Dropout(dropout)
+        self.attention_dropout = Dropout(dropatt)
         self.layer_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="layer_norm")
 
     def build(self, input_shape=None):
         init = keras.initializers.RandomNormal(stddev=self.init_std)
         width = self.n_head * self.d_head
         self.qkv_kernel = self.add_weight(name="qkv_kernel", shape=(self.d_model, 3 * width), initializer=init)
-        if self.attn_type == "xl":
-            self.r_kernel = self.add_weight(name="r_kernel", shape=(self.d_model, width), initializer=init)
-        if self.attn_type == "shaw":
-            self.relative_table = self.add_weight(
-                name="relative_table", shape=(self.max_position, self.n_head, self.d_head), initializer=init
-            )
+        self.encoding.build_attention(self)
         self.o_kernel = self.add_weight(name="o_kernel", shape=(width, self.d_model), initializer=init)
         self.layer_norm.build((None, None, self.d_model))
         super().build(input_shape)
@@ -305,15 +299,13 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         return tf.stack([self.attention_dropout.draw()[0], self.output_dropout.draw()[0]])
 
     def _relative_keys(self, klen, position_encoding, kernels=False):
-        """Position keys [N, K, D] in descending distance: W_R R (xl) or the learned table (shaw); `kernels`: as
+        """The encoding's position rows as keys [N, K, D] in descending distance, or None; `kernels`: as
         `_to_heads`'s."""
-        if self.attn_type == "xl":
-            r = tf.matmul(position_encoding, tf.cast(self.r_kernel, self.compute_dtype))  # [K, N*D]
-            r = _to_heads(tf.expand_dims(r, 0), self.n_head, self.d_head, kernels=kernels)[0]  # [N, 1, K, D]
-            return tf.reshape(r, [self.n_head, klen, self.d_head])  # [N, K, D]
-        distances = tf.minimum(tf.range(klen - 1, -1, -1), self.max_position - 1)  # [K]
-        r = tf.gather(tf.cast(self.relative_table, self.compute_dtype), distances)  # [K, N, D]
-        return tf.transpose(r, [1, 0, 2])  # [N, K, D]
+        rows = self.encoding.position_rows(self, klen, position_encoding)  # [K, N*D]
+        if rows is None:
+            return None
+        r = _to_heads(tf.expand_dims(rows, 0), self.n_head, self.d_head, kernels=kernels)[0]  # [N, 1, K, D]
+        return tf.reshape(r, [self.n_head, klen, self.d_head])  # [N, K, D]
 
     def _split_kernel(self):
         """(q_kernel [d, N*D], kv_kernel [d, 2*N*D]) in the compute dtype."""
@@ -328,19 +320,20 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
           batch_size, mem_len: B and M.
           max_len: the longest segment a call with this cache may pass; the position keys cover
             P = mem_len + max_len distances.
-          position_encoding: R [P, d] in descending distance (xl), without dropout.
+          position_encoding: the encoding's `cache_encoding` for P = mem_len + max_len distances (xl: R [P, d] in
+            descending distance, without dropout).
 
         Returns:
-          A `LayerCache` in the compute dtype: keys, values [N, B, M, D] and, for xl and shaw, position_keys
-          [N, P, D] (W_R R or the learned table for distances P-1 .. 0, computed once here instead of at every
-          call; () for the absolute-position types).
+          A `LayerCache` in the compute dtype: keys, values [N, B, M, D] and, for the encodings whose scores have
+          position rows (`position_keys_cached`: xl, shaw), position_keys [N, P, D] (W_R R or the learned table
+          for distances P-1 .. 0, computed once here instead of at every call; () for the others).
         """
         zeros = tf.zeros([batch_size, mem_len, self.d_model], self.compute_dtype)  # [B, M, d]
         x = self.layer_norm(zeros) if self.pre_lnorm else zeros
         _, kv_kernel = self._split_kernel()
         keys, values = tf.split(_dense(x, kv_kernel), 2, axis=-1)  # [B, M, N*D] each
         position_keys = ()
-        if self.attn_type in ("xl", "shaw"):
+        if self.encoding.position_keys_cached:
             position_keys = self._relative_keys(mem_len + max_len, position_encoding)  # [N, P, D]
         return LayerCache(_split_heads(keys, self.n_head, self.d_head), _split_heads(values, self.n_head, self.d_head),
                           position_keys)  # [N, B, M, D] each
@@ -361,6 +354,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         return_probs=False,
         training=None,
         dropout_seeds=None,
+        kernels=False,
     ):
         check_type(state, (LayerMemory, LayerCache), "RelativeMultiHeadAttention")
         positions = _Positions(memory_positions, input_positions)
@@ -371,7 +365,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         if isinstance(state, LayerCache):
             if training:
                 raise ValueError("the keys/values cache serves inference; train with the hidden-state memory")
-            return self._call_cached(raw, h, state, lengths, positions, terms, return_probs)
+            return self._call_cached(raw, h, state, lengths, positions, terms, return_probs, position_encoding)
         q_kernel, kv_kernel = self._split_kernel()
         memory = None if state is None else state.hidden  # [B, M, d]
         new_memory = LayerMemory(keep_last(memory, raw, mem_len, lengths,
@@ -393,14 +387,15 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         else:
             kv = _dense(tf.concat([memory, h_in], axis=1), kv_kernel)  # [B, K, 2*N*D]
         klen = tf.shape(kv)[1]
-        kernels = fused.applies(self.fused_kernels, dtype, training)
+        kernels = fused.applies(kernels, dtype, training)
         # Head-major layout [N, B, T, D]: the position term then needs no broadcast over the batch.
         k, v = _to_heads(kv, self.n_head, self.d_head, 2, kernels)  # [N, B, K, D] each
-        r = self._relative_keys(klen, position_encoding, kernels) if self.attn_type in ("xl", "shaw") else None
-        out = self._attend(h, _Operands(q, k, v, r), terms, return_probs, training, dropout_seeds)
+        r = self._relative_keys(klen, position_encoding, kernels)  # [N, K, D] or None
+        out = self._attend(h, _Operands(q, k, v, r), terms, return_probs, training, dropout_seeds,
+                           position_encoding, kernels)
         return (out[0], new_memory, *out[1:])
 
-    def _call_cached(self, raw, h, cache, lengths, positions, terms, return_probs):
+    def _call_cached(self, raw, h, cache, lengths, positions, terms, return_probs, position_encoding):
         """Inference with the keys/values of the memory carried in `cache` (a `LayerCache`, see `initial_cache`).
 
         raw: the inputs [B, L, d] (what the cache keeps); h: with the absolute positions (queries and residual).
@@ -442,36 +437,38 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             k = tf.concat([keys, heads(k_seg)], axis=time)  # [N, B, K, D]
             v = tf.concat([values, heads(v_seg)], axis=time)
         r = None
-        if self.attn_type in ("xl", "shaw"):
+        if self.encoding.position_keys_cached:
             table = cache.position_keys  # [N, P, D], descending distance
             klen, rows = tf.shape(k)[time], tf.shape(table)[1]
             tf.debugging.assert_less_equal(klen, rows, message="a call with a cache passes at most the max_len "
                                            "tokens the cache was made for (its position keys cover mem_len + "
                                            "max_len distances)")
             r = tf.cast(table[:, rows - klen:], dtype)  # [N, K, D]: distances K-1 .. 0
-        out = self._attend(h, _Operands(q, k, v, r), terms, return_probs, False)
+        out = self._attend(h, _Operands(q, k, v, r), terms, return_probs, False, position_encoding=position_encoding)
         return (out[0], new_cache, *out[1:])
 
-    def _attend(self, h, operands, terms, return_probs, training, seeds=None):
+    def _attend(self, h, operands, terms, return_probs, training, seeds=None, position_encoding=None,
+                kernels=False):
         """Scores, softmax, values, output projection and residual: the part both states share.
 
         h: residual [B, L, d]; operands: `_Operands` (q, k, v, r); terms: `_ScoreTerms` (mask, u, v); seeds: the
-        call's `dropout_seeds`.
+        call's `dropout_seeds`; position_encoding: the call's, for the encoding's `rotate`; kernels: the fused
+        kernels apply (`fused.applies` of the call's policy).
         """
         q, k, v, r = operands
         attention_bias, content_bias, position_bias = terms
         dtype = self.compute_dtype
         batch, qlen, klen = tf.shape(h)[0], tf.shape(h)[1], tf.shape(k)[2]
-        kernels = fused.applies(self.fused_kernels, dtype, training)
         q = _to_heads(q, self.n_head, self.d_head, kernels=kernels)[0] * tf.cast(self.scale, dtype)  # [N, B, L, D]
-        if self.attn_type == "xl":
+        q, k = self.encoding.rotate(q, k, position_encoding)  # rope: each at its window position
+        if content_bias is not None:
             u = tf.cast(content_bias, dtype)[:, None, None, :] * tf.cast(self.scale, dtype)  # [N, 1, 1, D]
             score = tf.matmul(q + u, k, transpose_b=True)  # [N, B, L, K]: (a) + (c)
         else:
             score = tf.matmul(q, k, transpose_b=True)  # [N, B, L, K]: (a)
         if r is not None:
             q_r = q
-            if self.attn_type == "xl":
+            if position_bias is not None:
                 q_r = q + tf.cast(position_bias, dtype)[:, None, None, :] * tf.cast(self.scale, dtype)
             q_r = tf.reshape(q_r, [self.n_head, batch * qlen, self.d_head])  # [N, B*L, D]
             if h.shape[1] == 1:  # one query (decoding): rel_shift is the identity, no padding needed
@@ -489,7 +486,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
 
         score = tf.cast(score, tf.float32)
         if attention_bias is not None:
-            score += tf.cast(attention_bias, tf.float32)  # [L, K] broadcast
+            score += tf.cast(attention_bias, tf.float32)  # [L, K] or [N, 1, L, K] broadcast
         probs = tf.nn.softmax(score, axis=-1)  # [N, B, L, K] float32
         out = self._output(h, tf.cast(probs, dtype), v, batch, qlen, training, kernels, seeds)
         if return_probs:
@@ -502,14 +499,14 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         dtype = self.compute_dtype
         width = self.n_head * self.d_head
         seeds = (None, None) if seeds is None else (seeds[0], seeds[1])
-        dropped = self.attention_dropout(probs, training=training, seed=seeds[0])
+        dropped = self.attention_dropout(probs, training=training, seed=seeds[0], kernels=kernels)
         attn = tf.matmul(dropped, v)  # [N, B, L, D]
         if kernels:
             attn = fused.merge_heads([attn], self.n_head)  # [B, L, N*D]
         else:
             attn = tf.reshape(tf.transpose(attn, [1, 2, 0, 3]), [batch, qlen, width])  # [B, L, N*D]
         out = _dense(attn, tf.cast(self.o_kernel, dtype))  # [B, L, d]
-        out = self.output_dropout(out, training=training, seed=seeds[1])
+        out = self.output_dropout(out, training=training, seed=seeds[1], kernels=kernels)
         out = h + out if self.pre_lnorm else fused.add_layer_norm(self.layer_norm, h, out, kernels)  # [B, L, d]
         return (out,)
 
@@ -526,5 +523,4 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "max_position": self.max_position,
             "init_std": self.init_std,
-            "fused_kernels": self.fused_kernels,
         }

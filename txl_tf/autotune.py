@@ -11,12 +11,20 @@ per-replica batch, and trains with the fastest:
     kernels = "auto"           TensorFlow's ops and the fused CPU kernels (`txl_tf.fused`; not with XLA, only on
                                CPUs, only where the kernels build)
 
-A field set to a value is not measured. Each candidate is one real training step of the run's model (forward,
-NLL, backward, clipping, Adam) on random tokens, a warm-up step then the median of `steps`; the global random
-state is restored afterwards (a run with "auto" draws the same initial weights whatever was measured). A choice
+A field set to a value is not measured. Each candidate is timed by the caller's `time_step`: the trainer's own
+step (`txl_tf.trainer.choose_path`: a `Trainer` on that path, fed random tokens, its `train_loop` timed after a
+warm-up step; this module does not import the trainer, which imports it); the trainer seeds the global random
+state again afterwards (a run with "auto" draws the same initial weights whatever was measured). A choice
 is kept in `choices.json` of the cache folder ($TXL_TF_CACHE, else ~/.cache/txl_tf), keyed by the CPU, the
 TensorFlow version, the devices, the model and the step's shape, so a machine measures a setting once. The run's
 config.gin records the chosen path (`txl_tf.train.with_path`) and a resumed run trains on it without measuring.
+
+The cache is untrusted input: it is read only when it and every folder above it are safe from other users
+(`untrusted_path`, the check the fused kernels' cache uses too), through `txl_tf.untrusted` (a regular file, at
+most 4 MiB, strict JSON with finite numbers), and only when every entry fits the schema (`_cache_problem`: a
+choice among the known paths, finite positive rates named by the known paths). A cache that fails is ignored with
+one warning line and measured again; its text never reaches a config file (`with_path` writes only the names of
+`PATH_NAMES` and numbers it formats itself).
 
 oneDNN: TensorFlow's Linux build turns its oneDNN matmuls on by default only on CPUs with AVX512_VNNI,
 AVX512_BF16, AVX_VNNI or AMX (`DefaultOneDnnPolicy` in tensorflow/core/util/port.cc); elsewhere (AVX2-only CPUs)
@@ -32,16 +40,23 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
+import math
 import os
 import pathlib
 import platform
+import stat
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 
-AUTO = "auto"
+from txl_tf import untrusted as untrusted_files
+from txl_tf.errors import UserError, one_line
+from txl_tf.policy import AUTO  # "auto": the value of a field to measure
+from txl_tf.policy import KERNELS as KERNEL_CHOICES  # the choices of TrainConfig.kernels
+
 FIELDS = ("mixed_precision", "jit_compile", "kernels")
 CHOICES_FILE = "choices.json"
 ONEDNN_ENV = "TF_ENABLE_ONEDNN_OPTS"
@@ -63,6 +78,11 @@ class TrainPath:
     def bindings(self) -> dict:
         """The TrainConfig fields of this path."""
         return dataclasses.asdict(self)
+
+
+# Every path's description: the only names of a path a cache entry may hold and a config file may record.
+PATH_NAMES = frozenset(TrainPath(p, j, k).describe() for p in (False, True) for j in (False, True)
+                       for k in KERNEL_CHOICES)
 
 
 def auto_fields(config) -> tuple[str, ...]:
@@ -104,58 +124,6 @@ def candidates(config, *, accelerators: Sequence[str] = (), fused_why: str | Non
         [TrainPath(precisions[0], False, kernels[-1])]
 
 
-# ---- timing one training step ------------------------------------------------------------------------------
-def training_step(model_kwargs: dict, path: TrainPath, *, recompute: str = "none", train_config=None):
-    """(model, step): `TransformerXL(**model_kwargs)` on `path` and a `tf.function` `step(tokens, targets,
-    memory) -> (loss, new memory)` doing what the trainer's step does on one replica: forward, mean NLL,
-    backward, clipping by global norm and the trainer's Adam (`train_config`'s settings; TrainConfig's defaults
-    when None)."""
-    import tensorflow as tf
-
-    from txl_tf import loading, schedules
-    from txl_tf.configs import TrainConfig
-    from txl_tf.model import TransformerXL
-
-    train_config = train_config or TrainConfig()
-    extra = {"recompute": recompute} if recompute != "none" else {}
-    with loading.dtype_policy("mixed_bfloat16" if path.mixed_precision else "float32"):
-        model = TransformerXL(**model_kwargs, fused_kernels=path.kernels == "fused", **extra)
-        optimizer = schedules.make_optimizer(train_config, train_config.learning_rate)
-        optimizer.build(model.trainable_variables)
-    clip = train_config.clip_norm
-
-    @tf.function(jit_compile=path.jit_compile)
-    def step(tokens, targets, memory):
-        with tf.GradientTape() as tape:
-            hidden, new_memory = model(tokens, memory, training=True)
-            loss = tf.reduce_mean(model.nll(hidden, targets))
-        grads = tape.gradient(loss, model.trainable_variables)
-        grads, _ = tf.clip_by_global_norm(grads, clip)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return loss, new_memory
-
-    return model, step
-
-
-def step_seconds(model_kwargs: dict, path: TrainPath, batch: int, tgt_len: int, *, steps: int = 3,
-                 warmup: int = 1, recompute: str = "none", train_config=None) -> float:
-    """Median seconds of a `training_step` at [batch, tgt_len] on random tokens with the memory carried; the
-    first `warmup` steps (tracing, XLA's compilation) are not timed."""
-    import tensorflow as tf
-
-    model, step = training_step(model_kwargs, path, recompute=recompute, train_config=train_config)
-    data = tf.random.stateless_uniform([batch, tgt_len + 1], [7, 11], 0, model_kwargs["n_token"], tf.int32)
-    memory = model.initial_memory(batch)
-    times = []
-    for i in range(warmup + steps):
-        start = time.perf_counter()
-        loss, memory = step(data[:, :-1], data[:, 1:], memory)
-        loss.numpy()
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
-
-
 # ---- the cache of choices ----------------------------------------------------------------------------------
 def cache_file() -> pathlib.Path:
     base = os.environ.get("TXL_TF_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "txl_tf")
@@ -194,23 +162,197 @@ def cpu_name() -> str:
     return f"{cpu_model()} [{flags}] x{os.cpu_count()}"
 
 
-def _read_cache() -> dict:
+# ---- who may have written a file: the checks of this cache and of the fused kernels' cache (txl_tf.fused) -----
+def untrusted(info: os.stat_result, uid: int | None = None) -> str | None:
+    """Why a cached file or one of its folders, of this `os.stat` result, may hold what this user did not write, or
+    None: it belongs to another user than `uid` (default: this process's) or the group or others may write it."""
+    uid = os.getuid() if uid is None else uid
+    if info.st_uid != uid:
+        return f"owned by uid {info.st_uid}, not {uid}"
+    writers = [who for who, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if info.st_mode & bit]
+    if writers:
+        return f"writable by {' and '.join(writers)} (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def untrusted_path(path) -> str | None:
+    """Why another user could have put or could swap what is at the existing `path` (a cached file or folder), or
+    None. `path` itself must be this user's and nobody else's to write (`untrusted`); every folder above it, up
+    to the root, must belong to this user or to root and be writable by nobody else, except a sticky folder
+    (like /tmp) above one that passed: others may not rename or delete what is not theirs in it. Links in `path`
+    are resolved first (the caller then uses `os.path.realpath(path)`, whose folders are these)."""
+    if not hasattr(os, "getuid"):  # no POSIX owners to check (Windows)
+        return None
+    uid = os.getuid()
+    current = os.path.realpath(path)
+    info = os.lstat(current)
+    reason = "a symbolic link" if stat.S_ISLNK(info.st_mode) else untrusted(info, uid)
+    if reason:
+        return f"{current} is {reason}"
+    while True:
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current, info = parent, os.lstat(parent)
+        if stat.S_ISLNK(info.st_mode):  # swapped for a link since realpath
+            return f"{current} is a symbolic link"
+        if info.st_uid not in (uid, 0):
+            return f"{current} is owned by uid {info.st_uid}, not {uid} or root"
+        shared = stat.S_IMODE(info.st_mode) & (stat.S_IWGRP | stat.S_IWOTH)
+        if shared and not info.st_mode & stat.S_ISVTX:  # sticky: what is below passed, and only its owner moves it
+            writers = " and ".join(w for w, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if shared & bit)
+            return f"{current} is writable by {writers} (mode {stat.S_IMODE(info.st_mode):o})"
+
+
+def make_private_dirs(path) -> None:
+    """Creates the folder `path` and each missing folder above it readable and writable by this user only (a
+    plain `mkdir -p` gives the parents the umask's mode, which may let the group write them)."""
+    path = pathlib.Path(path)
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for folder in reversed(missing):
+        folder.mkdir(mode=0o700, exist_ok=True)
+
+
+# ---- the cache of choices: reading (untrusted), validating, writing ------------------------------------------
+_MAX_TEXT = 200  # "measured" and "cpu": a date and a CPU's name
+_warned: set = set()
+
+
+def _warn_cache(path, why: str, consequence: str) -> None:
+    """One warning line per cache file and reason in a process."""
+    if (str(path), why) not in _warned:
+        _warned.add((str(path), why))
+        logging.warning("txl_tf: ignoring the autotune cache %s (%s); %s", path, why, consequence)
+
+
+def _rate_problem(value) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{type(value).__name__} where a number belongs"
     try:
-        with open(cache_file()) as f:
-            value = json.load(f)  # plain JSON: reading it runs nothing
-        return value if isinstance(value, dict) else {}
-    except (OSError, ValueError):
+        if not (math.isfinite(float(value)) and 0 <= value < 1e18):
+            return f"{value!r} is not a rate"
+    except OverflowError:
+        return "an integer too large for a rate"
+    return None
+
+
+def _entry_problem(entry) -> str | None:
+    """Why one cache entry does not fit the schema of a path entry or a oneDNN entry, or None."""
+    if not isinstance(entry, dict):
+        return f"{type(entry).__name__} where an object belongs"
+    choice = entry.get("choice")
+    if isinstance(choice, dict):  # a training path
+        fields, rates = {"choice", "tokens_per_second", "measured", "cpu"}, entry.get("tokens_per_second", {})
+        if set(choice) != set(FIELDS):
+            return f"its choice has the fields {sorted(choice)}, not {list(FIELDS)}"
+        for name in ("mixed_precision", "jit_compile"):
+            if not isinstance(choice[name], bool):
+                return f"its choice's {name} is {type(choice[name]).__name__}, not true or false"
+        if not isinstance(choice["kernels"], str) or choice["kernels"] not in KERNEL_CHOICES:
+            return f"its choice's kernels is not one of {', '.join(KERNEL_CHOICES)}"
+        if not isinstance(rates, dict):
+            return f"its tokens_per_second is {type(rates).__name__}, not an object"
+        for name, rate in rates.items():
+            if name not in PATH_NAMES:
+                return f"its tokens_per_second names an unknown path ({len(name)} characters)"
+            problem = _rate_problem(rate)
+            if problem:
+                return f"its tokens_per_second of {name} is {problem}"
+    elif isinstance(choice, str) and choice in ("0", "1"):  # oneDNN off or on
+        fields, gflops = {"choice", "gflops", "cpu"}, entry.get("gflops", {})
+        if not isinstance(gflops, dict) or not set(gflops) <= {"0", "1"}:
+            return "its gflops is not an object of \"0\" and \"1\""
+        problem = next(filter(None, map(_rate_problem, gflops.values())), None)
+        if problem:
+            return f"its gflops holds {problem}"
+    else:
+        return "its choice is neither a training path nor a oneDNN setting"
+    extra = set(entry) - fields
+    if extra:
+        return f"it has unknown fields ({len(extra)})"
+    for name in ("measured", "cpu"):
+        if name in entry and not (isinstance(entry[name], str) and len(entry[name]) <= _MAX_TEXT):
+            return f"its {name} is not a text of at most {_MAX_TEXT} characters"
+    return None
+
+
+def _cache_problem(value) -> str | None:
+    """Why the parsed cache `value` does not fit the schema, or None: an object of entries keyed by hex digests."""
+    if not isinstance(value, dict):
+        return "it is not a JSON object"
+    for key, entry in value.items():
+        name = key.removeprefix("onednn:")
+        if not (len(name) == 24 and all(c in "0123456789abcdef" for c in name)):
+            return f"a key is not a cache key ({len(key)} characters)"
+        problem = _entry_problem(entry)
+        if problem:
+            return f"entry {key}: {problem}"
+    return None
+
+
+def _cache_folder_problem(path: pathlib.Path) -> str | None:
+    """Why the folder of the cache file `path` may be another user's (`untrusted_path`), or None; None too when it
+    does not exist yet."""
+    try:
+        return untrusted_path(path.parent)
+    except FileNotFoundError:
+        return None
+
+
+_NOT_WRITTEN = "measuring again without caching (set TXL_TF_CACHE to a folder only you can write)"
+_REWRITTEN = "measuring again and rewriting it"
+
+
+def _read_cache() -> dict:
+    """The validated cache; {} when missing, or (one warning line) unsafe or invalid."""
+    path = cache_file()
+    try:
+        problem = _cache_folder_problem(path)
+        if problem:
+            _warn_cache(path, problem, _NOT_WRITTEN)
+            return {}
+        info = os.lstat(path)
+        reason = "a symbolic link" if stat.S_ISLNK(info.st_mode) else (
+            untrusted(info) if hasattr(os, "getuid") else None)
+        if reason:
+            _warn_cache(path, f"{path} is {reason}", _REWRITTEN)
+            return {}
+        what = "the autotune cache"
+        value = untrusted_files.load_json(path, max_bytes=untrusted_files.JSON_LIMIT, what=what)
+    except FileNotFoundError:
         return {}
+    except untrusted_files.UntrustedFileError as error:  # not a regular file, too large, not strict JSON
+        text = one_line(error)
+        stripped = text.removeprefix(f"{what} {path} ")
+        why = f"it {stripped.rpartition('; ')[0] or stripped}" if stripped != text else text
+        _warn_cache(path, why, _REWRITTEN)
+        return {}
+    except OSError as error:  # unreadable: measured again, not rewritten
+        _warn_cache(path, f"cannot read it: {error.strerror or error}", "measuring again")
+        return {}
+    problem = _cache_problem(value)
+    if problem:
+        _warn_cache(path, problem, _REWRITTEN)
+        return {}
+    return value
 
 
 def _write_cache(key: str, entry: dict) -> None:
-    """Adds `entry` under `key` (atomically; a cache that cannot be written is skipped: the next run measures)."""
+    """Adds `entry` under `key` (atomically; a cache that cannot be written, or is in a folder other users could
+    write, is skipped: the next run measures)."""
     path = cache_file()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(path.parent)
+        if _cache_folder_problem(path):
+            return
         cache = _read_cache()
         cache[key] = entry
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".choices-")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".choices-")  # mode 0600
         with os.fdopen(fd, "w") as f:
             json.dump(cache, f, indent=1, sort_keys=True)
         os.replace(tmp, path)
@@ -225,12 +367,15 @@ def _key(kind: str, **parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-def choose(model_kwargs: dict, train_config, batch: int, *, accelerators: Sequence[str] = (),
-           fused_why: str | None = None, log: Callable[[str], None] = print, steps: int = 3,
-           use_cache: bool = True) -> tuple[TrainPath, dict]:
+def choose(model_kwargs: dict, train_config, batch: int, *, time_step: Callable[[TrainPath, int], float],
+           accelerators: Sequence[str] = (), fused_why: str | None = None, log: Callable[[str], None] = print,
+           steps: int = 3, use_cache: bool = True) -> tuple[TrainPath, dict]:
     """(the fastest path among `candidates`, {path description: tokens/s measured, or "cached"}) for a step of
-    `model_kwargs` at the per-replica `batch` and TrainConfig `train_config`'s tgt_len. One candidate: no
-    measurement. Logs one line per measured candidate (progress) and one for the choice."""
+    `model_kwargs` at the per-replica `batch` and TrainConfig `train_config`'s tgt_len. `time_step(path, steps)`:
+    the median seconds of one step on `path` over `steps` timed ones (`txl_tf.trainer.choose_path` passes the
+    trainer's). One candidate: no measurement. Logs one line per measured candidate (progress) and one for the
+    choice. When no candidate runs a step, a UserError names the first one's reason in one line (out of memory:
+    lower the batch)."""
     paths = candidates(train_config, accelerators=accelerators, fused_why=fused_why)
     if len(paths) == 1:
         return paths[0], {}
@@ -239,33 +384,47 @@ def choose(model_kwargs: dict, train_config, batch: int, *, accelerators: Sequen
     key = _key("path", model=model_kwargs, batch=batch, tgt_len=tgt_len, recompute=recompute,
                accelerators=sorted(accelerators), candidates=[dataclasses.asdict(p) for p in paths])
     cached = _read_cache().get(key) if use_cache else None
-    if isinstance(cached, dict) and cached.get("choice") in [dataclasses.asdict(p) for p in paths]:
-        path = TrainPath(**cached["choice"])
-        log(f"training path (auto, measured earlier on this machine; {cache_file()}): {path.describe()}")
-        return path, cached.get("tokens_per_second", {})
+    if cached is not None:  # valid by the schema; its choice and rates must also be among these candidates
+        path = next((p for p in paths if p.bindings() == cached["choice"]), None)
+        rates = cached.get("tokens_per_second", {})
+        names = {p.describe() for p in paths}
+        if path is None or not set(rates) <= names:
+            _warn_cache(cache_file(), f"entry {key} names a path that is not among this run's candidates", _REWRITTEN)
+        else:
+            log(f"training path (auto, measured earlier on this machine; {cache_file()}): {path.describe()}")
+            return path, {p.describe(): float(rates[p.describe()]) for p in paths if p.describe() in rates}
     log(f"choosing the training path (auto): timing {len(paths)} candidates at batch {batch} x {tgt_len} tokens")
-    rates = {}
+    rates, first_failure = {}, None
     for i, path in enumerate(paths, 1):
         start = time.perf_counter()
         try:
-            seconds = step_seconds(model_kwargs, path, batch, tgt_len, steps=steps, recompute=recompute,
-                                   train_config=train_config)
+            seconds = time_step(path, steps)
         except Exception as error:  # noqa: BLE001  (a candidate that cannot run here is not chosen)
-            log(f"  [{i}/{len(paths)}] {path.describe()}: cannot run here ({type(error).__name__}: "
-                f"{str(error).splitlines()[0][:200] if str(error) else ''})")
+            reason = f"{type(error).__name__}: {one_line(error)[:200]}"
+            first_failure = first_failure or (path, error, reason)
+            log(f"  [{i}/{len(paths)}] {path.describe()}: cannot run here ({reason})")
             continue
         rates[path] = batch * tgt_len / seconds
         log(f"  [{i}/{len(paths)}] {path.describe()}: {rates[path]:,.0f} tokens/s "
             f"({time.perf_counter() - start:.0f} s with compilation)")
     if not rates:
-        raise RuntimeError("no candidate training path ran; set TrainConfig.mixed_precision, jit_compile and "
-                           "kernels explicitly")
+        raise _none_ran(paths, batch, tgt_len, *first_failure)
     best = max(rates, key=rates.get)
     table = {p.describe(): round(r, 1) for p, r in rates.items()}
     _write_cache(key, {"choice": dataclasses.asdict(best), "tokens_per_second": table,
                        "measured": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu": cpu_name()})
     log(f"training path (auto): {best.describe()} ({rates[best]:,.0f} tokens/s, the fastest of {len(rates)})")
     return best, table
+
+
+def _none_ran(paths, batch: int, tgt_len: int, first: TrainPath, error: Exception, reason: str) -> UserError:
+    """The one-line error when no candidate path ran: the first failure's reason and the fix."""
+    out_of_memory = type(error).__name__ in ("ResourceExhaustedError", "MemoryError") or "OOM" in reason
+    fix = ("lower TrainConfig.batch_size or tgt_len, or raise TrainConfig.grad_accum_steps (it runs the batch in "
+           "smaller chunks)" if out_of_memory else
+           "fix that, or set TrainConfig.mixed_precision, jit_compile and kernels to values to see the full error")
+    return UserError(f"none of the {len(paths)} candidate training paths ran a step at batch {batch} x {tgt_len} "
+                     f"tokens; the first, {first.describe()}, failed with {reason}; {fix}")
 
 
 # ---- oneDNN ------------------------------------------------------------------------------------------------

@@ -6,11 +6,14 @@ r"""Checkpoint averaging: the element-wise mean of several checkpoints' weights,
 
 The paper averaged the weights of its last PTB checkpoints. The output directory (default MODEL_DIR/averaged)
 gets `ckpt-N` (N: the newest averaged step; key `model` only, like a converted checkpoint), the effective gin
-config as `config.gin` and `averaged.json` (which checkpoints); `evaluate`, `export` and `generate` take it as
+config as `config.gin`, `averaged.json` (which checkpoints) and the run's vocabulary fingerprint
+(`vocab_fingerprint.json`, when the run has one); `evaluate`, `export` and `generate` take it as
 `--model_dir`. The run's own checkpoints are only read: the output directory may not be one that holds them, and
 an existing output directory is replaced only with --overwrite and only if this command wrote it. The average is
 written whole into a staging directory beside it and then swapped in (txl_tf.staging): a run killed at any point
-leaves the previous average (or none), never half of one, and the next run removes what it left.
+leaves the previous average (or none), never half of one, and the next run removes what it left. A checkpoint
+that a trainer still saving into the run deletes before it is read is named in one line (re-run the command), and
+an output folder that cannot be written is refused in one line before the work.
 
 Floating-point weights are averaged in float64; other model variables (dropout RNG states) come from the
 newest checkpoint. Checkpoints are given oldest first; `--last=N` takes the N highest-numbered `ckpt-N` of the
@@ -33,11 +36,12 @@ import numpy as np
 import tensorflow as tf
 from absl import flags
 
-from txl_tf import loading, run_dir, staging
-from txl_tf.errors import ConfigError
+from txl_tf import errors, loading, paths, run_dir, staging
+from txl_tf.errors import ConfigError, UserError
 
 OUTPUT_DIR = "averaged"
 RECORD_FILE = "averaged.json"
+KIND = "average"  # the kind of output in the folder's manifest (txl_tf.paths)
 _NUMBERED = re.compile(r"ckpt-(\d+)$")
 
 
@@ -58,13 +62,37 @@ def is_float(variable) -> bool:
     return tf.as_dtype(variable.dtype).is_floating
 
 
+class CheckpointRemovedError(UserError):
+    """A checkpoint to average was deleted while it was being read (by a trainer still saving into the run)."""
+
+
+def _restore(model, prefix: str) -> None:
+    """`loading.restore_weights`, where a checkpoint whose files are gone by the time they are read (a trainer
+    saving into the run deletes its oldest ones: CheckpointManager keeps TrainConfig.keep_checkpoints) is one line."""
+    try:
+        loading.restore_weights(model, prefix)
+    except (tf.errors.NotFoundError, tf.errors.DataLossError, IndexError):
+        files = [f"{prefix}.index"] + (tf.io.gfile.glob(f"{prefix}.data-*") if tf.io.gfile.exists(f"{prefix}.index")
+                                       else [])
+        if all(tf.io.gfile.exists(f) for f in files) and len(files) > 1:
+            raise  # its files are there: a damaged checkpoint, named by the restore's own error
+        raise CheckpointRemovedError(
+            f"{prefix} was removed while it was being read (a trainer still saving into "
+            f"{os.path.dirname(prefix)} deletes its older checkpoints, keeping TrainConfig.keep_checkpoints); nothing "
+            "was written: re-run the command, or average once training has ended (or --checkpoints that it keeps, "
+            "e.g. copies)") from None
+
+
 def average_weights(model, prefixes: Sequence[str]) -> None:
-    """Sets `model`'s weights to the mean of the checkpoints `prefixes` (each restored into `model` in turn)."""
+    """Sets `model`'s weights to the mean of the checkpoints `prefixes` (each restored into `model` in turn).
+
+    A checkpoint removed before or while it is read (a trainer saving into the run) is a CheckpointRemovedError
+    naming it."""
     if not prefixes:
         raise ConfigError("no checkpoints to average")
     sums = None
     for prefix in prefixes:
-        loading.restore_weights(model, prefix)
+        _restore(model, prefix)
         values = [np.asarray(v.numpy(), np.float64) if is_float(v) else None for v in model.weights]
         sums = values if sums is None else [s if s is None else s + x for s, x in zip(sums, values, strict=True)]
     for variable, total in zip(model.weights, sums, strict=True):
@@ -72,19 +100,25 @@ def average_weights(model, prefixes: Sequence[str]) -> None:
             variable.assign(tf.cast(total / len(prefixes), variable.dtype))
 
 
-def _check_output_dir(output_dir: str, prefixes: Sequence[str], overwrite: bool) -> None:
-    output = os.path.realpath(output_dir)
+def _check_output_dir(output_dir: str, prefixes: Sequence[str], overwrite: bool) -> str:
+    output_dir = paths.output_dir(output_dir, "--output_dir")
     for prefix in prefixes:
-        if os.path.realpath(os.path.dirname(prefix)) == output:
+        if paths.inside(os.path.dirname(prefix), output_dir):
             raise ConfigError(f"--output_dir={output_dir} holds the averaged checkpoint {prefix}; write the "
                              "average elsewhere (default: MODEL_DIR/averaged)")
     staging.remove_stale(output_dir)  # a killed average's staging directory (or a replacement cut halfway)
-    if os.path.exists(output_dir) and os.listdir(output_dir):
-        if not os.path.exists(os.path.join(output_dir, RECORD_FILE)):
-            raise FileExistsError(f"{output_dir} exists and was not written by txl_tf.average; choose another "
-                                  "--output_dir")
-        if not overwrite:
-            raise FileExistsError(f"{output_dir} already holds an average; pass --overwrite to replace it")
+    return paths.replaceable_dir(output_dir, "--output_dir", kind=KIND, overwrite=overwrite)
+
+
+def _check_writable(output_dir: str) -> None:
+    """The average is staged beside `output_dir`, in its folder: one line before the work when that folder (or the
+    nearest one that exists) cannot be written (a read-only file system, no write permission)."""
+    folder = errors.existing_folder(os.path.dirname(os.path.abspath(output_dir)))
+    reason = errors.not_writable_reason(folder)
+    if reason:
+        raise UserError(f"{folder} is not writable ({reason}), so the average cannot be written to "
+                        f"--output_dir={output_dir}; give an --output_dir in a writable folder (the default is "
+                        "MODEL_DIR/averaged)")
 
 
 def average(prefixes: Sequence[str], output_dir: str, *, model_dir: str | None = None, gin_files=(),
@@ -97,7 +131,8 @@ def average(prefixes: Sequence[str], output_dir: str, *, model_dir: str | None =
     import gin
 
     prefixes = [run_dir.find_checkpoint(p) for p in prefixes]
-    _check_output_dir(output_dir, prefixes, overwrite)
+    output_dir = _check_output_dir(output_dir, prefixes, overwrite)
+    _check_writable(output_dir)
     configs = run_dir.read_configs(model_dir, gin_files, gin_params, checkpoint=prefixes[-1])
     n_token = configs.model.n_token or loading.vocab_size(configs.data)
     if n_token is None:
@@ -107,11 +142,16 @@ def average(prefixes: Sequence[str], output_dir: str, *, model_dir: str | None =
     average_weights(model, prefixes)
     match = _NUMBERED.search(prefixes[-1])
     step = int(match.group(1)) if match else 1
-    with staging.staged_dir(output_dir) as tmp:  # replaces a previous average only once this one is whole
+    with staging.staged_dir(output_dir, kind=KIND) as tmp:  # replaces a previous average only once this one is whole
         checkpoint = tf.train.Checkpoint(model=model)
         prefix = tf.train.CheckpointManager(checkpoint, tmp, max_to_keep=None).save(checkpoint_number=step)
         run_dir.write_config(tmp, gin.config_str(),
                              "The configuration of the averaged checkpoints (written by txl_tf.average).")
+        record = run_dir.recorded_vocabulary(model_dir or run_dir.run_folder(prefixes[-1]))
+        if record is not None:  # the run's vocabulary, checked where the average is loaded
+            with open(os.path.join(tmp, run_dir.VOCAB_FINGERPRINT_FILE), "w") as f:
+                json.dump(record, f, indent=1)
+                f.write("\n")
         with open(os.path.join(tmp, RECORD_FILE), "w") as f:
             json.dump({"checkpoints": list(prefixes), "mean_of": len(prefixes)}, f, indent=1)
             f.write("\n")

@@ -34,8 +34,8 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from txl_tf import errors, generation, loading, run_dir, staging
-from txl_tf.configs import EvalConfig, ModelConfig
+from txl_tf import errors, generation, loading, paths, run_dir, staging, untrusted
+from txl_tf.configs import EvalConfig, ModelConfig, check_inference_size
 from txl_tf.data.vocab import VOCAB_FILE, Vocab
 from txl_tf.errors import ConfigError, UserError
 from txl_tf.evaluation import LossFigures
@@ -46,6 +46,7 @@ PRESET_CONFIG = "config.json"
 PRESET_WEIGHTS = "model.weights.h5"  # Keras' weights format (model.save_weights)
 PRESET_VOCAB = VOCAB_FILE
 PRESET_FORMAT = "txl_tf.preset"
+PRESET_KIND = "preset"  # the kind of output in the folder's manifest (txl_tf.paths)
 PRESET_VERSION = 1
 _EXPECTED = ("a preset directory (config.json from save_to_preset), a run directory (config.gin and ckpt-N; its "
              "best/ with which='best', or the averaged/ of `python -m txl_tf.average`), or a converted checkpoint "
@@ -99,6 +100,7 @@ class ScoreStream:
         if lm.eval_config.protocol != "xl":
             raise ConfigError(f"streaming needs the recurrent protocol; this model's EvalConfig.protocol is "
                               f"{lm.eval_config.protocol!r} (a window without memory): use score()")
+        check_inference_size(lm.model, batch_size=1, tgt_len=lm.eval_config.tgt_len, mem_len=lm.eval_config.mem_len)
         self._lm = lm
         self.reset()
 
@@ -203,7 +205,7 @@ class TransformerXLCausalLM:
             directories), as `--gin_file` / `--gin_param`; e.g. "EvalConfig.mem_len = 3800".
           dtype: Keras dtype policy of the layers (e.g. "mixed_bfloat16"); None: EvalConfig.compute_dtype.
         """
-        path = os.fspath(path)
+        path = paths.given(path, "the preset path")
         gin_files = [gin_file] if isinstance(gin_file, str) else list(gin_file)
         gin_params = [gin_param] if isinstance(gin_param, str) else list(gin_param)
         if not os.path.isdir(path):
@@ -244,9 +246,16 @@ class TransformerXLCausalLM:
             raise UserError(f"the preset {path} has no {PRESET_WEIGHTS}; save it again with save_to_preset")
         try:
             vocab = Vocab.load(os.path.join(path, PRESET_VOCAB))
-        except (OSError, ValueError) as error:
-            raise UserError(f"the preset {path} has no readable vocabulary ({errors.one_line(error)}); save it "
-                            "again with save_to_preset") from None
+        except (OSError, ValueError, untrusted.UntrustedFileError) as error:
+            problem = errors.one_line(error)
+            if isinstance(error, UserError):  # its own advice ends it: the preset's is to save it again
+                problem = problem.rsplit("; ", 1)[0]
+            raise UserError(f"the preset {path} has no readable vocabulary ({problem}); save it again with "
+                            "save_to_preset") from None
+        if len(vocab) != model_config.n_token:  # before the model is built
+            raise UserError(f"the preset {path} does not fit together: its {PRESET_CONFIG} has model n_token="
+                            f"{model_config.n_token} but its {PRESET_VOCAB} holds {len(vocab)} symbols; save the "
+                            "preset again with save_to_preset")
         model = loading.build_model(model_config, dtype=dtype or _compute_dtype(eval_config))
         try:
             model.load_weights(weights)
@@ -261,18 +270,15 @@ class TransformerXLCausalLM:
 
         `from_preset(directory)` needs nothing else (no gin files, no prepared data). The directory is written
         whole beside its target and then renamed into place; an existing preset is replaced only with
-        `overwrite`, and a directory holding anything else never.
+        `overwrite`, and a directory holding anything else (a file the user put there) never
+        (`txl_tf.paths.replaceable_dir`).
         """
-        directory = os.fspath(directory)
+        directory = paths.replaceable_dir(directory, "the preset directory", kind=PRESET_KIND, overwrite=overwrite,
+                                          overwrite_hint="overwrite=True")
         staging.remove_stale(directory)
-        if os.path.exists(directory) and (not os.path.isdir(directory) or os.listdir(directory)):
-            if not os.path.exists(os.path.join(directory, PRESET_CONFIG)):
-                raise FileExistsError(f"{directory} exists and holds no preset; choose another directory")
-            if not overwrite:
-                raise FileExistsError(f"{directory} already holds a preset; pass overwrite=True to replace it")
         config = {"format": PRESET_FORMAT, "version": PRESET_VERSION,
                   "model": dataclasses.asdict(self.model_config), "eval": dataclasses.asdict(self.eval_config)}
-        with staging.staged_dir(directory) as tmp:
+        with staging.staged_dir(directory, kind=PRESET_KIND) as tmp:
             with open(os.path.join(tmp, PRESET_CONFIG), "w") as f:
                 json.dump(config, f, indent=2)
                 f.write("\n")
@@ -282,9 +288,9 @@ class TransformerXLCausalLM:
 
     # ---- text -----------------------------------------------------------------------------------------
     def encode(self, text: str, what: str = "text") -> np.ndarray:
-        """Text -> int32 token ids; a symbol outside the vocabulary is a one-line ConfigError."""
-        if not isinstance(text, (str, bytes)):
-            raise TypeError(f"the {what} must be a str; got {type(text).__name__}")
+        """Text (a str) -> int32 token ids; a symbol outside the vocabulary is a one-line ConfigError, anything but
+        a str (bytes too) a one-line TypeError."""
+        _check_text(text, f"the {what}")
         try:
             return self.vocab.encode_array(text)
         except (KeyError, ValueError) as error:
@@ -305,8 +311,7 @@ class TransformerXLCausalLM:
             settings, `--seed` and `--max_tokens` = max_length - (the shortest prompt's tokens) prints the same
             text (each row there runs to that count).
         """
-        single = isinstance(prompts, str)
-        texts = [prompts] if single else list(prompts)
+        single, texts = _texts(prompts, "prompts")
         ids = generation.check_settings(self.vocab, texts, max_tokens=1, temperature=temperature, top_k=top_k,
                                         top_p=top_p)
         lengths = [len(row) for row in ids]
@@ -314,6 +319,8 @@ class TransformerXLCausalLM:
                 or max_length <= max(lengths):
             raise ConfigError(f"max_length={max_length!r} must be an int above the longest prompt's {max(lengths)} "
                               "tokens (it counts the prompt and the new tokens); raise it")
+        check_inference_size(self.model, batch_size=len(ids), tgt_len=self.eval_config.tgt_len,
+                             mem_len=self.eval_config.mem_len)
         if seed is None:
             seed = random.SystemRandom().randrange(2**31)
         result = generation.generate_from_model(
@@ -330,8 +337,7 @@ class TransformerXLCausalLM:
         carried across segments; the texts of a list are the rows of one batch. With EvalConfig.protocol
         "vanilla" each prediction sees a window of tgt_len tokens instead (txl_tf.evaluation.evaluate_vanilla).
         """
-        single = isinstance(texts, str)
-        texts = [texts] if single else list(texts)
+        single, texts = _texts(texts, "texts")
         if not texts:
             raise ConfigError("score() needs at least one text; got an empty list")
         rows = [self.encode(text) for text in texts]
@@ -342,6 +348,8 @@ class TransformerXLCausalLM:
         if self.eval_config.protocol == "vanilla":
             log_probs = [-self._vanilla_nll(row) for row in rows]
         else:
+            check_inference_size(self.model, batch_size=len(rows), tgt_len=self.eval_config.tgt_len,
+                                 mem_len=self.eval_config.mem_len)
             log_probs = [-nll for nll in self._stream_nll(rows)]
         results = [ScoreResult(values, self.vocab.level) for values in log_probs]
         return results[0] if single else results
@@ -375,17 +383,22 @@ class TransformerXLCausalLM:
 
 
 def read_preset_config(path: str) -> tuple[ModelConfig, EvalConfig]:
-    """The ModelConfig and EvalConfig of a preset's config.json (one-line UserError when it does not read)."""
+    """The ModelConfig and EvalConfig of a preset's config.json (one-line UserError when it does not read).
+
+    The file is untrusted input (`txl_tf.untrusted`: a regular file of at most JSON_LIMIT bytes, finite numbers,
+    bounded nesting); its fields are validated, and the model's sizes and the evaluation's lengths are checked
+    against the machine's memory (ConfigError naming the field) before anything is built.
+    """
     config_path = os.path.join(path, PRESET_CONFIG)
-    try:
-        with open(config_path, encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError) as error:
-        raise UserError(f"{config_path} does not read as JSON ({errors.one_line(error)}); save the preset again "
-                        "with save_to_preset") from None
+    try:  # a regular file of at most JSON_LIMIT bytes, strict JSON (finite numbers, nesting bounded)
+        config = untrusted.load_json(config_path, max_bytes=untrusted.JSON_LIMIT, what="the preset's config.json")
+    except OSError as error:
+        raise UserError(f"{config_path} does not read ({errors.one_line(error)}); save the preset again with "
+                        "save_to_preset") from None
     if not isinstance(config, dict) or config.get("format") != PRESET_FORMAT \
             or config.get("version") != PRESET_VERSION:
-        found = (config.get("format"), config.get("version")) if isinstance(config, dict) else type(config).__name__
+        found = f"{_clipped(config.get('format'))}, version {_clipped(config.get('version'))}" \
+            if isinstance(config, dict) else type(config).__name__
         raise UserError(f"{config_path} is not a {PRESET_FORMAT} v{PRESET_VERSION} config (found {found}); save the "
                         "preset again with save_to_preset")
     made = []
@@ -393,15 +406,22 @@ def read_preset_config(path: str) -> tuple[ModelConfig, EvalConfig]:
         fields = config.get(key)
         known = {field.name for field in dataclasses.fields(kind)}
         if not isinstance(fields, dict) or set(fields) - known:
-            unknown = sorted(set(fields) - known) if isinstance(fields, dict) else fields
+            unknown = sorted(set(fields) - known)[:5] if isinstance(fields, dict) else type(fields).__name__
             raise UserError(f"{config_path}: {key!r} must map {kind.__name__} fields to values (unknown: "
                             f"{unknown}); save the preset again with save_to_preset")
         try:
             made.append(kind(**fields))
         except ConfigError as error:
-            raise ConfigError(f"{config_path}: {errors.one_line(error)}") from None
+            problem = errors.one_line(error)
+            if "; fix the binding" in problem:  # the file holds no gin binding
+                problem = problem.split("; fix the binding")[0] + "; correct it, or save the preset again"
+            raise ConfigError(f"{config_path}: {problem}") from None
     if made[0].n_token is None:
         raise UserError(f"{config_path} has no model n_token; save the preset again with save_to_preset")
+    try:  # the evaluation's lengths with one row (what every use needs), before the model is built
+        check_inference_size(made[0], batch_size=1, tgt_len=made[1].tgt_len, mem_len=made[1].mem_len)
+    except ConfigError as error:
+        raise ConfigError(f"{config_path}: {error}") from None
     return made[0], made[1]
 
 
@@ -424,3 +444,32 @@ def _data_vocab(data_dir: str, source: str, converted: bool) -> Vocab:
 
 def _short(text) -> str:
     return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def _bytes_hint(value) -> str:
+    return "; decode bytes first, e.g. data.decode('utf-8')" if isinstance(value, (bytes, bytearray, memoryview)) \
+        else ""
+
+
+def _check_text(value, what: str) -> None:
+    """TypeError naming the type unless `value` is a str (bytes are refused: decode them first)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str; got {type(value).__name__}{_bytes_hint(value)}")
+
+
+def _texts(value, what: str) -> tuple[bool, list[str]]:
+    """(whether `value` is one text, its texts): a str, or a list, tuple or 1-D array of str; anything else (bytes,
+    a list of ids) is a TypeError naming the type."""
+    if isinstance(value, str):
+        return True, [value]
+    if not (isinstance(value, (list, tuple)) or (isinstance(value, np.ndarray) and value.ndim == 1)):
+        raise TypeError(f"{what} must be a str or a list of str; got {type(value).__name__}{_bytes_hint(value)}")
+    for index, text in enumerate(value):
+        _check_text(text, f"{what}[{index}]")
+    return False, [str(text) for text in value]
+
+
+def _clipped(value) -> str:
+    """The repr of a value read from a file, at most 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

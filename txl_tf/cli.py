@@ -123,6 +123,13 @@ SHARED = {
 }
 MODEL_FLAGS = ("model_dir", "checkpoint", "which", "gin_file", "gin_param")
 
+# The flags of any entry point that name a path: given on the command line, each must be a non-empty path
+# (`txl_tf.paths.given`; an empty one would mean the working directory). What a command writes is checked
+# further by the command (`paths.output_dir`, `paths.replaceable_dir`, `paths.output_file`).
+PATH_FLAGS = ("model_dir", "checkpoint", "gin_file", "data_dir", "export_dir", "output_dir", "source",
+              "vocab_source", "cache_dir", "vocab_from", "from_original_cache", "token_losses", "markdown", "json",
+              "output", "logdir", "saved_model", "data_root", "publish", "readme", "peer", "checkpoints")
+
 
 def define(flag_values, *names: str) -> None:
     """Defines the shared flags `names` (keys of SHARED) on `flag_values`."""
@@ -148,6 +155,17 @@ def no_arguments(argv: list, hint: str = "see --helpshort") -> None:
         raise ConfigError(f"unexpected arguments {argv[1:]}; {hint}")
 
 
+def check_path_flags(flag_values) -> None:
+    """Refuses (one line) an empty value of a path flag given on the command line (`PATH_FLAGS`)."""
+    from txl_tf import paths
+
+    for name in PATH_FLAGS:
+        if name in flag_values and flag_values[name].present:
+            value = flag_values[name].value
+            for item in value if isinstance(value, list) else [value]:
+                paths.given(item, f"--{name}")
+
+
 def run(main: Callable[[list], object], define_flags: Callable[[object], None], *,
         verbosity: str = "warning") -> None:
     """Defines the entry point's flags on absl's FLAGS, parses the command line and runs `main(argv)`.
@@ -166,6 +184,7 @@ def run(main: Callable[[list], object], define_flags: Callable[[object], None], 
     def main_at_verbosity(argv):
         if not flags.FLAGS["verbosity"].present:
             absl_logging.set_verbosity(verbosity)
+        check_path_flags(flags.FLAGS)
         return main(argv)
 
     errors.run(main_at_verbosity)

@@ -8,10 +8,13 @@ entry points instantiate. Every `gin/<setup>.gin` file binds them (see `gin/comm
     TrainConfig  optimisation, loop and logging
     EvalConfig   the evaluation protocol (its own tgt_len, long mem_len, clamp_len, same_length, batch)
 
-Every field is checked when a config is made (type and range; `validate`), and `parse_gin` rejects unknown
-configurables and parameters, so a misspelt binding or a bad value stops a command with one line before it
-writes anything. `parse_configs` makes the four of them (`Configs`) from gin files and bindings (a run's saved
-config.gin comes from txl_tf.run_dir.read_configs); `compare_configs` checks a new set against a run's saved one.
+Every field is checked when a config is made (type, range, finite numbers; `validate`), and `parse_gin` rejects
+unknown configurables and parameters, so a misspelt binding or a bad value stops a command with one line before it
+writes anything. A model's sizes are bounded before it is built: `check_model_size` (every ModelConfig, and every
+build with the vocabulary's size) and `check_inference_size` (the evaluation's lengths and batch) compare an
+estimate of the bytes with the machine's memory. `parse_configs` makes the four of them (`Configs`) from gin files
+and bindings (a run's saved config.gin comes from txl_tf.run_dir.read_configs); `compare_configs` checks a new set
+against a run's saved one.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
+import math
 import numbers
 import os
 import tokenize
@@ -30,8 +34,9 @@ from typing import Optional
 import gin
 from gin import config_parser
 
+from txl_tf import encodings, policy, untrusted
 from txl_tf.errors import ConfigError, one_line
-from txl_tf.protocol import Protocol
+from txl_tf.protocol import COMPUTE_DTYPES, LAYOUTS, PROTOCOLS, Protocol
 
 
 @gin.configurable
@@ -65,6 +70,11 @@ class ModelConfig:
 
     def __post_init__(self):
         validate(self)
+        problem = encodings.get(self.attn_type).problem(d_model=self.d_model, d_head=self.d_head)
+        if problem:
+            raise ConfigError(f"ModelConfig.attn_type={self.attn_type!r}: {problem}; change ModelConfig.d_head or "
+                              "ModelConfig.attn_type")
+        check_model_size(self)
 
     def model_kwargs(self, n_token: Optional[int] = None) -> dict:
         """Keyword arguments for `TransformerXL`; `n_token` fills in when the config leaves it unset."""
@@ -81,6 +91,7 @@ class ModelConfig:
         kwargs["cutoffs"] = tuple(kwargs["cutoffs"])
         if kwargs["tie_projs"] is not None:
             kwargs["tie_projs"] = tuple(kwargs["tie_projs"])
+        check_model_size(self, kwargs["n_token"])  # every build passes here: the sizes with the vocabulary's
         return kwargs
 
     def build(self, n_token: Optional[int] = None):
@@ -148,7 +159,7 @@ class TrainConfig:
 
     def __post_init__(self):
         validate(self)
-        check_kernels(self)
+        check_together(self)
 
 
 @gin.configurable
@@ -189,12 +200,18 @@ def _positive():
     return (lambda v: v > 0), "> 0"
 
 
-def _one_of(*choices):
-    return (lambda v: v in choices), f"one of {', '.join(map(repr, choices))}"
+def _one_of(choices: tuple):
+    """The value is one of `choices`: the tuple of the module that acts on the field, read here, never a copy."""
+    return choices.__contains__, f"one of {', '.join(map(repr, choices))}"
 
 
-def _ascending_positive():
-    return (lambda v: all(c > 0 for c in v) and list(v) == sorted(set(v))), "ascending positive integers"
+def _or_auto():
+    return (lambda v: v == policy.AUTO), f"True, False or {policy.AUTO!r}"
+
+
+def _ascending_positive(high):
+    return ((lambda v: all(0 < c <= high for c in v) and list(v) == sorted(set(v))),
+            f"ascending positive integers up to {high}")
 
 
 def _type_ok(value, hint) -> bool:
@@ -229,11 +246,14 @@ def validate(config) -> None:
     rules = _RULES.get(name, {})
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
-        where = f"{name}.{field.name}={value!r}"
+        shown = repr(value)
+        where = f"{name}.{field.name}={shown if len(shown) <= 60 else shown[:57] + '...'}"
         fix = f"fix the binding `{name}.{field.name} = ...` in the gin file or --gin_param"
         hint = hints.get(field.name)
         if hint is not None and not _type_ok(value, hint):
             raise ConfigError(f"{where} must be {_type_name(hint)}; {fix}")
+        if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral) and not math.isfinite(value):
+            raise ConfigError(f"{where} must be a finite number; {fix}")
         if field.name in _ELEMENTS.get(name, {}) and value is not None:
             element = _ELEMENTS[name][field.name]
             if not all(_type_ok(v, element) for v in value):
@@ -244,44 +264,179 @@ def validate(config) -> None:
                 raise ConfigError(f"{where} must be {description}; {fix}")
 
 
-def check_kernels(config: TrainConfig) -> None:
-    """Raises ConfigError when `config.kernels` cannot go with its other fields: XLA (`jit_compile`) compiles the
-    step itself and cannot run the fused kernels, which are custom ops."""
+def check_together(config: TrainConfig) -> None:
+    """Raises ConfigError when fields of TrainConfig `config` cannot go together: XLA (`jit_compile`) compiles the
+    step itself and cannot run the fused kernels, which are custom ops; the half loss needs two positions.
+
+    The checks that need the run (the batch against the replicas and `grad_accum_steps`) are the trainer's.
+    """
     if config.kernels == "fused" and config.jit_compile is True:
         raise ConfigError("TrainConfig.kernels='fused' cannot run under TrainConfig.jit_compile=True (XLA cannot "
                           "compile custom ops); set TrainConfig.kernels='tf' or TrainConfig.jit_compile=False")
+    if config.loss_recent_half and config.tgt_len < 2:
+        raise ConfigError(f"TrainConfig.loss_recent_half=True needs TrainConfig.tgt_len >= 2 (got {config.tgt_len}): "
+                          "the loss is over the most recent half of each segment; raise tgt_len or drop the binding")
 
+
+# ---- sizes: an estimate of a model's bytes (weights, and an evaluation's state and activations) against memory ----
+LAYER_OVERHEAD = 1 << 19  # bytes of Python, Keras and TensorFlow objects per block besides its weights (~0.7 MiB)
+_FLOAT_BYTES = 4  # weights and activations are float32 (bfloat16 computes, but its variables stay float32)
+
+
+def _sizes(model, n_token: int | None = None) -> dict:
+    """The sizes that make a model's weights, from a ModelConfig or a TransformerXL (the same attribute names);
+    `n_token` stands in for an unset one (0: the vocabulary is not counted)."""
+    sizes = {name: getattr(model, name) for name in ("n_layer", "d_model", "n_head", "d_head", "d_inner", "n_token",
+                                                     "d_embed", "cutoffs", "div_val", "attn_type", "max_position",
+                                                     "untie_r", "proj_same_dim")}
+    sizes["n_token"] = n_token if n_token is not None else (sizes["n_token"] or 0)
+    if sizes["d_embed"] == sizes["d_model"]:
+        sizes["d_embed"] = None  # it follows d_model (a TransformerXL holds the resolved value)
+    return sizes
+
+
+def _weights(s: dict) -> int:
+    """About how many weights a TransformerXL of sizes `s` holds (an upper estimate: every projection counted)."""
+    d, width, d_embed = s["d_model"], s["n_head"] * s["d_head"], s["d_embed"] or s["d_model"]
+    edges = [0, *s["cutoffs"], max(s["n_token"], *s["cutoffs"], 0)]
+    rows = [max(b - a, 0) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+    if s["div_val"] == 1:
+        tables, projections = s["n_token"] * d_embed, (d_embed * d if d_embed != d else 0)
+    else:
+        widths = [max(d_embed // s["div_val"] ** i, 1) for i in range(len(rows))]
+        tables = sum(r * w for r, w in zip(rows, widths, strict=True))
+        projections = sum(w * d for w in widths if w != d or s["proj_same_dim"])
+    embedding = tables + projections
+    softmax = s["n_token"] + len(s["cutoffs"]) * (d_embed + 1) + projections  # its own projections, untied
+    encoding = encodings.get(s["attn_type"])
+    per_layer = 4 * d * width + 2 * d * s["d_inner"] + s["d_inner"] + 5 * d  # q, k, v, o; feed-forward; norms
+    per_layer += encoding.weights_per_layer(d_model=d, width=width, max_position=s["max_position"])
+    stack = encoding.weights_of_stack(n_layer=s["n_layer"], width=width, untie_r=s["untie_r"])
+    return embedding + softmax + s["n_layer"] * per_layer + stack
+
+
+def _model_bytes(s: dict) -> int:
+    return _FLOAT_BYTES * _weights(s) + s["n_layer"] * LAYER_OVERHEAD
+
+
+def _inference_bytes(s: dict, batch_size: int, tgt_len: int, mem_len: int) -> int:
+    """The model's bytes and those of scoring `batch_size` rows in segments of `tgt_len` over a memory of `mem_len`:
+    the state (keys and values, or hidden states, of every layer), the attention scores and the logits."""
+    width, keys = s["n_head"] * s["d_head"], mem_len + tgt_len
+    state = s["n_layer"] * keys * (batch_size * max(s["d_model"], 2 * width) + width)
+    attention = 4 * batch_size * s["n_head"] * tgt_len * keys  # scores, bias, probabilities and their dropout
+    activations = batch_size * tgt_len * (s["d_inner"] + 4 * s["d_model"] + 2 * s["n_token"]) + 2 * keys * s["d_model"]
+    return _model_bytes(s) + _FLOAT_BYTES * (state + attention + activations)
+
+
+def _culprit(estimate, values: dict, typical: dict) -> str:
+    """The field of `values` ({name: value}) to lower: of those whose halving saves a fifth of `estimate(values)` or
+    more, the one furthest above its `typical` value (the largest shipped setups')."""
+    total = estimate(values)
+    weighty = [name for name in values if values[name] > 1
+               and estimate({**values, name: values[name] // 2}) <= 0.8 * total]
+    return max(weighty or [name for name in values if values[name]], key=lambda name: values[name] / typical[name])
+
+
+def _too_large(needed: int, what: str) -> str | None:
+    memory = untrusted.machine_memory()
+    if needed <= memory:
+        return None
+    return (f"{what} needs about {untrusted.size_text(needed)} of memory, more than the "
+            f"{untrusted.size_text(memory)} of this machine")
+
+
+def model_bytes(model, n_token: int | None = None) -> int:
+    """About how many bytes a TransformerXL of `model` (a ModelConfig or the model) takes once built: its float32
+    weights and the objects of its blocks. `n_token`: the vocabulary's size, where the config leaves it unset."""
+    return _model_bytes(_sizes(model, n_token))
+
+
+def inference_bytes(model, *, batch_size: int, tgt_len: int, mem_len: int, n_token: int | None = None) -> int:
+    """`model_bytes` and the state and activations of scoring `batch_size` rows in segments of `tgt_len` over a
+    memory of `mem_len` (evaluation, `score`, generation)."""
+    return _inference_bytes(_sizes(model, n_token), batch_size, tgt_len, mem_len)
+
+
+# The sizes of the largest shipped setups (gin/*_large.gin), against which a culprit stands out.
+_TYPICAL_MODEL = {"n_layer": 24, "d_model": 1280, "n_head": 16, "d_head": 80, "d_inner": 8192, "n_token": 793_472,
+                  "d_embed": 1280, "max_position": 1024}
+_TYPICAL_EVAL = (16, 128, 3800)  # batch_size, tgt_len, mem_len
+
+
+def check_model_size(model, n_token: int | None = None, where: str = "ModelConfig") -> None:
+    """Raises ConfigError naming the size to lower when a model of `model`'s sizes (a ModelConfig or a
+    TransformerXL; `n_token` for an unset one) would not fit in this machine's memory: before anything is built."""
+    s = _sizes(model, n_token)
+    problem = _too_large(_model_bytes(s), "a model of these sizes")
+    if problem is None:
+        return
+    fields = {name: s[name] for name in _TYPICAL_MODEL
+              if (name != "max_position" or encodings.get(s["attn_type"]).uses_max_position)
+              and s[name] is not None}
+    name = _culprit(lambda values: _model_bytes({**s, **values}), fields, _TYPICAL_MODEL)
+    if name == "n_token" and n_token is not None:  # the data's vocabulary, not a binding
+        raise ConfigError(f"the vocabulary's {n_token} symbols ({where}.n_token): {problem}; use data with a smaller "
+                          f"vocabulary, or adaptive embeddings ({where}.cutoffs with {where}.div_val > 1)")
+    raise ConfigError(f"{where}.{name}={s[name]}: {problem}; lower {where}.{name} (its binding in the gin file or "
+                      "--gin_param, or the preset's config.json)")
+
+
+def check_inference_size(model, *, batch_size: int, tgt_len: int, mem_len: int, n_token: int | None = None,
+                         names: tuple = ("EvalConfig.batch_size", "EvalConfig.tgt_len", "EvalConfig.mem_len")) -> None:
+    """Raises ConfigError naming the length to lower when scoring `batch_size` rows in segments of `tgt_len` over a
+    memory of `mem_len` with `model` (a ModelConfig or a TransformerXL) would not fit in this machine's memory.
+
+    Run before any tensor of the evaluation is made. `names`: how the message calls the batch size, the segment
+    length and the memory length (EvalConfig's by default).
+    """
+    s = _sizes(model, n_token)
+    problem = _too_large(_inference_bytes(s, batch_size, tgt_len, mem_len),
+                         f"scoring {batch_size} row(s) in segments of {tgt_len} over a memory of {mem_len}")
+    if problem is None:
+        return
+    values = dict(zip(names, (batch_size, tgt_len, mem_len), strict=True))
+    name = _culprit(lambda v: _inference_bytes(s, *v.values()), values, dict(zip(names, _TYPICAL_EVAL, strict=True)))
+    raise ConfigError(f"{name}={values[name]}: {problem}; lower {name}")
+
+
+INT32_MAX = 2**31 - 1  # TensorFlow's shapes and positions are int32: no length or size may exceed it
+MAX_LAYERS = 1024  # building a block takes ~40 ms and ~0.7 MiB besides its weights: deeper is a typo
+SEED_MAX = 2**32 - 1  # NumPy's legacy seeding (keras.utils.set_random_seed) takes [0, 2**32 - 1]
 
 _ELEMENTS = {"ModelConfig": {"cutoffs": int, "tie_projs": bool}}
 _RULES = {
     "ModelConfig": {
-        "n_layer": _at_least(1), "d_model": _at_least(1), "n_head": _at_least(1), "d_head": _at_least(1),
-        "d_inner": _at_least(1), "dropout": _in_range(0, 1, high_open=True),
-        "dropatt": _in_range(0, 1, high_open=True), "mem_len": _at_least(0), "n_token": _at_least(2),
-        "d_embed": _at_least(1), "cutoffs": _ascending_positive(), "div_val": _at_least(1),
-        "clamp_len": _at_least(-1), "attn_type": _one_of("xl", "shaw", "vaswani", "al_rfou"),
+        "n_layer": _in_range(1, MAX_LAYERS), "d_model": _in_range(1, INT32_MAX), "n_head": _in_range(1, INT32_MAX),
+        "d_head": _in_range(1, INT32_MAX), "d_inner": _in_range(1, INT32_MAX),
+        "dropout": _in_range(0, 1, high_open=True), "dropatt": _in_range(0, 1, high_open=True),
+        "mem_len": _in_range(0, INT32_MAX), "n_token": _in_range(2, INT32_MAX), "d_embed": _in_range(1, INT32_MAX),
+        "cutoffs": _ascending_positive(INT32_MAX),
+        "div_val": _in_range(1, INT32_MAX), "clamp_len": _in_range(-1, INT32_MAX),
+        "attn_type": _one_of(encodings.NAMES),
         "layer_norm_epsilon": _positive(), "init_std": _at_least(0), "proj_init_std": _at_least(0),
-        "max_position": _at_least(1),
+        "max_position": _in_range(1, INT32_MAX),
     },
     "DataConfig": {"dataset": ((lambda v: bool(v)), "a non-empty name"),
                    "data_dir": ((lambda v: bool(v)), "a non-empty path")},
     "TrainConfig": {
-        "batch_size": _at_least(1), "tgt_len": _at_least(1), "train_steps": _at_least(1),
-        "learning_rate": _positive(), "warmup_steps": _at_least(0), "min_lr_ratio": _in_range(0, 1),
+        "batch_size": _in_range(1, INT32_MAX), "tgt_len": _in_range(1, INT32_MAX),
+        "train_steps": _in_range(1, INT32_MAX), "learning_rate": _positive(), "warmup_steps": _in_range(0, INT32_MAX),
+        "min_lr_ratio": _in_range(0, 1),
         "adam_beta1": _in_range(0, 1, high_open=True), "adam_beta2": _in_range(0, 1, high_open=True),
-        "adam_epsilon": _positive(), "clip_norm": _positive(), "grad_accum_steps": _at_least(1),
-        "mixed_precision": ((lambda v: v == "auto"), "True, False or 'auto'"),
-        "jit_compile": ((lambda v: v == "auto"), "True, False or 'auto'"),
-        "steps_per_loop": _at_least(1), "log_every": _at_least(1),
-        "eval_every": _at_least(0), "eval_steps": _at_least(0), "checkpoint_every": _at_least(0),
-        "keep_checkpoints": _at_least(1), "nonfinite": _one_of("stop", "skip"), "sample_tokens": _at_least(0),
-        "kernels": _one_of("tf", "fused", "auto"),
-        "recompute": _one_of("none", "block"),
+        "adam_epsilon": _positive(), "clip_norm": _positive(), "grad_accum_steps": _in_range(1, INT32_MAX),
+        "mixed_precision": _or_auto(), "jit_compile": _or_auto(),  # a bool, or AUTO (a bool skips the rules)
+        "steps_per_loop": _in_range(1, INT32_MAX), "log_every": _in_range(1, INT32_MAX),
+        "eval_every": _in_range(0, INT32_MAX), "eval_steps": _in_range(0, INT32_MAX),
+        "checkpoint_every": _in_range(0, INT32_MAX), "keep_checkpoints": _in_range(1, INT32_MAX),
+        "nonfinite": _one_of(policy.NONFINITE_MODES), "sample_tokens": _in_range(0, INT32_MAX),
+        "kernels": _one_of((*policy.KERNELS, policy.AUTO)),
+        "recompute": _one_of(policy.RECOMPUTE), "seed": _in_range(0, SEED_MAX),
     },
     "EvalConfig": {
-        "tgt_len": _at_least(1), "mem_len": _at_least(0), "clamp_len": _at_least(-1), "batch_size": _at_least(1),
-        "max_steps": _at_least(0), "protocol": _one_of("xl", "vanilla"),
-        "compute_dtype": _one_of("float32", "mixed_bfloat16"), "layout": _one_of("corpus", "original"),
+        "tgt_len": _in_range(1, INT32_MAX), "mem_len": _in_range(0, INT32_MAX), "clamp_len": _in_range(-1, INT32_MAX),
+        "batch_size": _in_range(1, INT32_MAX), "max_steps": _in_range(0, INT32_MAX),
+        "protocol": _one_of(PROTOCOLS), "compute_dtype": _one_of(COMPUTE_DTYPES), "layout": _one_of(LAYOUTS),
     },
 }
 
@@ -402,7 +557,7 @@ def _find_included(name: str, search: Sequence[str]) -> str | None:
     prefixes = [""] if os.path.isabs(name) else (getattr(gin.config, "_LOCATION_PREFIXES", None) or ["", *search])
     for prefix in prefixes:
         candidate = os.path.join(prefix, name)
-        if os.path.isfile(candidate):
+        if os.path.exists(candidate):  # a device or a folder too: reading it refuses it in one line
             return candidate
     return None
 
@@ -429,10 +584,11 @@ def _check_file(path: str, allow_imports: bool, search: Sequence[str], stack: tu
     real = os.path.realpath(path)
     if real in stack:
         raise ConfigError(f"{path} includes itself (through {' -> '.join(stack)}); remove one of the include lines")
-    try:
-        with open(path) as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as error:
+    try:  # a regular file of at most GIN_LIMIT bytes (a link to /dev/zero or a 3 GB file is one line)
+        text = untrusted.read_text(path, max_bytes=untrusted.GIN_LIMIT, what="gin file")
+    except untrusted.UntrustedFileError as error:
+        raise ConfigError(str(error)) from None
+    except OSError as error:
         raise ConfigError(f"cannot read gin file {path}: {one_line(error)}; give a readable text file") from None
     statements = _statements(text, lambda line: f"{path}:{line}" if line else path,
                              "fix the line: " + _BINDING_FORM)
@@ -444,7 +600,8 @@ def check_gin(files: Sequence[str] = (), bindings: Sequence[str] = (), *, allow_
     """Reads gin `files` (and every file they include) and `bindings` with gin's parser, acting on nothing.
 
     Raises ConfigError (one line naming the file and line, or the binding) on a syntax error, an include that is
-    not found, and an `import` statement unless `allow_imports` (default: `imports_allowed()`). gin imports a
+    not found, a file that is not a regular file or holds more than `untrusted.GIN_LIMIT` bytes, and an `import`
+    statement unless `allow_imports` (default: `imports_allowed()`). gin imports a
     module when it parses the statement, so this runs before gin parses anything. `search` are the folders gin
     looks in for included files besides its own search paths.
     """

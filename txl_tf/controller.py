@@ -17,8 +17,10 @@ The trainer is the step (model, optimizer, distributed host loop, memory, the ch
   evaluation after its current segment, save a checkpoint and end the run cleanly; in a multi-worker run all
   workers end after the same step and save at the same step.
 
-Files in model_dir: config.gin (the effective gin config), ckpt-N.*, best/ckpt-N.* (best validation loss),
-TensorBoard event files (train/ and valid/); non-chief workers write into temporary directories inside it.
+Files in model_dir: config.gin (the effective gin config), vocab_fingerprint.json (the fingerprint of the data's
+vocabulary: a resumed run, or a fine-tuning run started from this one, on data with another vocabulary is refused
+in one line; txl_tf.run_dir.check_vocabulary), ckpt-N.*, best/ckpt-N.* (best validation loss), TensorBoard event
+files (train/ and valid/); non-chief workers write into temporary directories inside it.
 """
 
 from __future__ import annotations
@@ -273,16 +275,21 @@ class Controller:
         the text sample), in this order; `controller.actions` may be extended.
       config_str: the effective gin config to save as model_dir/config.gin (None: not written).
       log: where console lines go.
+      data_dir: the prepared data the run trains on (default: the data its `EvaluateAndKeepBest` action
+        evaluates; None: none): its vocabulary's fingerprint is checked against the one the run recorded (a resume)
+        or the run TrainConfig.init_checkpoint names (fine-tuning), then recorded in model_dir.
     """
 
     def __init__(self, trainer: Trainer, checkpoints: run_dir.CheckpointManagers, *, model_dir: str, level: str,
                  actions: Sequence[Action] = (), config_str: Optional[str] = None,
-                 log: Callable[[str], None] = functools.partial(print, flush=True)):
+                 log: Callable[[str], None] = functools.partial(print, flush=True), data_dir: Optional[str] = None):
         if level not in ("char", "word"):
             raise ValueError(f"level must be 'char' or 'word' (the vocabulary's); got {level!r}")
         self.trainer, self.config, self.checkpoints = trainer, trainer.config, checkpoints
         self.model_dir, self.level, self.config_str, self.log = model_dir, level, config_str, log
         self.actions = list(actions)
+        self.data_dir = data_dir or next(
+            (action.evaluator.data_dir for action in self.actions if isinstance(action, EvaluateAndKeepBest)), None)
         self.chief = distribute.is_chief(trainer.strategy)
         self.train_writer = self.valid_writer = tf.summary.create_noop_writer()
         self._stop = _StopRequest()
@@ -303,9 +310,12 @@ class Controller:
     def init_weights(self, path: str) -> str:
         """The model's weights (only) from `path`: a converted directory, a run directory or a checkpoint prefix.
 
-        Returns the checkpoint prefix used; the architecture must match (one line naming the mismatch if not).
+        Returns the checkpoint prefix used; the architecture must match, and the vocabulary the run of `path`
+        recorded must be this run's (one line naming the mismatch if not).
         """
         prefix = run_dir.find_checkpoint(path)
+        if self.data_dir:
+            run_dir.check_vocabulary(run_dir.run_folder(prefix), self.data_dir, "fine-tune from it")
         loading.restore_weights(self.trainer.model, prefix)
         return prefix
 
@@ -338,11 +348,15 @@ class Controller:
         summary writers; returns the step."""
         c = self.config
         start_step = int(self.trainer.step_var.numpy())
+        if start_step > 0 and self.data_dir:  # resumed: the ids must mean the symbols they were trained on
+            run_dir.check_vocabulary(self.model_dir, self.data_dir, "resume training")
         if c.init_checkpoint and start_step == 0:
             self.log(f"fine-tuning: weights from {self.init_weights(c.init_checkpoint)} "
                      "(TrainConfig.init_checkpoint); fresh optimizer, step 0, zero memory")
         elif c.init_checkpoint:
             self.log(f"TrainConfig.init_checkpoint={c.init_checkpoint!r} ignored: resuming this run's own checkpoint")
+        if self.data_dir and self.chief:
+            run_dir.record_vocabulary(self.model_dir, self.data_dir)
         self.write_config()
         if self.chief:
             self.train_writer = tf.summary.create_file_writer(os.path.join(self.model_dir, "train"))

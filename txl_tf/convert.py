@@ -7,7 +7,8 @@ n_head, d_head, d_inner, n_token, d_embed, cutoffs, div_val, untie_r, tie_projs,
 (dropout, dropatt, mem_len, same_length, clamp_len, ...) takes the `ModelConfig` defaults. With `--gin_file`,
 the bound `ModelConfig` is used as given (n_token from the checkpoint when unset) and must fit the checkpoint.
 Writes `DIR/ckpt-1` (`tf.train.Checkpoint(model=model)`), `DIR/model_config.json` (the `TransformerXL`
-arguments) and `DIR/model.gin` (the same as `ModelConfig` bindings).
+arguments) and `DIR/model.gin` (the same as `ModelConfig` bindings), staged beside DIR and renamed into place; DIR
+must be new or empty, or hold an earlier conversion and `--overwrite` be given (`txl_tf.paths.replaceable_dir`).
 """
 
 from __future__ import annotations
@@ -25,23 +26,45 @@ import numpy as np
 import tensorflow as tf
 from absl import flags
 
+from txl_tf.errors import ConfigError, UserError, one_line
 from txl_tf.model import TransformerXL
 
 SCOPE = "transformer/"
+KIND = "converted checkpoint"  # the kind of output in the folder's manifest (txl_tf.paths)
 # Variables written by the original training code that are not model weights.
 _IGNORED = re.compile(r"(^global_step$|/Adam(_\d+)?$|^beta\d_power$|^_CHECKPOINTABLE_OBJECT_GRAPH$)")
 
 
-class CheckpointMismatchError(ValueError):
-    """The original checkpoint does not fit the requested architecture."""
+class CheckpointMismatchError(ConfigError):
+    """The original checkpoint does not fit the requested architecture (one line: the command exits with status 2)."""
+
+
+class CheckpointReadError(UserError):
+    """The --checkpoint given to convert is not a TensorFlow checkpoint that can be read."""
+
+
+_ORIGINAL = "give the prefix of a checkpoint of the authors' TF code, e.g. --checkpoint=PATH/model.ckpt-400000 " \
+    "(its files are PREFIX.index and PREFIX.data-*)"
 
 
 def _read_checkpoint(prefix):
-    reader = tf.train.load_checkpoint(prefix)
-    shapes = {name: shape for name, shape in reader.get_variable_to_shape_map().items() if not _IGNORED.search(name)}
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        variables = reader.get_variable_to_shape_map()
+    except (tf.errors.OpError, ValueError) as error:  # a missing prefix, a damaged or foreign file
+        raise CheckpointReadError(f"--checkpoint={prefix} cannot be read as a TensorFlow checkpoint "
+                                  f"({type(error).__name__}: {one_line(error)}); {_ORIGINAL}") from None
+    if any(name.endswith("/.ATTRIBUTES/VARIABLE_VALUE") for name in variables) and not any(
+            name.startswith(SCOPE) for name in variables):
+        raise CheckpointMismatchError(
+            f"--checkpoint={prefix} is a txl_tf checkpoint, not one of the authors' TF code: it needs no conversion; "
+            "pass its run folder as --model_dir to evaluate, export or generate (or as TrainConfig.init_checkpoint)")
+    shapes = {name: shape for name, shape in variables.items() if not _IGNORED.search(name)}
     unknown = sorted(n for n in shapes if not n.startswith(SCOPE))
     if unknown:
-        raise CheckpointMismatchError(f"{prefix}: unknown variables outside '{SCOPE}': {unknown}")
+        shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise CheckpointMismatchError(f"--checkpoint={prefix} has unknown variables outside '{SCOPE}' ({shown}): not a "
+                                      f"checkpoint of the authors' TF code; {_ORIGINAL}")
     return reader, {name[len(SCOPE) :]: shape for name, shape in shapes.items()}
 
 
@@ -200,24 +223,30 @@ def define_flags(flag_values) -> None:
     cli.define(flag_values, "checkpoint", "gin_file", "gin_param")
     flags.DEFINE_string("output_dir", None, "Where to write the native checkpoint and the model config.",
                         flag_values=flag_values)
+    flags.DEFINE_bool("overwrite", False, "Replace a conversion this command wrote before in --output_dir (never "
+                      "another folder, e.g. a training run).", flag_values=flag_values)
     flags.mark_flags_as_required(["checkpoint", "output_dir"], flag_values=flag_values)
 
 
 def main(argv):
-    from txl_tf import run_dir
+    from txl_tf import paths, run_dir, staging
 
     cli.no_arguments(argv)
     flag_values = flags.FLAGS
+    output_dir = paths.output_dir(flag_values.output_dir, "--output_dir")
+    staging.remove_stale(output_dir)
+    paths.replaceable_dir(output_dir, "--output_dir", kind=KIND, overwrite=flag_values.overwrite)
     reader_shapes = _read_checkpoint(flag_values.checkpoint)[1]
     config, kwargs = _model_config_from_flags(reader_shapes, flag_values.gin_file, flag_values.gin_param)
     model = load_original_weights(TransformerXL(**kwargs), flag_values.checkpoint)
-    os.makedirs(flag_values.output_dir, exist_ok=True)
-    path = tf.train.Checkpoint(model=model).save(os.path.join(flag_values.output_dir, "ckpt"))
-    with open(os.path.join(flag_values.output_dir, "model_config.json"), "w") as f:
-        json.dump({k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}, f, indent=1)
-    run_dir.write_config(flag_values.output_dir, _gin_text(config), name=run_dir.CONVERTED_CONFIG_FILE)
+    with staging.staged_dir(output_dir, kind=KIND) as tmp:  # whole or not at all, like every other writer
+        path = tf.train.Checkpoint(model=model).save(os.path.join(tmp, "ckpt"))
+        with open(os.path.join(tmp, "model_config.json"), "w") as f:
+            json.dump({k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}, f, indent=1)
+        run_dir.write_config(tmp, _gin_text(config), name=run_dir.CONVERTED_CONFIG_FILE)
     n_params = sum(int(np.prod(v.shape)) for v in model.weights)
-    print(f"converted {flag_values.checkpoint} ({n_params:,} parameters) -> {path}")
+    print(f"converted {flag_values.checkpoint} ({n_params:,} parameters) -> "
+          f"{os.path.join(output_dir, os.path.basename(path))}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ Here one 32-bit Philox draw serves two elements (bitcast to two uint16), an elem
 bits fall below round(rate * 65536) (drop probability within 1e-5 of `rate`), and kept elements are scaled by
 1 / (1 - rate), so the expectation is unchanged.
 
-A layer built with `fused_kernels=True` (`TrainConfig.kernels="fused"`) runs the same rule in training calls as
+A training call with `kernels=True` (the training policy's, `TrainConfig.kernels="fused"`) runs the same rule as
 one kernel (`txl_tf.fused`: `TxlDropout`, which draws the mask again in the backward pass instead of keeping it);
 its bits come from another Philox stream, so the masks differ from the TensorFlow ops' ones, with the same drop
 probability.
@@ -29,25 +29,24 @@ class Dropout(keras.layers.Layer):
     Args:
       rate: fraction of elements to drop, in [0, 1).
       seed: optional int seed of this layer's generator.
-      fused_kernels: training calls use the fused CPU kernel (`txl_tf.fused`), whose masks differ from
-        TensorFlow's ops' ones (see the module docstring).
 
     Call args:
       inputs: any shape; training: drop only when true.
       seed: optional [2] int32 from `draw()`: drop with it instead of drawing a new one (the same seed drops the
-        same elements: a recomputed forward pass, `TransformerXLBlock(recompute=True)`, repeats the first one's).
+        same elements: a recomputed forward pass of `TransformerXLBlock` repeats the first one's).
+      kernels: a training call uses the fused CPU kernel (`txl_tf.fused`), whose masks differ from TensorFlow's
+        ops' ones (see the module docstring): `txl_tf.policy.TrainingPolicy.kernels`.
 
     Returns:
       `inputs` with dropped elements zeroed and the rest scaled by 1 / (1 - rate).
     """
 
-    def __init__(self, rate, seed=None, fused_kernels=False, **kwargs):
+    def __init__(self, rate, seed=None, **kwargs):
         super().__init__(**kwargs)
         if not 0.0 <= rate < 1.0:
             raise ValueError(f"dropout rate must be in [0, 1), got {rate}")
         self.rate = rate
         self.seed = seed
-        self.fused_kernels = fused_kernels
         self.threshold = round(rate * _LEVELS)
         self.seed_generator = keras.random.SeedGenerator(seed) if self.threshold > 0 else None
 
@@ -60,11 +59,11 @@ class Dropout(keras.layers.Layer):
         seed = tf.cast(self.seed_generator.next(), tf.int32) if seed is None else tf.cast(seed, tf.int32)
         return seed, self.threshold, 1.0 / (1.0 - self.rate)
 
-    def call(self, inputs, training=False, seed=None):
+    def call(self, inputs, training=False, seed=None, kernels=False):
         if not training or self.seed_generator is None:
             return inputs
         seed, threshold, scale = self.draw(seed)
-        if fused.applies(self.fused_kernels, inputs.dtype, training):  # draw, compare and scale in one pass
+        if fused.applies(kernels, inputs.dtype, training):  # draw, compare and scale in one pass
             return fused.dropout(inputs, seed, threshold, scale)
         shape = tf.shape(inputs)
         size = tf.size(inputs)
@@ -74,4 +73,4 @@ class Dropout(keras.layers.Layer):
         return tf.where(keep, inputs * tf.cast(scale, inputs.dtype), tf.zeros((), inputs.dtype))
 
     def get_config(self):
-        return {**super().get_config(), "rate": self.rate, "seed": self.seed, "fused_kernels": self.fused_kernels}
+        return {**super().get_config(), "rate": self.rate, "seed": self.seed}

@@ -6,8 +6,11 @@ line on stderr,
     error: <what went wrong, naming the file or value>; <how to fix it>
 
 and the program exits with status 2. A full disk (OSError ENOSPC / EDQUOT, or TensorFlow's "No space left on
-device") is reported the same way, naming the file, its filesystem's free space and the fix. Anything else is a
-bug or an environment failure and keeps its traceback.
+device") is reported the same way, naming the file, its filesystem's free space and the fix; so is a write the
+system refuses (OSError EROFS / EACCES / EPERM naming a file in a folder that cannot be written: a read-only file
+system, no write permission), naming the folder and the reason. Anything else is a bug or an environment failure
+and keeps its traceback. Nothing is printed after the error line (TensorFlow's logger is quieted first: objects
+deleted at exit would warn about checkpoint values a failed restore left unread).
 
 Every entry point runs through `errors.run(main)` (by way of `txl_tf.cli.run`) instead of `absl.app.run(main)`;
 flag parsing errors get the same one-line form.
@@ -22,6 +25,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 
 EXIT_USER_ERROR = 2
@@ -123,6 +127,72 @@ def disk_full(error: BaseException) -> UserError | None:
     return UserError(f"writing {path} failed ({reason}): {space}; {fix}")
 
 
+# A write the system refuses: a read-only file system, a folder or file without write permission, an immutable one.
+_NOT_WRITABLE_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
+_NOT_WRITABLE_TEXTS = tuple(os.strerror(e) for e in _NOT_WRITABLE_ERRNOS)
+_NOT_WRITABLE_PATH = re.compile(r"([^\s;{}]+); (?:" + "|".join(map(re.escape, _NOT_WRITABLE_TEXTS)) + ")")
+
+
+def existing_folder(path: str) -> str:
+    """`path` when it is a folder, else its nearest existing parent folder (absolute)."""
+    folder = os.path.abspath(os.fsdecode(path))
+    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    return folder
+
+
+def not_writable_reason(path) -> str | None:
+    """Why no file can be created in the folder `path` (its nearest existing parent folder when it is missing or a
+    file), as the system says it ("Read-only file system", "Permission denied", ...); None when one can. Tried
+    with an unnamed temporary file (O_TMPFILE where the system has it), so nothing is left behind."""
+    try:
+        with tempfile.TemporaryFile(dir=existing_folder(path)):
+            return None
+    except OSError as error:
+        return error.strerror or type(error).__name__
+
+
+def not_writable(error: BaseException) -> UserError | None:
+    """A UserError naming the folder and the reason when `error` (or an error it was raised from) is a write the
+    system refused: an OSError EROFS, EACCES or EPERM that names a file, or TensorFlow's "<path>; Read-only file
+    system" / "Permission denied", where that file's folder (or the existing file itself) cannot be written.
+    None otherwise: a refusal without a file name, or one where the folder can be written (a read that was
+    refused, or an operation other than writing), is a bug and keeps its traceback."""
+    seen = 0
+    while error is not None and seen < 8:
+        if isinstance(error, OSError) and error.errno in _NOT_WRITABLE_ERRNOS and error.filename:
+            path, reason = os.fsdecode(error.filename), os.strerror(error.errno)
+            break
+        text = str(error)
+        if type(error).__module__.startswith("tensorflow") and any(t in text for t in _NOT_WRITABLE_TEXTS):
+            match = _NOT_WRITABLE_PATH.search(text)
+            if match:
+                path, reason = match.group(1), next(t for t in _NOT_WRITABLE_TEXTS if t in text)
+                break
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    else:
+        return None
+    path = os.path.abspath(path)
+    if os.path.isfile(path) and not os.access(path, os.R_OK):
+        return None  # a file that cannot be read: not a refused write
+    folder = existing_folder(path)
+    file_refused = os.path.isfile(path) and not os.access(path, os.W_OK)
+    if reason != os.strerror(errno.EROFS) and not file_refused and not_writable_reason(folder) is None:
+        return None
+    where = path if file_refused else folder
+    return UserError(f"{where} is not writable ({reason}): writing {path} failed; make it writable, or give the "
+                     "command a folder that is (e.g. another --model_dir or --output_dir) and re-run")
+
+
+def _quiet_tensorflow() -> None:
+    """Nothing follows an error line: TensorFlow's logger reports only errors from here on (a restore that failed
+    leaves objects that, deleted at exit, warn about every checkpoint value they did not read)."""
+    if "tensorflow" in sys.modules:
+        import logging
+
+        logging.getLogger("tensorflow").setLevel(logging.ERROR)
+
+
 def report(error: BaseException, stream=None) -> None:
     """Prints `error: <first line of the message>` on `stream` (stderr)."""
     print(f"error: {one_line(error)}", file=stream or sys.stderr, flush=True)
@@ -145,27 +215,16 @@ def guard(main: Callable[[list], object]) -> Callable[[list], object]:
         try:
             return main(argv)
         except BaseException as error:  # noqa: BLE001  (re-raised unless expected)
-            full = disk_full(error) if isinstance(error, Exception) and not is_expected(error) else None
-            if not is_expected(error) and full is None:
+            known = None
+            if isinstance(error, Exception) and not is_expected(error):
+                known = disk_full(error) or not_writable(error)
+            if not is_expected(error) and known is None:
                 raise
-            report(full or error)
+            report(known or error)
+            _quiet_tensorflow()
             sys.exit(EXIT_USER_ERROR)
 
     return guarded
-
-
-def check_output_file(path: str, flag: str, example: str = "out") -> None:
-    """Raises UserError unless `path` can be written as a file (checked before the work that produces it): not a
-    directory, and its nearest existing parent a writable directory (missing parents are created when written)."""
-    if os.path.isdir(path):
-        raise UserError(f"{flag}={path} is a directory; give a file path, e.g. {os.path.join(path, example)}")
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise UserError(f"{flag}={path}: {parent} is a file, not a directory; give a path in a directory")
-    if not os.access(parent, os.W_OK):
-        raise UserError(f"{flag}={path}: {parent} is not writable; give a path in a writable directory")
 
 
 def run(main: Callable[[list], object]) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from absl import flags
 
-from txl_tf import cli, errors, loading, run_dir
+from txl_tf import cli, loading, paths, run_dir
 from txl_tf.errors import ConfigError
 
 FLAGS = flags.FLAGS
@@ -38,14 +38,12 @@ def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_pa
     from txl_tf.data.pipeline import load_vocab, read_split
 
     configs = run_dir.read_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
-    protocol = configs.eval
-    if protocol.protocol not in evaluation.PROTOCOLS:
-        raise ConfigError(f"EvalConfig.protocol must be one of {evaluation.PROTOCOLS}; got {protocol.protocol!r}")
+    protocol = configs.eval  # its fields' choices and ranges were checked when it was made (txl_tf.configs)
     # The split, the number of streams and the output path are checked before the model is loaded.
     evaluation.check_split(configs.data.data_dir, split, [protocol.batch_size] if protocol.protocol == "xl" else [],
                            protocol.layout)
     if token_losses:
-        errors.check_output_file(token_losses, "--token_losses", "token_losses.npy")
+        paths.output_file(token_losses, "--token_losses", "token_losses.npy")
     dtype = None if protocol.compute_dtype == "float32" else protocol.compute_dtype
     model, configs, prefix = loading.load_model(model_dir, checkpoint, which=which, dtype=dtype, configs=configs)
     data_dir = configs.data.data_dir

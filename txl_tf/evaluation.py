@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -30,12 +29,10 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import tensorflow as tf
 
+from txl_tf.configs import check_inference_size
 from txl_tf.errors import ConfigError
 from txl_tf.inference import Recurrent, run_segments
-from txl_tf.protocol import Protocol
-
-PROTOCOLS = ("xl", "vanilla")
-LAYOUTS = ("corpus", "original")
+from txl_tf.protocol import LAYOUTS, Protocol
 
 
 class LossFigures:
@@ -194,6 +191,9 @@ def evaluate_streams(model, streams: np.ndarray, *, tgt_len: int, protocol: Prot
                      stop: Callable[[], bool] | None = None) -> EvalResult:
     """Transformer-XL evaluation of explicit streams with the state carried across segments.
 
+    A batch, segment or memory length that would not fit in the machine's memory is a ConfigError naming it before
+    any tensor is made (`configs.check_inference_size`; `evaluate_vanilla` checks its window the same way).
+
     Args:
       model: a `TransformerXL`.
       streams: [B, S + 1] int32 token streams; stream b predicts streams[b, 1:] from streams[b, :-1].
@@ -213,6 +213,7 @@ def evaluate_streams(model, streams: np.ndarray, *, tgt_len: int, protocol: Prot
     if streams.ndim != 2 or streams.shape[1] < 2:
         raise ValueError(f"streams must be [batch, length >= 2]; got shape {streams.shape}")
     batch_size, length = streams.shape[0], streams.shape[1] - 1
+    check_inference_size(model, batch_size=batch_size, tgt_len=tgt_len, mem_len=protocol.mem_len)
     steps = math.ceil(length / tgt_len)
     truncated = bool(max_steps) and max_steps < steps
     steps = max_steps if truncated else steps
@@ -312,6 +313,7 @@ def evaluate_vanilla(model, tokens: np.ndarray, *, window: int, batch_size: int 
     tokens = np.asarray(tokens, np.int32).reshape(-1)
     if tokens.shape[0] <= window:
         raise ValueError(f"the split has {tokens.shape[0]} tokens; the vanilla window ({window}) needs more")
+    check_inference_size(model, batch_size=min(batch_size, tokens.shape[0]), tgt_len=window, mem_len=0)
     settings = dict(protocol="vanilla", window=window, clamp_len=clamp_len, batch_size=batch_size)
     protocol = Protocol(mem_len=0, clamp_len=clamp_len, same_length=False)
     start_time = time.perf_counter()
@@ -339,12 +341,14 @@ def evaluate_vanilla(model, tokens: np.ndarray, *, window: int, batch_size: int 
 
 def save_token_losses(path: str, losses: np.ndarray) -> None:
     """Writes per-token NLL in corpus order: `.npy` (float32), otherwise text with one value per line."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    if path.endswith(".npy"):
-        np.save(path, np.asarray(losses, np.float32))
-    else:
-        np.savetxt(path, np.asarray(losses, np.float64), fmt="%.7g")
+    from txl_tf import paths
+
+    path = paths.output_file(path, "the token-loss file", "token_losses.npy")
+    with paths.atomic_file(path, "wb") as f:  # written beside, renamed into place: never through a link
+        if path.endswith(".npy"):
+            np.save(f, np.asarray(losses, np.float32))
+        else:
+            np.savetxt(f, np.asarray(losses, np.float64), fmt="%.7g")
 
 
 def print_result(result: EvalResult, level: str | None = None, file=sys.stdout) -> None:

@@ -50,7 +50,7 @@ from txl_tf import cli
 import tensorflow as tf
 from absl import flags
 
-from txl_tf import loading
+from txl_tf import loading, paths
 from txl_tf.generation import decode_loop
 from txl_tf.inference import Recurrent
 from txl_tf.protocol import Protocol
@@ -204,7 +204,9 @@ def _after(checks, *structures):
 
 def export_model(model, export_dir: str, *, protocol: Protocol, max_len: int, vocab=None,
                  vocab_file: str | None = None) -> TransformerXLServing:
-    """Writes the SavedModel; `vocab` (a txl_tf Vocab) adds the in-graph tokenizer and `score_text`."""
+    """Writes the SavedModel into `export_dir` (a new or empty folder; `write_export` replaces one whole); `vocab`
+    (a txl_tf Vocab) adds the in-graph tokenizer and `score_text`."""
+    export_dir = check_export_dir(export_dir, overwrite=False)
     tokenizer = None
     if vocab is not None:
         from txl_tf.data.tf_tokenize import TFTokenizer
@@ -217,25 +219,20 @@ def export_model(model, export_dir: str, *, protocol: Protocol, max_len: int, vo
     return module
 
 
-def check_export_dir(export_dir: str, overwrite: bool) -> None:
-    """Refuses an existing non-empty `export_dir` unless `overwrite`, and always one that holds no export."""
-    if not os.path.exists(export_dir) or (os.path.isdir(export_dir) and not os.listdir(export_dir)):
-        return
-    if not os.path.isdir(export_dir):
-        raise FileExistsError(f"--export_dir={export_dir} is a file, not a directory; choose another --export_dir")
-    if not os.path.exists(os.path.join(export_dir, "saved_model.pb")):
-        raise FileExistsError(f"--export_dir={export_dir} exists and holds no SavedModel (no saved_model.pb); it "
-                              "is not replaced, even with --overwrite: choose another --export_dir")
-    if not overwrite:
-        raise FileExistsError(f"--export_dir={export_dir} already holds a SavedModel; pass --overwrite to replace "
-                              "it or choose another --export_dir")
+KIND = "export"  # the kind of output in the folder's manifest (txl_tf.paths)
+
+
+def check_export_dir(export_dir: str, overwrite: bool) -> str:
+    """`export_dir` if it may receive the export: a new or empty folder, or (with `overwrite`) one holding only an
+    export this program wrote (`txl_tf.paths.replaceable_dir`); one line otherwise."""
+    return paths.replaceable_dir(export_dir, "--export_dir", kind=KIND, overwrite=overwrite)
 
 
 def write_export(module_fn, export_dir: str) -> None:
     """Writes the SavedModel with `module_fn(tmp_dir)` into a sibling directory, then swaps it in (no mixing)."""
     from txl_tf.staging import staged_dir
 
-    with staged_dir(export_dir) as tmp:
+    with staged_dir(export_dir, kind=KIND) as tmp:
         module_fn(tmp)
 
 
@@ -255,6 +252,7 @@ def main(argv):
 
     cli.no_arguments(argv)
     cfg = flags.FLAGS
+    paths.output_dir(cfg.export_dir, "--export_dir")
     remove_stale(cfg.export_dir)  # a killed export's staging directories (puts back one it was replacing)
     check_export_dir(cfg.export_dir, cfg.overwrite)  # before the model is loaded
     model, configs, prefix = loading.load_model_from_flags(cfg)

@@ -8,9 +8,12 @@ V = n_token, E_i = width of adaptive bin i, V_i its size, C = number of tail clu
 Forward pass of one segment:
   per layer:  q projection             2 * B * L * d * H
               k, v projections         2 * B * K * d * 2H   (memory keys/values are re-projected every segment)
-              position keys W_R R      2 * K * d * H        (once per segment, shared by the batch)
               scores (a)+(c)           2 * B * L * K * H
-              scores (b)+(d)           2 * B * L * (K + 1) * H  (R gets a zero row: rel_shift's pad column)
+              the position encoding's  `Encoding.flops` (txl_tf.encodings), for xl:
+                position keys W_R R    2 * K * d * H        (once per segment, shared by the batch)
+                scores (b)+(d)         2 * B * L * (K + 1) * H  (R gets a zero row: rel_shift's pad column)
+              (shaw: (b) only; vaswani, al_rfou, rope and alibi: none, their positions are additions,
+              rotations or a bias)
               probabilities x values   2 * B * L * K * H
               output projection        2 * B * L * H * d
               feed-forward             2 * 2 * B * L * d * F
@@ -56,16 +59,17 @@ def _adaptive_bins(n_token: int, d_model: int, d_embed: Optional[int], cutoffs: 
 def forward_flops_per_segment(*, n_layer: int, d_model: int, n_head: int, d_head: int, d_inner: int,
                               n_token: int, tgt_len: int, mem_len: int, batch_size: int = 1,
                               d_embed: Optional[int] = None, cutoffs: Sequence[int] = (), div_val: int = 1,
-                              proj_same_dim: bool = True, **_unused) -> int:
+                              proj_same_dim: bool = True, attn_type: str = "xl", **_unused) -> int:
     """Matmul FLOPs of one forward pass over a [batch_size, tgt_len] segment with `mem_len` memory."""
+    from txl_tf import encodings
+
     b, q, k = batch_size, tgt_len, mem_len + tgt_len
     width = n_head * d_head
     per_layer = (
         2 * b * q * d_model * width  # q
         + 2 * b * k * d_model * 2 * width  # k, v of memory + segment
-        + 2 * k * d_model * width  # W_R R
         + 2 * b * q * k * width  # AC
-        + 2 * b * q * (k + 1) * width  # BD against R with its zero row (rel_shift's pad, done in the matmul)
+        + encodings.get(attn_type).flops(batch=b, qlen=q, klen=k, d_model=d_model, width=width)  # xl: W_R R, BD
         + 2 * b * q * k * width  # probs @ v
         + 2 * b * q * width * d_model  # output projection
         + 2 * 2 * b * q * d_model * d_inner  # feed-forward
@@ -101,7 +105,7 @@ def config_flops_per_token(model_config, n_token: int, *, tgt_len: int, batch_si
         n_head=model_config.n_head, d_head=model_config.d_head, d_inner=model_config.d_inner, n_token=n_token,
         tgt_len=tgt_len, mem_len=model_config.mem_len if mem_len is None else mem_len, batch_size=batch_size,
         d_embed=model_config.d_embed, cutoffs=tuple(model_config.cutoffs), div_val=model_config.div_val,
-        proj_same_dim=model_config.proj_same_dim,
+        proj_same_dim=model_config.proj_same_dim, attn_type=model_config.attn_type,
     )
 
 

@@ -12,9 +12,10 @@ source, TensorFlow version, compiler and CPU, loads it with `tf.load_op_library`
 
 Whether a model uses them is a configuration choice, never read from the environment: `TrainConfig.kernels`
 ("tf": TensorFlow's ops, the default; "fused": these kernels) is resolved once by the trainer (`unavailable` says
-why a process cannot use them: no compiler, a failed build or load), which builds the model with
-`fused_kernels=True` only for "fused". Layers built so (`txl_tf.dropout.Dropout`, `RelativeMultiHeadAttention`,
-`PositionwiseFeedForward`, ...) use the kernels in training calls of float32 or bfloat16 (`applies`); inference
+why a process cannot use them: no compiler, a failed build or load), which passes a `TrainingPolicy` with
+`kernels=True` (`txl_tf.policy`) to its training calls only for "fused". The layers (`txl_tf.dropout.Dropout`,
+`RelativeMultiHeadAttention`, `PositionwiseFeedForward`, ...) then use the kernels in training calls of float32 or
+bfloat16 (`applies`); the kernels are not part of a model's architecture or config; inference
 and export keep TensorFlow's ops, so SavedModels never depend on the library. XLA cannot run custom ops, so
 `kernels="fused"` with `jit_compile=True` is a configuration error. The kernels' dropout draws its masks from
 another Philox stream than TensorFlow's ops (same drop probability), so one seed gives two different runs on the
@@ -24,14 +25,21 @@ Environment (where the kernels are built, not whether they are used):
   TXL_TF_CACHE          the cache the data downloads use too (default `~/.cache/txl_tf`); compiled libraries
                         go to its `kernels/` folder (to the temporary directory when that cannot be created).
                         A cached library is loaded only when it and its folders belong to this user and no one
-                        else may write them (`untrusted`); otherwise the kernels are built afresh in a private
-                        temporary folder for the process, with one warning.
+                        else may write them, nor any folder above them up to the root (`untrusted_path`: each
+                        of them this user's or root's; a sticky shared folder like /tmp only above one that
+                        passed); otherwise the kernels are built afresh in a private temporary folder for the
+                        process, with one warning. What is loaded is exactly the file checked: it is opened
+                        without following a link, checked through its descriptor (a regular file of this user
+                        that no one else may write) and copied through that descriptor into a fresh private
+                        folder (`tempfile.mkdtemp`, mode 0700), and that copy is loaded and then removed; so a
+                        folder swapped between the check and the load is never loaded from.
   CXX                   the compiler (default: the first of g++, c++, clang++ on PATH).
 """
 
 from __future__ import annotations
 
 import atexit
+import errno
 import functools
 import hashlib
 import logging
@@ -46,9 +54,13 @@ import threading
 
 import tensorflow as tf
 
+from txl_tf.autotune import make_private_dirs, untrusted, untrusted_path  # noqa: F401  (TensorFlow-free there)
+from txl_tf.policy import KERNELS  # the choices of TrainConfig.kernels
+
 SOURCE = pathlib.Path(__file__).resolve().parent / "kernels" / "fused_ops.cc"
-KERNELS = ("tf", "fused")  # the choices of TrainConfig.kernels
 _BASE_FLAGS = ["-shared", "-fPIC", "-O3", "-fno-math-errno", "-Wno-deprecated-declarations"]
+_LIBRARY_LIMIT = 256 << 20  # the library is ~1 MiB; more is not one this module built
+
 
 def cache_dir():
     """Where compiled kernels are kept (created on demand): `kernels/` of $TXL_TF_CACHE, else of ~/.cache/txl_tf
@@ -82,41 +94,23 @@ def _cpu_signature():
     return "\n".join(parts)
 
 
-def untrusted(info: os.stat_result, uid: int | None = None) -> str | None:
-    """Why a cached library or one of its folders, of this `os.stat` result, may hold code this user did not
-    build, or None: it belongs to another user than `uid` (default: this process's) or the group or others may
-    write it."""
-    uid = os.getuid() if uid is None else uid
-    if info.st_uid != uid:
-        return f"owned by uid {info.st_uid}, not {uid}"
-    writers = [who for who, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if info.st_mode & bit]
-    if writers:
-        return f"writable by {' and '.join(writers)} (mode {stat.S_IMODE(info.st_mode):o})"
-    return None
+class _Untrusted(Exception):
+    """The library file opened for loading may hold code this user did not build (the message says why)."""
 
 
 def _untrusted_path(root, target):
-    """Why the library `target` (root/<key>/fused_ops.so) may not be this user's, or None: the first of the cache
-    root, the key's folder and the library (when built) that `untrusted` refuses."""
-    if not hasattr(os, "getuid"):  # no POSIX owners to check (Windows)
-        return None
-    for path in (root, target.parent, target):
-        try:
-            info = os.stat(path)
-        except FileNotFoundError:
-            if path == target:  # not built yet: it is built here
-                continue
-            raise
-        reason = untrusted(info)
-        if reason:
-            return f"{path} is {reason}"
-    return None
+    """Why the library `target` (root/<key>/fused_ops.so) may not be this user's, or None: what `untrusted_path`
+    says of the library (of its folder when it is not built yet) and of every folder above it."""
+    try:
+        return untrusted_path(target)
+    except FileNotFoundError:  # not built yet: it is built here
+        return untrusted_path(target.parent)
 
 
 def _private_dirs(*paths):
-    """Creates each missing folder of `paths` readable and writable by this user only."""
+    """Creates each missing folder of `paths` (and above them) readable and writable by this user only."""
     for path in paths:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private_dirs(path)
 
 
 def _cache_key(compiler):
@@ -127,10 +121,11 @@ def _cache_key(compiler):
 
 
 def _library_path(key):
-    """Where the library of `key` is loaded from (built first when missing): `cache_dir()/key/fused_ops.so`, else
-    `txl_tf-kernels-UID/key/` in the temporary directory when the cache cannot be created. When the folder found
-    may hold another user's library (a predictable folder in a shared /tmp, a cache others may write), a fresh
-    private folder for this process instead, said once on stderr."""
+    """Where the library of `key` is built and loaded from (built first when missing): `cache_dir()/key/
+    fused_ops.so`, else `txl_tf-kernels-UID/key/` in the temporary directory when the cache cannot be created.
+    When the folder found may hold another user's library (a predictable folder in a shared /tmp, a cache others
+    may write, a folder above it others may write), a fresh private folder for this process instead, said once
+    on stderr."""
     root = cache_dir()
     problem = None
     try:
@@ -146,17 +141,84 @@ def _library_path(key):
     problem = problem or _untrusted_path(root, target)
     if problem is None:
         return target
-    private = pathlib.Path(tempfile.mkdtemp(prefix="txl_tf-kernels-private-"))
-    atexit.register(shutil.rmtree, private, ignore_errors=True)
+    return _private_build_dir(root, problem) / "fused_ops.so"
+
+
+def _private_folder(prefix: str) -> pathlib.Path:
+    """A fresh folder only this user may enter (`tempfile.mkdtemp`: mode 0700), removed at exit; OSError (with the
+    reason) when the temporary directory's folders may be another user's (`untrusted_path`)."""
+    folder = pathlib.Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    problem = untrusted_path(folder)
+    if problem:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise OSError(f"{problem} (set TMPDIR to a directory only you can write)")
+    return folder
+
+
+def _private_build_dir(root, problem: str) -> pathlib.Path:
+    """A private folder to build the kernels in for this process, said once on stderr: `root` holds a library
+    another user may have put there (`problem`)."""
+    private = _private_folder("txl_tf-kernels-private-")
     logging.warning("txl_tf: not loading the fused CPU kernels from %s (%s; another user could have put a library "
                     "there); building them in %s for this process instead (remove that folder, or set TXL_TF_CACHE "
                     "to a directory only you can write)", root, problem, private)
-    return private / "fused_ops.so"
+    return private
+
+
+def _checked_copy(target: pathlib.Path) -> pathlib.Path:
+    """A copy of the library `target` in a fresh private folder, read through the one descriptor that was checked:
+    `target` opened without following a link, and a regular file of this user that no one else may write by
+    `fstat` of that descriptor. Raises _Untrusted (why it may be another user's), FileNotFoundError or OSError."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(target, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _Untrusted(f"{target} is a symbolic link") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise _Untrusted(f"{target} is not a regular file")
+        reason = untrusted(info) if hasattr(os, "getuid") else None
+        if reason:
+            raise _Untrusted(f"{target} is {reason}")
+        if info.st_size > _LIBRARY_LIMIT:
+            raise _Untrusted(f"{target} holds {info.st_size} bytes, more than a build of the kernels")
+        copy = _private_folder("txl_tf-kernels-load-") / target.name
+        out = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o500)
+        with os.fdopen(out, "wb") as f:
+            while chunk := os.read(fd, 1 << 20):
+                f.write(chunk)
+        return copy
+    finally:
+        os.close(fd)
+
+
+def _load_checked(target: pathlib.Path):
+    """`tf.load_op_library` of exactly the file `target` that was checked (`_checked_copy`); the copy is removed
+    once loaded (the process keeps it mapped)."""
+    copy = _checked_copy(target)
+    try:
+        return tf.load_op_library(str(copy))
+    finally:
+        shutil.rmtree(copy.parent, ignore_errors=True)
+
+
+def _build_logged(compiler, target):
+    """`_build` said in one info line; None or the reason it failed."""
+    logging.info("txl_tf: compiling the fused CPU kernels into %s (once per machine and version, ~10 s)",
+                 target.parent)
+    try:
+        return _build(compiler, target)
+    except OSError as e:
+        return f"cannot build in {target.parent}: {e} (set TXL_TF_CACHE to a writable directory)"
 
 
 def _build(compiler, target):
     """Compiles SOURCE into `target` (atomically); returns None or the reason it failed."""
-    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dirs(target.parent)
     log = target.with_suffix(".log")
     tf_flags = tf.sysconfig.get_compile_flags() + tf.sysconfig.get_link_flags()
     errors = []
@@ -202,19 +264,23 @@ def _load_once():
         target = _library_path(_cache_key(compiler))
     except OSError as e:
         return None, f"no folder to build the kernels in: {e} (set TXL_TF_CACHE to a writable directory)"
-    if not target.exists():
-        logging.info("txl_tf: compiling the fused CPU kernels into %s (once per machine and version, ~10 s)",
-                     target.parent)
+    for attempt in range(2):
+        if not target.exists():
+            reason = _build_logged(compiler, target)
+            if reason:
+                return None, reason
         try:
-            reason = _build(compiler, target)
-        except OSError as e:
-            reason = f"cannot build in {target.parent}: {e} (set TXL_TF_CACHE to a writable directory)"
-        if reason:
-            return None, reason
-    try:
-        library = tf.load_op_library(str(target))
-    except (tf.errors.NotFoundError, OSError) as e:
-        return None, f"cannot load {target}: {e}"
+            library = _load_checked(target)
+            break
+        except _Untrusted as e:  # what was there when opened is not what was checked: another user's, perhaps
+            if attempt:
+                return None, f"cannot load {target}: {e}"
+            try:
+                target = _private_build_dir(target.parent.parent, str(e)) / "fused_ops.so"
+            except OSError as error:
+                return None, f"no private folder to build the kernels in: {error}"
+        except (tf.errors.NotFoundError, OSError) as e:
+            return None, f"cannot load {target}: {e}"
     _register_gradients()
     return library, None
 
@@ -276,7 +342,7 @@ def describe(kernels: str) -> str:
 
 
 def applies(enabled: bool, dtype, training) -> bool:
-    """Whether a layer call uses the kernels: the layer was built with `fused_kernels=True` (`enabled`), the call
+    """Whether a layer call uses the kernels: the call's training policy asks for them (`enabled`), the call
     is a training call (`training is True`: inference and export keep TensorFlow's ops) and the compute dtype is
     float32 or bfloat16. A pure function of its arguments, so a traced step depends on the configuration only."""
     return bool(enabled) and training is True and tf.as_dtype(dtype) in (tf.float32, tf.bfloat16)
@@ -375,6 +441,6 @@ def merge_heads(heads, num_heads):
 def _library_or_raise():
     library_, reason = _load()
     if library_ is None:
-        raise RuntimeError(f"the fused CPU kernels are unavailable: {reason}; build the model with "
-                           "fused_kernels=False (TrainConfig.kernels='tf')")
+        raise RuntimeError(f"the fused CPU kernels are unavailable: {reason}; train without them "
+                           "(TrainConfig.kernels='tf')")
     return library_

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
+from txl_tf.configs import check_inference_size
 from txl_tf.errors import ConfigError, one_line
 from txl_tf.inference import Recurrent, run_segments
 from txl_tf.protocol import Protocol
@@ -267,9 +268,12 @@ def generate_from_model(model, prompts, *, max_tokens: int, protocol: Protocol |
     """`generate` with a Python TransformerXL and `protocol` (default: `generation_protocol(model)`).
 
     `use_cache` carries the keys/values cache (the same tokens as the hidden-state memory, without projecting the
-    memory again for every new token); `result.state` is in that form.
+    memory again for every new token); `result.state` is in that form. A batch, segment or memory that would not
+    fit in the machine's memory is a ConfigError before any tensor is made (`configs.check_inference_size`).
     """
-    recurrent = Recurrent(model, generation_protocol(model, protocol), max_len=segment_len, use_cache=use_cache)
+    protocol = generation_protocol(model, protocol)
+    check_inference_size(model, batch_size=len(prompts), tgt_len=segment_len, mem_len=protocol.mem_len)
+    recurrent = Recurrent(model, protocol, max_len=segment_len, use_cache=use_cache)
     return generate(model_step(recurrent), prompts, recurrent.initial_state(len(prompts)), max_tokens=max_tokens,
                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, segment_len=segment_len)
 
@@ -299,8 +303,9 @@ def check_settings(vocab, prompts: Sequence[str] | str, *, max_tokens: int, temp
     """Checks the sampling settings against the vocabulary; returns each prompt's ids (errors.ConfigError).
 
     temperature: >= 0 and finite (0 = greedy: always the most likely token; 1 = the model's distribution).
-    top_k: 0 (all tokens) to the vocabulary size. top_p: in (0, 1] (1 = off). max_tokens: >= 1. Every prompt
-    symbol must be in the vocabulary (a word-level vocabulary with an unknown-word symbol maps unknown words to it).
+    top_k: 0 (all tokens) to the vocabulary size. top_p: in (0, 1] (1 = off). max_tokens: >= 1. Every prompt is a
+    str (a TypeError names another type) and every symbol of it must be in the vocabulary (a word-level vocabulary
+    with an unknown-word symbol maps unknown words to it).
     """
     if not math.isfinite(temperature) or temperature < 0:
         raise ConfigError(f"--temperature={temperature} must be >= 0 (0 = greedy, 1 = the model's distribution)")
@@ -317,6 +322,8 @@ def check_settings(vocab, prompts: Sequence[str] | str, *, max_tokens: int, temp
         raise ConfigError("give at least one --prompt")
     all_ids = []
     for prompt in prompts:
+        if not isinstance(prompt, str):  # bytes would encode as ids (or as that many zero bytes)
+            raise TypeError(f"a prompt must be a str; got {type(prompt).__name__}")
         try:
             ids = vocab.encode(prompt)
         except (KeyError, ValueError) as error:

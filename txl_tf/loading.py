@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from txl_tf import errors, run_dir
-from txl_tf.configs import Configs, DataConfig, ModelConfig
+from txl_tf.configs import Configs, DataConfig, ModelConfig, check_inference_size
 from txl_tf.errors import ConfigError
 
 
@@ -46,18 +46,19 @@ def dtype_policy(dtype: str | None):
 
 
 def build_model(model_config: ModelConfig, n_token: int | None = None, dtype: str | None = None, *,
-                check: bool = True, fused_kernels: bool = False, recompute: str = "none"):
+                check: bool = True):
     """Builds a TransformerXL (every layer in `dtype`'s policy; None: the current one) from a ModelConfig.
 
-    `check`: one tiny forward pass, so that a config that cannot run fails here (the trainer, which builds the
-    model inside a strategy's scope, skips it). `fused_kernels`: training calls use the fused CPU kernels (the
-    trainer's resolved `TrainConfig.kernels`; `txl_tf.fused`). `recompute`: "block" recomputes each block's
-    activations in the backward pass of training steps (`TrainConfig.recompute`; `TransformerXL`).
+    Sizes that would not fit in this machine's memory are a ConfigError before anything is built
+    (`configs.check_model_size`, by way of `ModelConfig.model_kwargs`). `check`: one tiny forward pass, so that a
+    config that cannot run fails here (the trainer, which builds the model inside a strategy's scope, skips it).
+    The fused kernels and recomputation are not the model's: the trainer passes its `TrainingPolicy`
+    (`txl_tf.policy`) to its training calls.
     """
     from txl_tf.model import TransformerXL
 
     with dtype_policy(dtype):
-        model = TransformerXL(**model_config.model_kwargs(n_token), fused_kernels=fused_kernels, recompute=recompute)
+        model = TransformerXL(**model_config.model_kwargs(n_token))
     if not check:
         return model
     tokens = tf.zeros([1, 2], tf.int32)
@@ -67,13 +68,22 @@ def build_model(model_config: ModelConfig, n_token: int | None = None, dtype: st
 
 
 def restore_weights(model, checkpoint_prefix: str) -> None:
-    """Restores `model` from a checkpoint saved as tf.train.Checkpoint(model=model); every weight must match."""
-    status = tf.train.Checkpoint(model=model).restore(checkpoint_prefix).expect_partial()
+    """Restores `model` from a checkpoint saved as tf.train.Checkpoint(model=model); every weight must match.
+
+    An intact checkpoint that does not fit the model is a run_dir.CheckpointMismatchError naming the variable,
+    both shapes and the config field (`run_dir.mismatch`); a damaged one raises TensorFlow's error."""
+    root = tf.train.Checkpoint(model=model)
     try:
+        status = root.restore(checkpoint_prefix).expect_partial()
         status.assert_existing_objects_matched()
-    except AssertionError as error:
-        raise ConfigError(f"checkpoint {checkpoint_prefix} does not match the configured model "
-                          f"({errors.one_line(error)}); check ModelConfig in the gin config") from error
+    except (*run_dir.RESTORE_ERRORS, AssertionError) as error:
+        problem = run_dir.mismatch(checkpoint_prefix, root)
+        if problem:
+            raise run_dir.CheckpointMismatchError(f"checkpoint {problem}") from None
+        if isinstance(error, AssertionError):
+            raise ConfigError(f"checkpoint {checkpoint_prefix} does not match the configured model "
+                              f"({errors.one_line(error)}); check ModelConfig in the gin config") from error
+        raise
 
 
 def restore_newest(model, source: str, which: str = "latest", log=None, found=None) -> str:
@@ -112,7 +122,9 @@ def load_model(model_dir: str | None = None, checkpoint: str | None = None, *, w
 
     `checkpoint` (a prefix or a directory) defaults to `model_dir`; the newest checkpoint that restores intact
     is used. The configs are `run_dir.read_configs(model_dir, gin_files, gin_params, checkpoint)`. The vocabulary
-    size comes from ModelConfig.n_token, else from the prepared data in DataConfig.data_dir.
+    size comes from ModelConfig.n_token, else from the prepared data in DataConfig.data_dir, whose vocabulary must be
+    the one the run recorded (`run_dir.check_vocabulary`: one line otherwise). The model's sizes and
+    EvalConfig's lengths are checked against the machine's memory before the model is built (one ConfigError line).
     """
     source = checkpoint or model_dir
     if not source:
@@ -124,6 +136,11 @@ def load_model(model_dir: str | None = None, checkpoint: str | None = None, *, w
         raise ConfigError(f"the vocabulary size is unknown: bind ModelConfig.n_token or prepare the data in "
                           f"DataConfig.data_dir={configs.data.data_dir!r}")
     found = run_dir.find_checkpoints(source, which)  # a missing checkpoint is reported before the model is built
+    if configs.data.data_dir and os.path.isdir(configs.data.data_dir):  # the ids must mean what they were trained on
+        run_dir.check_vocabulary(run_dir.run_folder(source), configs.data.data_dir, "load its weights")
+    # The evaluation's lengths with one row (every use needs that much): before the model is built.
+    check_inference_size(configs.model, n_token=n_token, batch_size=1, tgt_len=configs.eval.tgt_len,
+                         mem_len=configs.eval.mem_len)
     model = build_model(configs.model, n_token, dtype=dtype)
     prefix = restore_newest(model, source, which, found=found)
     return model, configs, prefix

@@ -22,15 +22,15 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from txl_tf.attention import ATTN_TYPES, attention_bias
+from txl_tf import encodings
+from txl_tf.attention import attention_bias
 from txl_tf.block import TransformerXLBlock
 from txl_tf.dropout import Dropout
 from txl_tf.embedding import AdaptiveEmbedding, RelativePositionalEncoding
+from txl_tf.policy import DEFAULT
 from txl_tf.protocol import Protocol
 from txl_tf.softmax import AdaptiveSoftmax
 from txl_tf.state import Cache, Memory, check_type
-
-RECOMPUTE = ("none", "block")  # the choices of `recompute` (TrainConfig.recompute)
 
 
 @keras.saving.register_keras_serializable(package="txl_tf")
@@ -47,18 +47,16 @@ class TransformerXL(keras.Model):
       same_length: every query attends the same number of keys (`same_length_keys`: "tf" = M + 1 keys,
         the TF original; "pytorch" = mem_len keys, the PyTorch original).
       clamp_len: relative distances above it share one encoding (> 0 to enable).
-      attn_type: "xl" (default), "shaw", "vaswani", "al_rfou" (paper Tables 5/6 ablations; see attention.py).
+      attn_type: the position encoding, a name of `txl_tf.encodings.REGISTRY`: "xl" (default), "shaw", "vaswani",
+        "al_rfou" (the paper's Tables 5/6 ablations), "rope", "alibi"; resolved once into `self.encoding`.
       pre_lnorm: LayerNorm before each sub-layer (no final LayerNorm, as in the PyTorch original).
       layer_norm_epsilon: 1e-12 as the TF original (the PyTorch original uses 1e-5).
       init_std / proj_init_std: N(0, std) initialisers of weights / adaptive embedding and softmax projections.
       max_position: table size of the learned positions of "shaw" (relative) and "al_rfou" (absolute).
-      fused_kernels: training calls use the fused CPU kernels (`txl_tf.fused`) in every layer's attention,
-        feed-forward and dropout: the trainer's `TrainConfig.kernels="fused"`. Not part of the architecture (the
-        weights are the same); inference always runs TensorFlow's ops.
-      recompute: "none", or "block": training calls (in a `tf.function`) keep for the backward pass only each
-        block's inputs and recompute its activations there (`TransformerXLBlock(recompute=True)`,
-        `tf.recompute_grad`): the trainer's `TrainConfig.recompute`. Not part of the architecture, nor of the
-        numerics: outputs, new memory and gradients are those of "none" (under XLA within float rounding).
+
+    These arguments are the architecture: `get_config` holds them and nothing else (no precision, no kernels, no
+    recomputation). How a training call runs is the trainer's `TrainingPolicy` (`txl_tf.policy`), passed to the
+    call; the precision is the Keras dtype policy the layers are built under.
 
     `mem_len`, `clamp_len`, `same_length` are the training lengths (`protocol`); evaluate with others by passing
     a `Protocol` to the call, never by changing them.
@@ -70,6 +68,9 @@ class TransformerXL(keras.Model):
       protocol: the attention lengths of this call (default: `self.protocol`).
       lengths: optional [B] int32 tokens per row (the rest is padding and does not enter the state).
       training: dropout on/off.
+      policy: a `txl_tf.policy.TrainingPolicy` for training calls (the fused CPU kernels, recomputation of each
+        block's activations); None: TensorFlow's ops, no recomputation. Outputs, memory and gradients do not
+        depend on it (the kernels' dropout masks come from another stream).
 
     Returns:
       (hidden [B, L, d] after the final dropout, new state) with the new state of the type given: a `Memory` of
@@ -79,15 +80,11 @@ class TransformerXL(keras.Model):
     def __init__(self, n_token, n_layer, d_model, n_head, d_head, d_inner, dropout, dropatt, mem_len,
                  d_embed=None, cutoffs=(), div_val=1, tie_projs=None, proj_same_dim=True, untie_r=False,
                  same_length=False, clamp_len=-1, attn_type="xl", pre_lnorm=False, layer_norm_epsilon=1e-12,
-                 init_std=0.02, proj_init_std=0.01, max_position=1024, same_length_keys="tf", fused_kernels=False,
-                 recompute="none", **kwargs):
+                 init_std=0.02, proj_init_std=0.01, max_position=1024, same_length_keys="tf", **kwargs):
         super().__init__(**kwargs)
-        if attn_type not in ATTN_TYPES:
-            raise ValueError(f"attn_type must be one of {ATTN_TYPES}, got {attn_type!r}")
+        self.encoding = encodings.get(attn_type)
         if same_length_keys not in ("tf", "pytorch"):
             raise ValueError(f"same_length_keys must be 'tf' or 'pytorch', got {same_length_keys!r}")
-        if recompute not in RECOMPUTE:
-            raise ValueError(f"recompute must be one of {RECOMPUTE}, got {recompute!r}")
         self.n_token = n_token
         self.n_layer = n_layer
         self.d_model = d_model
@@ -111,8 +108,6 @@ class TransformerXL(keras.Model):
         self.proj_init_std = proj_init_std
         self.max_position = max_position
         self.same_length_keys = same_length_keys
-        self.fused_kernels = fused_kernels
-        self.recompute = recompute
 
         self.embedding = AdaptiveEmbedding(
             n_token, d_model, d_embed=self.d_embed, cutoffs=self.cutoffs, div_val=div_val,
@@ -128,12 +123,12 @@ class TransformerXL(keras.Model):
             block = TransformerXLBlock(
                 d_model, n_head, d_head, d_inner, dropout=dropout, dropatt=dropatt, attn_type=attn_type,
                 pre_lnorm=pre_lnorm, layer_norm_epsilon=layer_norm_epsilon, max_position=max_position,
-                init_std=init_std, fused_kernels=fused_kernels, recompute=recompute == "block", name=f"layer_{i}",
+                init_std=init_std, name=f"layer_{i}",
             )
             setattr(self, f"layer_{i}", block)
-        self.embedding_dropout = Dropout(dropout, fused_kernels=fused_kernels)
-        self.position_dropout = Dropout(dropout, fused_kernels=fused_kernels)
-        self.output_dropout = Dropout(dropout, fused_kernels=fused_kernels)
+        self.embedding_dropout = Dropout(dropout)
+        self.position_dropout = Dropout(dropout)
+        self.output_dropout = Dropout(dropout)
         self.build()
 
     @property
@@ -148,11 +143,7 @@ class TransformerXL(keras.Model):
         self.softmax.build()
         for block in self.blocks:
             block.build((None, None, self.d_model))
-        if self.attn_type == "xl":
-            shape = (self.n_layer, self.n_head, self.d_head) if self.untie_r else (self.n_head, self.d_head)
-            init = keras.initializers.RandomNormal(stddev=self.init_std)
-            self.r_w_bias = self.add_weight(name="r_w_bias", shape=shape, initializer=init)  # u
-            self.r_r_bias = self.add_weight(name="r_r_bias", shape=shape, initializer=init)  # v
+        self.encoding.build_model(self)  # xl: u and v
         self.built = True
 
     @property
@@ -167,18 +158,18 @@ class TransformerXL(keras.Model):
 
     def supports_cache(self, protocol: Protocol | None = None) -> bool:
         """Whether the keys/values cache can carry this model's state (see `initial_cache`)."""
-        absolute = self.attn_type in ("vaswani", "al_rfou")
-        return not (self.pre_lnorm and absolute and (protocol or self.protocol).mem_len > 0)
+        return not (self.pre_lnorm and self.encoding.absolute and (protocol or self.protocol).mem_len > 0)
 
     def initial_cache(self, batch_size, protocol: Protocol | None = None, *, max_len: int) -> Cache:
         """The keys/values cache of a zero memory, for calls with segments of up to `max_len` tokens.
 
-        Returns a `txl_tf.state.Cache`: keys, values [n, N, B, M, D] (M = protocol.mem_len) and, for xl and shaw,
-        position_keys [n, N, P, D] (P = M + max_len): each layer's position keys for every distance, computed
-        here once (clamp_len applied) instead of at every call. In the compute dtype.
+        Returns a `txl_tf.state.Cache`: keys, values [n, N, B, M, D] (M = protocol.mem_len) and, for the encodings
+        with position rows (xl, shaw), position_keys [n, N, P, D] (P = M + max_len): each layer's position keys for
+        every distance, computed here once (clamp_len applied) instead of at every call. In the compute dtype.
 
-        Not available (ValueError) for pre_lnorm with attn_type "vaswani" or "al_rfou" and a memory: there the
-        keys are LayerNorm(memory + window positions), which depend on where a memory position sits in the window.
+        Not available (ValueError) for pre_lnorm with an absolute encoding ("vaswani", "al_rfou") and a memory:
+        there the keys are LayerNorm(memory + window positions), which depend on where a memory position sits in
+        the window.
         """
         protocol = protocol or self.protocol
         if not self.supports_cache(protocol):
@@ -186,10 +177,7 @@ class TransformerXL(keras.Model):
                              "memory; use the hidden-state memory (initial_memory)")
         if max_len < 1:
             raise ValueError(f"max_len must be >= 1; got {max_len}")
-        position = None
-        if self.attn_type == "xl":
-            position = self.position_encoding(tf.constant(protocol.mem_len + max_len),
-                                              clamp_len=protocol.clamp_len)  # [P, d], descending distance
+        position = self.encoding.cache_encoding(self, protocol.mem_len + max_len, protocol)  # xl: R [P, d]
         return Cache.from_layers(block.initial_cache(batch_size, protocol.mem_len, max_len, position)
                                  for block in self.blocks)
 
@@ -201,66 +189,55 @@ class TransformerXL(keras.Model):
         batch = tokens.shape[0]
         if isinstance(state, Cache):
             state.check(n_layer=self.n_layer, mem_len=protocol.mem_len,
-                        position_keys=self.attn_type in ("xl", "shaw"), batch=batch)
+                        position_keys=self.encoding.position_keys_cached, batch=batch)
         else:
             state = Memory(tf.convert_to_tensor(state.hidden))
             state.check(n_layer=self.n_layer, d_model=self.d_model, batch=batch)
         return state.cast(self.compute_dtype)
 
-    def _biases(self, i):
-        """(u, v) [N, D] for layer i (xl only)."""
-        if self.attn_type != "xl":
-            return None, None
-        if self.untie_r:
-            return self.r_w_bias[i], self.r_r_bias[i]
-        return self.r_w_bias, self.r_r_bias
-
     def _layer_states(self, state):
         """Each layer's state (`LayerMemory` / `LayerCache`), or None per layer without a state."""
         return [None] * self.n_layer if state is None else state.layers(self.n_layer)
 
-    def _forward(self, tokens, state, protocol, lengths, training, return_probs):
+    def _forward(self, tokens, state, protocol, lengths, training, return_probs, policy=None):
         protocol = protocol or self.protocol
+        policy = policy or DEFAULT
         tokens = tf.convert_to_tensor(tokens)
         state = self._checked_state(tokens, state, protocol)
         cached = isinstance(state, Cache)
         mlen = 0 if state is None else state.mem_len
         qlen = tf.shape(tokens)[1]
-        klen = mlen + qlen
 
         h = self.embedding(tokens)  # [B, L, d]
-        pos = None
-        if (self.attn_type == "xl" and not cached) or self.attn_type == "vaswani":
-            pos = self.position_encoding(klen, clamp_len=protocol.clamp_len)  # [K, d], descending distance
-        if self.attn_type == "vaswani":
-            h = h + pos[mlen:]  # absolute sinusoid of the segment's positions
-        h = self.embedding_dropout(h, training=training)
-        if self.attn_type == "xl" and pos is not None:
-            pos = self.position_dropout(pos, training=training)
+        prepared = self.encoding.prepare(self, mlen, qlen, protocol, training, cached, policy.kernels)  # all layers
+        if prepared.inputs is not None:
+            h = h + prepared.inputs  # vaswani: the absolute sinusoid of the segment's positions
+        h = self.embedding_dropout(h, training=training, kernels=policy.kernels)
         bias = attention_bias(qlen, mlen, protocol.same_length, self.same_length_keys, protocol.mem_len)  # [L, K]
+        if prepared.score_bias is not None:
+            bias = bias + prepared.score_bias  # alibi: [N, 1, L, K]
 
         new_states, all_probs = [], []
         for i, (block, layer_state) in enumerate(zip(self.blocks, self._layer_states(state), strict=True)):
             # The authors add the positions to the first layer's memory too (vaswani).
-            first_with_memory = i == 0 and state is not None
-            memory_positions = pos[:mlen] if self.attn_type == "vaswani" and first_with_memory else None
-            u, v = self._biases(i)
-            out = block(h, layer_state, mem_len=protocol.mem_len, lengths=lengths, position_encoding=pos,
+            memory_positions = prepared.memory if i == 0 and state is not None else None
+            u, v = self.encoding.layer_biases(self, i)  # xl: u, v [N, D]
+            out = block(h, layer_state, mem_len=protocol.mem_len, lengths=lengths, position_encoding=prepared.encoding,
                         memory_positions=memory_positions, attention_bias=bias, content_bias=u, position_bias=v,
-                        return_probs=return_probs, training=training)
+                        return_probs=return_probs, training=training, policy=policy)
             h = out[0]  # [B, L, d]
             new_states.append(out[1])
             if return_probs:
                 all_probs.append(out[2])
-        hidden = self.output_dropout(h, training=training)  # [B, L, d]
+        hidden = self.output_dropout(h, training=training, kernels=policy.kernels)  # [B, L, d]
         # A cache's position keys pass through; a memory is [n, B, min(mem_len, K), d].
         new_state = Memory.from_layers(new_states) if state is None else state.updated(new_states)
         if return_probs:
             return hidden, new_state, tf.stack(all_probs)  # probs [n, B, N, L, K]
         return hidden, new_state
 
-    def call(self, tokens, state=None, protocol=None, lengths=None, training=False):
-        return self._forward(tokens, state, protocol, lengths, training, return_probs=False)
+    def call(self, tokens, state=None, protocol=None, lengths=None, training=False, policy=None):
+        return self._forward(tokens, state, protocol, lengths, training, return_probs=False, policy=policy)
 
     def call_with_attention(self, tokens, state=None, protocol=None):
         """Inference pass that also returns attention probabilities [n, B, N, L, K] float32: (hidden, new state,
@@ -276,8 +253,11 @@ class TransformerXL(keras.Model):
         return self.softmax.log_probs(hidden, self.embedding.tables, self.embedding.projections)
 
     def get_config(self):
+        """The architecture: the constructor's arguments, without the precision (a training policy: Keras's
+        dtype policy of whoever builds the model)."""
+        base = {key: value for key, value in super().get_config().items() if key != "dtype"}
         return {
-            **super().get_config(),
+            **base,
             "n_token": self.n_token,
             "n_layer": self.n_layer,
             "d_model": self.d_model,
@@ -302,6 +282,4 @@ class TransformerXL(keras.Model):
             "proj_init_std": self.proj_init_std,
             "max_position": self.max_position,
             "same_length_keys": self.same_length_keys,
-            "fused_kernels": self.fused_kernels,
-            "recompute": self.recompute,
         }

@@ -5,12 +5,19 @@ A `TransformerXL` is built with the lengths it trains with (`mem_len`, `clamp_le
 `Protocol` of their own (usually from `EvalConfig`) and hand it to every call of the model: nothing is set on the
 model for a while, so a traced function, a SavedModel or a second thread never sees lengths that were meant for
 another caller.
+
+The evaluation's other choices (`EvalConfig.protocol`, `layout`, `compute_dtype`) are named here too, TensorFlow-free,
+so that txl_tf.configs checks a binding against the lists txl_tf.evaluation and txl_tf.evaluate act on.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import numbers
+
+PROTOCOLS = ("xl", "vanilla")  # EvalConfig.protocol: segments + memory, or the vanilla model's sliding window
+LAYOUTS = ("corpus", "original")  # EvalConfig.layout: every token scored once, or the authors' batching
+COMPUTE_DTYPES = ("float32", "mixed_bfloat16")  # EvalConfig.compute_dtype: the Keras dtype policy of the layers
 
 
 @dataclasses.dataclass(frozen=True)

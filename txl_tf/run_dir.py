@@ -7,6 +7,7 @@
     model_dir/checkpoint         CheckpointManager's state file (the newest checkpoint and the ones it may prune)
     model_dir/best/ckpt-N.*      the best validation checkpoint
     model_dir/set_aside/<time>/  broken checkpoints newer than the one a run resumed from (moved, never deleted)
+    model_dir/vocab_fingerprint.json  the fingerprint of the vocabulary the run trains on (`record_vocabulary`)
     DIR/ckpt-1 + DIR/model.gin   a checkpoint converted from the authors' TF code (`python -m txl_tf.convert`):
                                  the key `model` and its ModelConfig; pass `--checkpoint=DIR` and the setup's
                                  `--gin_file` for the data and evaluation protocol
@@ -25,6 +26,13 @@ builds and restores models from what this module finds, txl_tf.configs parses th
   set_aside/ instead of being overwritten. A training run saves through the managers of
   `checkpoint_managers`, made after `resume_training` (a chief's in model_dir, another worker's in its
   temporary folder).
+* A checkpoint that is intact but does not fit the configured model (an edited config.gin, another vocabulary
+  size) is not "broken": the restore stops with one line naming the variable, both shapes and the config field
+  that differs (`mismatch`), and nothing is changed or skipped.
+* The vocabulary's fingerprint (`txl_tf.data.records.vocab_sha256`: its level and symbols in order) is recorded
+  when training starts; resuming, evaluating (and every other load through txl_tf.loading) and fine-tuning from the
+  run on data whose vocabulary has another fingerprint are refused in one line (ids would mean other symbols),
+  unless $TXL_TF_ALLOW_OTHER_VOCAB=1. A run without the record (written before it existed) is not checked.
 * Gin files are read in this order (`read_configs`): `model_dir/config.gin` (or the converter's model.gin), then
   `gin_files`, then `gin_params`, so later values override earlier ones.
 """
@@ -33,8 +41,10 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Sequence
 
@@ -49,6 +59,8 @@ CONVERTED_CONFIG_FILE = "model.gin"  # written by `python -m txl_tf.convert` bes
 BEST_DIR = "best"
 STATE_FILE = "checkpoint"
 SET_ASIDE_DIR = "set_aside"
+VOCAB_FINGERPRINT_FILE = "vocab_fingerprint.json"  # {"sha256", "level", "size", "vocab_file"}
+ALLOW_OTHER_VOCAB_ENV = "TXL_TF_ALLOW_OTHER_VOCAB"  # "1": load or resume a run on another vocabulary anyway
 _FILE = re.compile(r"ckpt-(\d+)\.(?:index|data-(\d+)-of-(\d+))")
 # What a damaged checkpoint raises while restoring (DataLossError and NotFoundError are OpErrors; a truncated
 # .data file raises IndexError "Read less bytes than requested"; a mismatch raises AssertionError/ValueError).
@@ -57,6 +69,14 @@ RESTORE_ERRORS = (tf.errors.OpError, IndexError, ValueError, AssertionError)
 
 class RunDirError(errors.UserError):
     """A run directory that cannot be resumed as asked (nothing in it was changed)."""
+
+
+class CheckpointMismatchError(errors.ConfigError):
+    """An intact checkpoint that does not fit the configured model or training state (`mismatch` says where)."""
+
+
+class OtherVocabularyError(errors.ConfigError):
+    """The data's vocabulary is not the one the run was trained on (`check_vocabulary`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +153,140 @@ def _reason(error: BaseException, candidate: Candidate) -> str:
     return f"{type(error).__name__}: {message}"[:300]
 
 
+# ---- a checkpoint that does not fit the model -------------------------------------------------------------
+# The config field that each dimension of a model variable's shape is, last dimension first (a variable's Keras
+# path, without the model's own name, is matched); `mems` is the trainer's saved memory.
+_SHAPE_FIELDS = (
+    (re.compile(r"softmax/bias$"), ("the vocabulary size n_token",)),
+    (re.compile(r"feed_forward/inner/(kernel|bias)$"), ("ModelConfig.d_inner", "ModelConfig.d_model")),
+    (re.compile(r"feed_forward/outer/kernel$"), ("ModelConfig.d_model", "ModelConfig.d_inner")),
+    (re.compile(r"layer_norm/(gamma|beta)$"), ("ModelConfig.d_model",)),
+    (re.compile(r"r_[wr]_bias$"), ("ModelConfig.d_head", "ModelConfig.n_head", "ModelConfig.n_layer")),
+    (re.compile(r"^mems$"), ("ModelConfig.d_model", "ModelConfig.mem_len", "TrainConfig.batch_size",
+                             "ModelConfig.n_layer")),
+)
+_LAYER = re.compile(r"layer_(\d+)$")
+_ROOT_ONLY = ("optimizer", "save_counter")  # their shapes follow the model's; a model-only restore has none
+PRESENT = "present"
+
+
+@dataclasses.dataclass(frozen=True)
+class Difference:
+    """A variable whose shape differs between a checkpoint and the object restored from it (None: absent;
+    PRESENT: an object, not a variable, that only one side has)."""
+
+    name: str
+    saved: tuple | str | None
+    model: tuple | str | None
+
+
+def _variable_name(live, path: str) -> str:
+    """A model variable's Keras path without the model's own name ("layer_0/feed_forward/inner/kernel"), else the
+    object path in the checkpoint ("mems")."""
+    keras_path = getattr(live, "path", None)
+    if isinstance(keras_path, str) and path.startswith("model/") and "/" in keras_path:
+        return keras_path.split("/", 1)[1]
+    return path
+
+
+def differences(prefix: str, root) -> tuple[list[Difference], dict]:
+    """Where the checkpoint `prefix` and `root` (the tf.train.Checkpoint restored from it) differ, walking both
+    object graphs from the root as a restore does: (the variables whose shapes differ or that one side lacks,
+    {"ModelConfig.n_layer": (saved, model)} when the number of layers differs). Empty when the checkpoint cannot be
+    read (it is damaged, not different). The optimizer's variables follow the model's and are not compared."""
+    from google.protobuf.message import DecodeError
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        shapes = reader.get_variable_to_shape_map()
+        graph = trackable_object_graph_pb2.TrackableObjectGraph.FromString(
+            reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    except (tf.errors.OpError, ValueError, IndexError, DecodeError):
+        return [], {}
+    found, layers, visited = [], {}, set()
+    stack = [(0, root, "")]
+    while stack:  # depth first, the model first: its variables are named by their paths in the model
+        node_id, live, path = stack.pop()
+        if node_id in visited:
+            continue
+        visited.add(node_id)
+        node = graph.nodes[node_id]
+        for attribute in node.attributes:
+            if attribute.name == "VARIABLE_VALUE" and hasattr(live, "shape"):
+                saved = shapes.get(attribute.checkpoint_key)
+                saved, mine = (None if saved is None else tuple(saved)), tuple(live.shape)
+                if saved != mine:
+                    found.append(Difference(_variable_name(live, path), saved, mine))
+        children = tf.train.TrackableView.children(live)
+        saved_children = {ref.local_name: ref.node_id for ref in node.children}
+        if path:
+            counts = [sum(bool(_LAYER.fullmatch(n)) for n in names) for names in (saved_children, children)]
+            if counts[0] != counts[1] and path == "model":
+                layers["ModelConfig.n_layer"] = tuple(counts)
+            for name in sorted(saved_children.keys() - children.keys()):
+                found.append(Difference(f"{path}/{name}", PRESENT, None))
+            for name in sorted(children.keys() - saved_children.keys()):
+                child = children[name]
+                found.append(Difference(_variable_name(child, f"{path}/{name}"), None,
+                                        tuple(child.shape) if hasattr(child, "shape") else PRESENT))
+        order = sorted(saved_children.items(), key=lambda item: item[0] != "model")  # stable: checkpoint order
+        for name, child_id in reversed(order):  # popped in that order
+            if name in children and not (not path and name in _ROOT_ONLY):
+                stack.append((child_id, children[name], f"{path}/{name}".lstrip("/")))
+    return found, layers
+
+
+def _fields(found: Sequence[Difference], layers: dict) -> dict:
+    """{config field: (value in the checkpoint, value configured)} that the differing shapes show."""
+    fields = dict(layers)
+    for difference in found:
+        if not isinstance(difference.saved, tuple) or not isinstance(difference.model, tuple):
+            continue
+        for pattern, names in _SHAPE_FIELDS:
+            if not pattern.search(difference.name):
+                continue
+            if len(difference.saved) != len(difference.model):
+                if names[0] == "ModelConfig.d_head":
+                    fields.setdefault("ModelConfig.untie_r", (len(difference.saved) == 3,
+                                                              len(difference.model) == 3))
+                break
+            for name, saved, mine in zip(names, reversed(difference.saved), reversed(difference.model), strict=False):
+                if saved != mine:
+                    fields.setdefault(name, (saved, mine))
+            break
+    return fields
+
+
+def _shape(shape: tuple | str | None) -> str:
+    return "absent" if shape is None else shape if isinstance(shape, str) else str(list(shape))
+
+
+def mismatch(prefix: str, root) -> str | None:
+    """One line saying how the intact checkpoint `prefix` does not fit `root` (the tf.train.Checkpoint, with the
+    model under `model`, being restored from it): the first variable that differs, its shape in the checkpoint and
+    in the model, and the config fields that differ with both values. None when nothing differs (a restore that
+    failed anyway found a damaged checkpoint)."""
+    found, layers = differences(prefix, root)
+    if not found and not layers:
+        return None
+    fields = _fields(found, layers)
+    first = next((d for d in found if d.saved is not None and d.model is not None), found[0] if found else None)
+    what = (f"{first.name} is {_shape(first.saved)} in the checkpoint and {_shape(first.model)} in the model"
+            + (f" ({len(found) - 1} more differ)" if len(found) > 1 else "")) if first else ""
+    if fields:
+        said = "; ".join(f"{name}: {saved} in the checkpoint, {mine} configured"
+                         for name, (saved, mine) in fields.items())
+    else:
+        said = "the architecture (ModelConfig) differs"
+    vocabulary = any(name.startswith("the vocabulary") for name in fields)
+    return (f"{prefix} is intact but does not fit the configured model: {', '.join(p for p in (what, said) if p)}"
+            + (" (ModelConfig.n_token, else the vocabulary of DataConfig.data_dir)" if vocabulary else "")
+            + "; nothing was changed: configure the model as the checkpoint was trained (its run's config.gin, "
+            + ("or DataConfig.data_dir of the data it was trained on, " if vocabulary else "")
+            + "or --gin_param), or use another checkpoint or --model_dir")
+
+
 @dataclasses.dataclass
 class Restored:
     """The result of `restore_first`: the prefix restored (None: none) and `skipped` lines, newest first."""
@@ -145,8 +299,12 @@ class Restored:
         return "; ".join(self.skipped)
 
 
-def restore_first(found: Sequence[Candidate], restore_fn: Callable[[str], object]) -> Restored:
+def restore_first(found: Sequence[Candidate], restore_fn: Callable[[str], object], root=None) -> Restored:
     """Calls `restore_fn(prefix)` on each candidate, newest first, until one restores without error.
+
+    `root`: the tf.train.Checkpoint that `restore_fn` restores. With it, a candidate that fails but is intact and
+    does not fit it (an edited config.gin, another vocabulary size) stops the search with a
+    CheckpointMismatchError saying what differs (`mismatch`) instead of being skipped as broken.
 
     TensorFlow's logger is at ERROR meanwhile: a restore that raises midway never returns its status (so no
     `expect_partial()`), and the status, when collected, logs a "Value in checkpoint could not be found" warning
@@ -166,6 +324,9 @@ def restore_first(found: Sequence[Candidate], restore_fn: Callable[[str], object
             except errors.UserError:  # e.g. the checkpoint is intact but of another architecture: no fallback
                 raise
             except RESTORE_ERRORS as error:
+                problem = mismatch(candidate.prefix, root) if root is not None else None
+                if problem:
+                    raise CheckpointMismatchError(problem) from None
                 skipped.append(f"skipped {candidate.name} ({_reason(error, candidate)})")
                 continue
             return Restored(candidate.prefix, candidate.step, skipped)
@@ -187,19 +348,24 @@ def describe(found: Sequence[Candidate]) -> str:
 
 
 def resume_training(model_dir: str, restore_fn: Callable[[str], object], *, chief: bool,
-                    log: Callable[[str], None]) -> int:
+                    log: Callable[[str], None], root=None) -> int:
     """Restores the newest intact checkpoint of a training run directory; returns the step to start from.
 
-    Raises RunDirError (nothing changed) when the directory holds checkpoints and none restores. On the chief,
-    once a checkpoint is restored, broken newer checkpoints are moved to set_aside/ and every checkpoint
-    present is marked preserved (see the module docstring): call this before creating CheckpointManagers.
+    Raises RunDirError (nothing changed) when the directory holds checkpoints and none restores, and
+    CheckpointMismatchError (nothing changed) when the newest intact one does not fit `root`, the
+    tf.train.Checkpoint `restore_fn` restores (default: the `checkpoint` of the object whose method `restore_fn`
+    is, as for `Trainer.restore_checkpoint`). On the chief, once a checkpoint is restored, broken newer
+    checkpoints are moved to set_aside/ and every checkpoint present is marked preserved (see the module
+    docstring): call this before creating CheckpointManagers.
     """
     found = candidates(model_dir)
     if not found:
         if tf.io.gfile.exists(os.path.join(model_dir, CONFIG_FILE)):
             log(f"{model_dir} has a config.gin but no checkpoint yet: starting at step 0")
         return 0
-    restored = restore_first(found, restore_fn)
+    if root is None:
+        root = getattr(getattr(restore_fn, "__self__", None), "checkpoint", None)
+    restored = restore_first(found, restore_fn, root=root)
     if restored.prefix is None:
         best = intact_best(model_dir, restore_fn)
         raise RunDirError(
@@ -284,6 +450,77 @@ def checkpoint_managers(checkpoint: tf.train.Checkpoint, model_dir: str, *, stra
         latest=tf.train.CheckpointManager(checkpoint, directory, max_to_keep=keep, step_counter=step_counter),
         best=tf.train.CheckpointManager(checkpoint, os.path.join(directory, BEST_DIR), max_to_keep=1,
                                         step_counter=step_counter))
+
+
+# ---- the vocabulary a run trains on ------------------------------------------------------------------------
+def run_folder(source: str) -> str:
+    """The run directory of `source`: a model_dir, its best/, or a checkpoint prefix in either."""
+    directory = os.path.normpath(source if tf.io.gfile.isdir(source) else os.path.dirname(source) or ".")
+    return os.path.dirname(directory) if os.path.basename(directory) == BEST_DIR else directory
+
+
+def data_vocabulary(data_dir: str) -> dict:
+    """{"sha256", "level", "size", "vocab_file"} of the vocabulary of the prepared `data_dir`
+    (`txl_tf.data.records.vocab_sha256`)."""
+    from txl_tf.data import pipeline, records
+    from txl_tf.data.vocab import VOCAB_FILE
+
+    vocab = pipeline.load_vocab(data_dir)
+    name = pipeline.load_metadata(data_dir).get("vocab_file", VOCAB_FILE)
+    return {"sha256": records.vocab_sha256(vocab), "level": vocab.level, "size": len(vocab),
+            "vocab_file": os.path.abspath(os.path.join(data_dir, name))}
+
+
+def recorded_vocabulary(model_dir: str) -> dict | None:
+    """The vocabulary fingerprint a run recorded (`record_vocabulary`), or None for a run without one."""
+    from txl_tf import untrusted
+
+    path = os.path.join(model_dir, VOCAB_FINGERPRINT_FILE)
+    if not os.path.lexists(path):
+        return None
+    record = untrusted.load_json(path, max_bytes=1 << 16, what="the vocabulary fingerprint")
+    if not (isinstance(record, dict) and isinstance(record.get("sha256"), str)
+            and re.fullmatch(r"[0-9a-f]{64}", record["sha256"])):
+        raise RunDirError(f"{path} is not a vocabulary fingerprint written by txl_tf (no \"sha256\" of 64 hex "
+                          "digits); delete it: the next training command in this run records it again")
+    return record
+
+
+def record_vocabulary(model_dir: str, data_dir: str) -> dict:
+    """Writes model_dir/vocab_fingerprint.json, the fingerprint of `data_dir`'s vocabulary (written beside and
+    renamed into place); returns it."""
+    record = data_vocabulary(data_dir)
+    path = os.path.join(model_dir, VOCAB_FINGERPRINT_FILE)
+    os.makedirs(model_dir, exist_ok=True)
+    with open(f"{path}.partial", "w") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
+    os.replace(f"{path}.partial", path)
+    return record
+
+
+def check_vocabulary(model_dir: str, data_dir: str, what: str) -> None:
+    """Refuses (OtherVocabularyError, one line naming both vocabularies and the fix) when the run `model_dir`
+    recorded a vocabulary fingerprint and the prepared `data_dir`'s vocabulary has another: the run's ids would
+    mean other symbols. `what` says what was to be done ("resume training", ...). With $TXL_TF_ALLOW_OTHER_VOCAB=1
+    (the user's opt-in) it is only a warning on stderr. A run without the record is not checked."""
+    recorded = recorded_vocabulary(model_dir)
+    if recorded is None:
+        return
+    current = data_vocabulary(data_dir)
+    if current["sha256"] == recorded["sha256"]:
+        return
+    detail = (f"{current['vocab_file']} (sha256 {current['sha256'][:16]}..., {current['size']} {current['level']} "
+              f"symbols) is another vocabulary than the one {model_dir} was trained on (sha256 "
+              f"{recorded['sha256'][:16]}..., {recorded.get('size')} symbols, of {recorded.get('vocab_file')}; "
+              f"recorded in {os.path.join(model_dir, VOCAB_FINGERPRINT_FILE)})")
+    if os.environ.get(ALLOW_OTHER_VOCAB_ENV) == "1":
+        print(f"warning: {detail}; {what} anyway, as {ALLOW_OTHER_VOCAB_ENV}=1 asks", file=sys.stderr, flush=True)
+        return
+    raise OtherVocabularyError(
+        f"{detail}: its ids would mean other symbols to the model; point DataConfig.data_dir at the data it was "
+        f"trained on (or data prepared with --vocab_from it), or set {ALLOW_OTHER_VOCAB_ENV}=1 to {what} on this "
+        "vocabulary anyway")
 
 
 # ---- finding a run's checkpoints --------------------------------------------------------------------------

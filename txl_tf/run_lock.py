@@ -13,6 +13,9 @@ trainer keeps model_dir/train.lock, a note of who holds it (pid, host, start tim
 and removes the note when it lets go; a note left by a killed trainer is only a note and is overwritten. Readers
 (evaluate, export, average, generate) take no lock. flock works between processes of one machine and on most
 local and network file systems; where a file system refuses it the trainer says so and trains without the lock.
+A run directory that cannot be written (a read-only file system, no write permission) is refused in one line
+before anything else happens: `error: --model_dir=runs/x is not writable (Read-only file system): writing
+runs/x/train.lock failed; give a writable --model_dir (or make it writable)`.
 """
 
 from __future__ import annotations
@@ -28,10 +31,15 @@ import sys
 from txl_tf.errors import UserError
 
 LOCK_FILE = "train.lock"
+_NOT_WRITABLE = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 class RunLockedError(UserError):
     """Another live process holds the run directory's lock."""
+
+
+class RunDirNotWritableError(UserError):
+    """The run directory (or the folder it is to be made in) cannot be written."""
 
 
 def _holder(path: str) -> str:
@@ -56,8 +64,18 @@ class RunLock:
         self._fd: int | None = None
         self._note = ""
 
+    def _not_writable(self, error: OSError) -> RunDirNotWritableError:
+        return RunDirNotWritableError(
+            f"--model_dir={self.model_dir} is not writable ({error.strerror}): writing {error.filename or self.path} "
+            "failed; give a writable --model_dir (or make it writable)")
+
     def acquire(self) -> RunLock:
-        os.makedirs(self.model_dir, exist_ok=True)
+        try:
+            os.makedirs(self.model_dir, exist_ok=True)
+        except OSError as error:
+            if error.errno in _NOT_WRITABLE:
+                raise self._not_writable(error) from None
+            raise
         fd = os.open(self.model_dir, os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -73,8 +91,14 @@ class RunLock:
         self._fd = fd
         since = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
         self._note = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": since}) + "\n"
-        with open(self.path, "w") as f:
-            f.write(self._note)
+        try:
+            with open(self.path, "w") as f:  # the first write of a training run
+                f.write(self._note)
+        except OSError as error:
+            self.release()
+            if error.errno in _NOT_WRITABLE:
+                raise self._not_writable(error) from None
+            raise
         return self
 
     def release(self) -> None:

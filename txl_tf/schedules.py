@@ -22,14 +22,10 @@ from txl_tf.configs import TrainConfig
 
 
 def learning_rate_schedule(config: TrainConfig) -> keras.optimizers.schedules.LearningRateSchedule:
-    """Linear warm-up from 0 to `config.learning_rate`, then cosine decay to `min_lr_ratio * learning_rate`."""
-    if config.learning_rate <= 0:
-        raise ValueError(f"TrainConfig.learning_rate must be positive; got {config.learning_rate}")
-    if config.warmup_steps < 0 or config.train_steps < 1:
-        raise ValueError(f"TrainConfig needs warmup_steps >= 0 and train_steps >= 1; got "
-                         f"warmup_steps={config.warmup_steps}, train_steps={config.train_steps}")
-    if not 0.0 <= config.min_lr_ratio <= 1.0:
-        raise ValueError(f"TrainConfig.min_lr_ratio must be in [0, 1]; got {config.min_lr_ratio}")
+    """Linear warm-up from 0 to `config.learning_rate`, then cosine decay to `min_lr_ratio * learning_rate`.
+
+    The fields' ranges (learning_rate > 0, warmup_steps >= 0, train_steps >= 1, min_lr_ratio in [0, 1]) were checked
+    when `config` was made (`txl_tf.configs.validate`)."""
     return keras.optimizers.schedules.CosineDecay(
         initial_learning_rate=0.0,
         decay_steps=max(config.train_steps - config.warmup_steps, 1),

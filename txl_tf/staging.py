@@ -131,10 +131,15 @@ def _staging_dir(parent: str, base: str, kind: str) -> str:
 
 
 @contextlib.contextmanager
-def staged_dir(target: str) -> Iterator[str]:
+def staged_dir(target: str, kind: str | None = None) -> Iterator[str]:
     """Yields a new empty directory (usual permissions) inside a marked temporary sibling of `target`; on normal
-    exit that directory replaces `target`."""
-    target = os.path.abspath(target)
+    exit that directory replaces `target`. With `kind`, the directory gets the manifest of its files
+    (`paths.write_manifest`) just before the swap: what `paths.replaceable_dir` lets a later writer replace.
+    Check `target` with `paths.replaceable_dir` first: this replaces whatever is there (but never the working
+    directory, home, a folder above them or a link: `paths.output_dir` is checked here too)."""
+    from txl_tf import paths
+
+    target = os.path.abspath(paths.output_dir(target, "the output folder"))
     parent, base = os.path.dirname(target), os.path.basename(target)
     os.makedirs(parent, exist_ok=True)
     remove_stale(target)
@@ -143,6 +148,8 @@ def staged_dir(target: str) -> Iterator[str]:
         content = os.path.join(tmp, base)
         os.mkdir(content)  # usual permissions (mkdtemp's are private); only this folder is moved
         yield content
+        if kind is not None:
+            paths.write_manifest(content, kind)
         if os.path.lexists(target):
             old = _staging_dir(parent, base, "old")
             os.rename(target, os.path.join(old, base))

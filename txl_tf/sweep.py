@@ -18,14 +18,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
 
 from absl import flags
 
-from txl_tf import cli, errors, loading, run_dir
+from txl_tf import cli, loading, paths, run_dir
 from txl_tf.errors import ConfigError
 
 AXES = ("tgt_len", "mem_len", "clamp_len", "same_length", "batch_size")
@@ -139,7 +138,7 @@ def main(argv) -> None:
         raise ConfigError("give --model_dir (or --checkpoint with --gin_file)")
     for flag in ("markdown", "json"):
         if fv[flag].value:
-            errors.check_output_file(fv[flag].value, f"--{flag}", "sweep.md" if flag == "markdown" else "sweep.json")
+            paths.output_file(fv[flag].value, f"--{flag}", "sweep.md" if flag == "markdown" else "sweep.json")
     start = time.perf_counter()
     sweep = run(fv.model_dir, fv.checkpoint, which=fv.which, gin_files=fv.gin_file, gin_params=fv.gin_param,
                 split=fv.split, grid=parse_grid(fv.grid))
@@ -147,12 +146,10 @@ def main(argv) -> None:
     print(table, end="")
     print(f"{len(sweep['rows'])} evaluations in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     if fv.markdown:
-        os.makedirs(os.path.dirname(os.path.abspath(fv.markdown)), exist_ok=True)
-        with open(fv.markdown, "w", encoding="utf-8") as f:
+        with paths.atomic_file(fv.markdown, encoding="utf-8") as f:
             f.write(table)
     if fv.json:
-        os.makedirs(os.path.dirname(os.path.abspath(fv.json)), exist_ok=True)
-        with open(fv.json, "w", encoding="utf-8") as f:
+        with paths.atomic_file(fv.json, encoding="utf-8") as f:
             json.dump(sweep, f, indent=1)
             f.write("\n")
 

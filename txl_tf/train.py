@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 from collections.abc import Callable
 
@@ -25,7 +26,7 @@ from absl import flags
 from txl_tf import cli
 
 # isort: split
-from txl_tf import autotune
+from txl_tf import autotune, paths
 from txl_tf.cli import STRATEGIES
 from txl_tf.errors import ConfigError, UserError
 
@@ -66,7 +67,8 @@ def check_configs(model_dir: str, gin_files, gin_params):
     """(the run directory's saved configs or None, this command's configs: exactly these files and bindings).
 
     A change of the architecture or the saved state is refused (ConfigError), other changes are printed in one
-    line (this command's values are used); the prepared data must exist.
+    line (this command's values are used); the prepared data must exist and its train split must fill one segment
+    of every stream of the batch (`check_batch_fits`: before any model is built or any path measured).
     """
     from txl_tf import configs, run_dir
 
@@ -86,7 +88,32 @@ def check_configs(model_dir: str, gin_files, gin_params):
             f"DataConfig.data_dir={data.data_dir!r} does not exist; prepare it with "
             f"`python -m txl_tf.data.prepare --dataset={data.dataset} --data_dir={data.data_dir}` "
             "or set --gin_param=\"DATA_DIR='...'\"")
+    check_batch_fits(data.data_dir, made.train)
     return saved, made
+
+
+def check_batch_fits(data_dir: str, train_config, split: str = "train") -> None:
+    """Raises ConfigError unless `split` of the prepared `data_dir` holds one segment for every one of the
+    TrainConfig's batch_size streams: batch_size x (tgt_len + 1) tokens (`txl_tf.data.pipeline.StreamLayout`).
+    Reads only metadata.json, so a batch far too large is one line before a model is built or measured."""
+    from txl_tf.data import pipeline
+
+    batch, length = train_config.batch_size, train_config.tgt_len
+    if not (isinstance(batch, int) and isinstance(length, int) and batch >= 1 and length >= 1):
+        return  # the trainer's checks name these
+    try:
+        tokens = int(pipeline.load_metadata(data_dir)["splits"][split]["num_tokens"])
+    except (KeyError, TypeError, ValueError):
+        return  # a missing or damaged split: reading it says what is wrong
+    need = batch * (length + 1)
+    if tokens >= need:
+        return
+    most = tokens // (length + 1)
+    fix = (f"set TrainConfig.batch_size to at most {most} (or lower tgt_len, or prepare more data)" if most else
+           f"set TrainConfig.batch_size to 1 and tgt_len to at most {max(tokens - 1, 1)}, or prepare more data")
+    raise ConfigError(f"TrainConfig.batch_size={batch} is too large for the {split} split of {data_dir} ({tokens} "
+                      f"tokens): {batch} streams of tgt_len={length} need at least batch_size x (tgt_len + 1) = "
+                      f"{need} tokens; {fix}")
 
 
 def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=None) -> dict:
@@ -106,13 +133,15 @@ def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=Non
 
     if not gin_files:
         raise ConfigError("no --gin_file given; pass a setup, e.g. --gin_file=gin/sample.gin")
-    model_dir = model_dir or default_model_dir(gin_files)
+    model_dir = default_model_dir(gin_files) if model_dir is None else paths.output_dir(model_dir, "--model_dir")
     saved, made = check_configs(model_dir, gin_files, gin_params)
     data_config = made.data
     strategy_obj = distribute.make_strategy(strategy, tpu)  # before other TensorFlow work (multi-worker needs it)
     vocab = pipeline.load_vocab(data_config.data_dir)
     if made.model.n_token is not None:
         pipeline.check_vocab_size(data_config.data_dir, made.model.n_token)
+    if saved is not None:  # a resume: another vocabulary is refused before anything in the run folder changes
+        run_dir.check_vocabulary(model_dir, data_config.data_dir, "resume training")
     chief = distribute.is_chief(strategy_obj)
     # One writer per run directory (the chief's; other workers write only their own temporary folders).
     with RunLock(model_dir) if chief else contextlib.nullcontext():
@@ -153,23 +182,42 @@ def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=Non
 def with_path(config_str: str, requested, trainer) -> str:
     """The config.gin text of a run: `config_str`, plus bindings of the path the trainer runs (`trainer.path`)
     where it is not what TrainConfig `requested` says ("auto" measured, or "fused" kernels that could not run),
-    so the file records the path that trained and a resumed run keeps it."""
+    so the file records the path that trained and a resumed run keeps it.
+
+    Only text this function makes goes into the file: the values of the known choices, the names of the known
+    paths (`autotune.PATH_NAMES`) and rates it formats itself; the measured rates may come from the autotune cache,
+    a file someone else could have written, and the fallback's reason is folded into one comment line."""
     lines = []
     for name, value in trainer.path.bindings().items():
         if getattr(requested, name) == value:
             continue
+        binding = f"TrainConfig.{name} = {_GIN_VALUES[value]}"
         if getattr(requested, name) == autotune.AUTO:
-            lines.append(f"TrainConfig.{name} = {value!r}")
+            lines.append(binding)
         else:
-            lines.append(f"# TrainConfig.{name}={getattr(requested, name)!r} was asked for, but "
-                         f"{trainer.kernels_fallback}: this run trained with {value!r}.\n"
-                         f"TrainConfig.{name} = {value!r}")
+            lines.append(_comment(f"TrainConfig.{name}={getattr(requested, name)!r} was asked for, but "
+                                  f"{trainer.kernels_fallback}: this run trained with {_GIN_VALUES[value]}.") +
+                         f"\n{binding}")
     if not lines:
         return config_str
-    measured = "; ".join(f"{path}: {rate} tokens/s" for path, rate in trainer.path_measured.items())
+    measured = "; ".join(f"{path}: {rate:.0f} tokens/s" for path, rate in trainer.path_measured.items()
+                         if path in autotune.PATH_NAMES and _is_rate(rate))
     header = f"# The path this run trained on ({trainer.path.describe()})" + (
         f", measured here: {measured}" if measured else "") + "."
     return f"{config_str.rstrip()}\n\n{header}\n" + "\n".join(lines) + "\n"
+
+
+# The gin text of each value a path's field may have (keys compare equal to True, False and the kernel names only).
+_GIN_VALUES = {True: "True", False: "False", **{k: repr(k) for k in autotune.KERNEL_CHOICES}}
+
+
+def _is_rate(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _comment(text: str) -> str:
+    """`text` as one gin comment line (every kind of line break folded into a space)."""
+    return "# " + " ".join(str(text).splitlines())
 
 
 def path_change(model_dir: str, saved, path) -> str | None:

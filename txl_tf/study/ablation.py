@@ -31,6 +31,7 @@ import numpy as np
 
 from txl_tf.protocol import Protocol
 from txl_tf.study import runs
+from txl_tf.study.tables import PAPER_GROUP
 
 LN2 = math.log(2.0)
 
@@ -250,10 +251,6 @@ def _clamped(output_dir: str, tokens: np.ndarray, settings: Settings) -> dict:
             bpc[str(length)] = info["bpc"]
             runs.log(f"{BASELINE}: attention {length}, clamp_len {clamp}: {info['bpc']:.4f} bpc")
     return {"run": BASELINE, "clamp_len": clamp, "bpc": bpc}
-
-
-# The paper's Table 6 group at this size: Transformer-XL, the Shaw encoding, no recurrence and the vanilla Transformer.
-PAPER_GROUP = ("xl", "shaw", "no_recurrence", "al_rfou")
 
 
 def _recl_group(losses: dict, names, contexts, best_up_to: bool) -> dict:

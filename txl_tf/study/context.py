@@ -22,13 +22,13 @@ forward pass per token) and compared with the others on that subset.
 Also: RECL (appendix C) of the four-model group at contexts 64, 128, ..., 640 (each model scored at exactly c,
 the vanilla model at its window up to 256), and the copy probe (txl_tf.study.probe) per model and memory.
 Each model is its own study (`context_xl`, ...) so that each fits an hour; every study re-assembles the section
-from the runs and cached scores there are.
+from the runs and cached scores there are (`txl_tf.study.context_results.run`, which computes the section of
+results.json from what this module trains and scores).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 
 import numpy as np
@@ -37,7 +37,6 @@ from txl_tf.protocol import Protocol
 from txl_tf.study import ablation, runs, scoring
 from txl_tf.study import probe as probe_lib
 
-LN2 = math.log(2.0)
 UNCLAMPED = -1
 
 
@@ -267,25 +266,3 @@ def train_and_score(model: Model, output_dir: str, data_dir: str, data: Splits, 
             scores["checkpoint_tokens"][step] = step * tokens_per_step
     keras.backend.clear_session()
     return record, scores
-
-
-def _finished(output_dir: str, model: Model, settings: Settings, data_dir: str, quick: bool) -> bool:
-    spec = run_spec(model, settings, data_dir, quick)
-    record = runs.read_record(os.path.join(output_dir, "runs", spec.name))
-    return record is not None and record["digest"] == spec.digest()
-
-
-def run(output_dir: str, data_dir: str, *, models=None, quick: bool = False) -> dict:
-    """Trains and scores `models` (names; default all four), then assembles the section from every model whose
-    run is finished here (scores read back from the cache, or computed now)."""
-    from txl_tf.study import context_results
-
-    settings = settings_for(quick)
-    data = splits(data_dir, settings)
-    records, scores = {}, {}
-    for model in MODELS:
-        if (models is None or model.name in models) or _finished(output_dir, model, settings, data_dir, quick):
-            records[model.name], scores[model.name] = train_and_score(model, output_dir, data_dir, data, settings,
-                                                                      quick)
-    return context_results.section(records, scores, data, settings, quick=quick,
-                                   dataset=os.path.basename(os.path.normpath(data_dir)))

@@ -1,5 +1,7 @@
 """The `context` section of results.json, computed from the models' per-token losses (txl_tf.study.context).
 
+`run` trains and scores the models through txl_tf.study.context and returns the section (`section`).
+
 Every figure is in bits per token on the kept tokens of txl_tf.study.scoring; comparisons are paired block
 bootstraps (runs.paired_bootstrap) on the same tokens: all kept tokens between recurrent models, the vanilla
 subset when the vanilla model is one side. A model's best (memory, clamp) is chosen on the validation split;
@@ -10,15 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import numpy as np
 
+from txl_tf.study import context, runs, scoring
 from txl_tf.study import probe as probe_lib
-from txl_tf.study import runs, scoring
 from txl_tf.study.context import BASELINE, MODELS, PARAMETER_TOLERANCE, UNCLAMPED, Settings
+from txl_tf.study.tables import PAPER_GROUP
 
 LN2 = math.log(2.0)
-PAPER_GROUP = ("xl", "shaw", "no_recurrence", "al_rfou")  # the paper's Table 6 group
 BOOTSTRAP_SAMPLES = 200
 
 
@@ -156,3 +159,22 @@ def section(records: dict, scores: dict, data, settings: Settings, *, quick: boo
         if len(group) == len(PAPER_GROUP):
             out["recl"]["paper_group"] = _recl(scores, group, settings, subset)
     return out
+
+
+def _finished(output_dir: str, model: context.Model, settings: Settings, data_dir: str, quick: bool) -> bool:
+    spec = context.run_spec(model, settings, data_dir, quick)
+    record = runs.read_record(os.path.join(output_dir, "runs", spec.name))
+    return record is not None and record["digest"] == spec.digest()
+
+
+def run(output_dir: str, data_dir: str, *, models=None, quick: bool = False) -> dict:
+    """Trains and scores `models` (names; default all four), then assembles the section from every model whose
+    run is finished here (scores read back from the cache, or computed now)."""
+    settings = context.settings_for(quick)
+    data = context.splits(data_dir, settings)
+    records, scores = {}, {}
+    for model in MODELS:
+        if (models is None or model.name in models) or _finished(output_dir, model, settings, data_dir, quick):
+            records[model.name], scores[model.name] = context.train_and_score(model, output_dir, data_dir, data,
+                                                                              settings, quick)
+    return section(records, scores, data, settings, quick=quick, dataset=os.path.basename(os.path.normpath(data_dir)))

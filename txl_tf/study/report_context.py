@@ -6,30 +6,12 @@ from __future__ import annotations
 
 import os
 
-# The paper's figures quoted next to ours (Dai et al., 2019): WikiText-103 Table 5 (init at the training memory,
-# best at the best evaluation memory) and Table 6 (RECL, r = 0.1).
-PAPER = {
-    "longer_xl": "27.02 -> 26.77 ppl (memory 128 -> 500; base model 23.43 at 150 -> 23.09 at 640)",
-    "longer_others": "Shaw 27.94 -> 27.94; w/o recurrence 29.59 -> 29.02",
-    "no_recurrence": "26.77 vs. 29.02 ppl",
-    "shaw": "26.77 vs. 27.94 ppl",
-    "al_rfou": "26.77 vs. 31.16 ppl",
-    "recl": "XL 700 > Shaw 400 > w/o recurrence 300 > Transformer 128 (r = 0.1)",
-    "probe": "(not in the paper: recurrence with relative encodings is claimed to reach beyond the training span)",
-}
+from txl_tf import paths
+from txl_tf.study.tables import PAPER, interval, label, markdown_table, verdict
+
 REPLACED_CLAIMS = ("A longer attention at evaluation helps", "... and only with the relative encoding",
                    "Transformer-XL has the longest RECL")
 LONGEST_SHARE = 0.95  # RECL: the share of bootstrap resamples in which a model must be strictly the longest
-
-
-def _verdict(c: dict) -> str:
-    from txl_tf.study.report import verdict
-
-    return verdict(c)
-
-
-def _interval(c: dict, digits: int = 4, unit: str = " bpc") -> str:
-    return f"{c['mean']:+.{digits}f}{unit} [{c['low']:+.{digits}f}, {c['high']:+.{digits}f}]"
 
 
 def _copy(cell: dict) -> dict:
@@ -40,10 +22,6 @@ def _copy(cell: dict) -> dict:
 def _versus_first(cell: dict) -> dict:
     """A probe cell's second copy minus first copy as an interval."""
     return {"mean": cell["difference"], "low": cell["low"], "high": cell["high"]}
-
-
-def _label(section: dict, name: str) -> str:
-    return section["runs"][name]["label"] or name
 
 
 def _cell(key: dict) -> str:
@@ -69,9 +47,10 @@ def claims(section: dict) -> list[tuple[str, str, str, str]]:
         return rows
     setup = section["setup"]
     c = comparisons["xl_longer"]
-    rows.append(("A longer memory at evaluation helps Transformer-XL (init = the training memory)", PAPER["longer_xl"],
-                 f"{_interval(c)} from memory {setup['train_memory']} to the validation's best "
-                 f"({_cell(runs['xl']['best'])})", _verdict(c)))
+    rows.append(("A longer memory at evaluation helps Transformer-XL (init = the training memory)",
+                 PAPER["longer_memory_xl"],
+                 f"{interval(c)} from memory {setup['train_memory']} to the validation's best "
+                 f"({_cell(runs['xl']['best'])})", verdict(c)))
     others = [m["name"] for m in setup["models"] if m["name"] != "xl" and not m["vanilla"]]
     if others:
         gains = {n: comparisons[f"xl_gain_vs_{n}"] for n in others}
@@ -81,17 +60,17 @@ def claims(section: dict) -> list[tuple[str, str, str, str]]:
             result = "reversed"
         else:
             result = "not reproduced (within noise)"
-        ours = "; ".join(f"{n} gains {_interval(comparisons[f'{n}_longer'])}, XL's gain minus its: {_interval(g)}"
+        ours = "; ".join(f"{n} gains {interval(comparisons[f'{n}_longer'])}, XL's gain minus its: {interval(g)}"
                          for n, g in gains.items())
-        rows.append(("... and more than with Shaw et al.'s encoding or without recurrence", PAPER["longer_others"],
-                     ours, result))
+        rows.append(("... and more than with Shaw et al.'s encoding or without recurrence",
+                     PAPER["longer_memory_others"], ours, result))
     for name, text in (("no_recurrence", "Recurrence helps"), ("shaw", "Our relative encoding beats Shaw et al.'s"),
                        ("al_rfou", "Transformer-XL beats the vanilla Transformer")):
         if name in runs:
             c = comparisons[f"xl_vs_{name}"]
             where = " (vanilla subset)" if c["subset"] else ""
-            rows.append((f"{text} (make-run size, each at its best memory)", PAPER[name],
-                         f"{_interval(c)}{where}", _verdict(c)))
+            rows.append((f"{text} (make-run size, each at its best memory)", PAPER[f"xl_vs_{name}"],
+                         f"{interval(c)}{where}", verdict(c)))
     recl = section.get("recl", {})
     group = recl.get("paper_group") or recl.get("recurrent")
     if group:
@@ -114,11 +93,11 @@ def claims(section: dict) -> list[tuple[str, str, str, str]]:
     distance = str(2 * setup["train_span"])
     if distance in probe[memory]:
         c = _copy(probe[memory][distance])
-        ours = f"second copy minus control {_interval(c)} at distance {distance}, memory {memory}"
+        ours = f"second copy minus control {interval(c)} at distance {distance}, memory {memory}"
         for n in sorted(_vanilla(section)):
-            ours += f"; {n}: {_interval(_copy(section['probe'][n][memory][distance]))}"
+            ours += f"; {n}: {interval(_copy(section['probe'][n][memory][distance]))}"
         rows.append(("Transformer-XL copies text from beyond its training span (copy probe)", PAPER["probe"], ours,
-                     _verdict(c)))
+                     verdict(c)))
     curve = section.get("gain_curve")
     if curve and len(curve) > 1:
         means = [p["mean"] for p in curve]
@@ -127,12 +106,6 @@ def claims(section: dict) -> list[tuple[str, str, str, str]]:
         rows.append(("(finding) Transformer-XL's gain from a longer memory grows with training", "(not in the paper)",
                      ours + " characters", "grows" if grows else "does not grow steadily"))
     return rows
-
-
-def _table(header, rows):
-    from txl_tf.study.report import _table as table
-
-    return table(header, rows)
 
 
 def section_lines(section: dict, images: str, machine: str) -> list[str]:
@@ -158,10 +131,11 @@ def section_lines(section: dict, images: str, machine: str) -> list[str]:
            f"{setup['vanilla_subset_tokens']:,} of those characters (evenly spaced blocks of "
            f"{setup['bootstrap_block']}), and compared with the others there. Intervals: 95% paired block "
            f"bootstrap (blocks of {setup['bootstrap_block']} characters).", ""]
-    rows = [[_label(section, n), f"{runs[n]['parameters']:,}", f"{runs[n]['train_tokens']:,}",
+    rows = [[label(section, n), f"{runs[n]['parameters']:,}", f"{runs[n]['train_tokens']:,}",
              f"{runs[n]['wall_seconds'] / 60:.1f}", f"{runs[n]['cpu_seconds'] / 60:.1f}", f"`{runs[n]['commit']}`"]
             for n in names]
-    out += _table(["model", "parameters", "training characters", "wall min", "CPU min", "trained at commit"], rows)
+    out += markdown_table(["model", "parameters", "training characters", "wall min", "CPU min", "trained at commit"],
+                          rows)
     out += ["", "Test bpc by memory at evaluation (i = init, * = best on validation; the vanilla row on its subset):",
             ""]
     rows = []
@@ -177,16 +151,16 @@ def section_lines(section: dict, images: str, machine: str) -> list[str]:
                 mark = ("i" if runs[n]["init"] == {"memory": m, "clamp": int(clamp)} else "") + \
                        ("*" if runs[n]["best"] == {"memory": m, "clamp": int(clamp)} else "")
                 cells.append(f"{value:.4f}{mark}")
-            name = _label(section, n) + (f", clamp {clamp}" if int(clamp) > 0 else "")
+            name = label(section, n) + (f", clamp {clamp}" if int(clamp) > 0 else "")
             rows.append([name + (f" (window = min(memory, {setup['train_span']}))" if n in vanilla else ""), *cells])
-    out += _table(["model", *[str(m) for m in memories]], rows)
+    out += markdown_table(["model", *[str(m) for m in memories]], rows)
     out += ["", f"![test bpc against the memory at evaluation]({images}context_bpc.png)", ""]
     curve = section.get("gain_curve")
     if curve:
         out += ["Transformer-XL's gain (best memory on validation minus init, on test) as training goes on:", ""]
-        out += _table(["step", "training characters", "init bpc", "best memory", "best bpc", "best - init"],
-                      [[p["step"], f"{p['tokens']:,}", f"{p['init_bpc']:.4f}", p["best_memory"], f"{p['best_bpc']:.4f}",
-                        _interval(p)] for p in curve])
+        out += markdown_table(["step", "training characters", "init bpc", "best memory", "best bpc", "best - init"],
+                              [[p["step"], f"{p['tokens']:,}", f"{p['init_bpc']:.4f}", p["best_memory"],
+                                f"{p['best_bpc']:.4f}", interval(p)] for p in curve])
         out += ["", f"![gain against training characters]({images}context_gain.png)", ""]
     out += _recl_lines(section, images) + _probe_lines(section, images)
     return out
@@ -228,11 +202,12 @@ def _recl_lines(section: dict, images: str) -> list[str]:
                 e = group["ratios"][r]
                 cells.append(f"{'>=' if e['truncated'][i] else ''}{e['recl'][i]} [{e['low'][i]}, {e['high'][i]}] "
                              f"{e['longest'][i]:.0%}")
-            rows.append([_label(section, name), *cells])
-        out += _table(["model", "r = 0.1", "r = 0.5", "r = 1.0"], rows) + [""]
+            rows.append([label(section, name), *cells])
+        out += markdown_table(["model", "r = 0.1", "r = 0.5", "r = 1.0"], rows) + [""]
         out += [f"The same models' mean bpc at exactly c ({text}):", ""]
-        out += _table(["model", *map(str, group["contexts"])],
-                      [[_label(section, name), *[f"{v:.4f}" for v in group["bpc"][name]]] for name in group["models"]])
+        out += markdown_table(["model", *map(str, group["contexts"])],
+                              [[label(section, name), *[f"{v:.4f}" for v in group["bpc"][name]]]
+                               for name in group["models"]])
         out += [""]
     out += ["RECL counts only a token's improvements over the group's best loss at the shorter context "
             "(min(b, l) in appendix C), so a model whose per-token losses move most as the context grows gains "
@@ -262,18 +237,18 @@ def _probe_lines(section: dict, images: str) -> list[str]:
             if window in seen:
                 continue
             seen.add(window)
-            where = f"{_label(section, name)}, " + (f"window {window}" if name in _vanilla(section)
+            where = f"{label(section, name)}, " + (f"window {window}" if name in _vanilla(section)
                                                    else f"memory {memory}")
-            rows.append([where, *[_interval(_copy(cells[str(d)]), 3, "") for d in p["distances"]]])
+            rows.append([where, *[interval(_copy(cells[str(d)]), 3, "") for d in p["distances"]]])
             if memory in ends:
-                versus_first.append([where, *[_interval(_versus_first(cells[str(d)]), 3, "") for d in p["distances"]]])
+                versus_first.append([where, *[interval(_versus_first(cells[str(d)]), 3, "") for d in p["distances"]]])
     header = ["model, length", *[f"distance {d}" for d in p["distances"]]]
-    out += _table(header, rows)
+    out += markdown_table(header, rows)
     out += ["", "The second copy against the first copy instead (at the training memory and the longest one): the "
             "probe's first design. It adds the cost of the cut before the second copy, which starts mid-text where "
             "the first continues its own text, so it is positive wherever copying saves less than the cut costs.",
             ""]
-    out += _table(header, versus_first)
+    out += markdown_table(header, versus_first)
     return out + ["", f"![copy probe]({images}context_probe.png)", ""]
 
 
@@ -292,14 +267,14 @@ def plot(section: dict, directory: str, plt) -> list[str]:
             for clamp, values in table.items():
                 xs = [x for x in memories if str(x) in values]
                 ax.plot(xs, [values[str(x)] for x in xs], marker="o", linestyle="--" if int(clamp) > 0 else "-",
-                        label=_label(section, m["name"]) + (f", clamp {clamp}" if int(clamp) > 0 else ""))
+                        label=label(section, m["name"]) + (f", clamp {clamp}" if int(clamp) > 0 else ""))
         ax.axvline(setup["train_memory"], color="black", linewidth=0.8, linestyle=":", label="training memory")
         vanilla = models[0]["vanilla"]  # each panel holds one kind
         ax.set_xlabel("memory at evaluation" + (" (window = min(memory, training span))" if vanilla else ""))
         ax.set_ylabel("test bpc (same characters in every cell" + (", vanilla subset)" if vanilla else ")"))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    written.append(_save(fig, directory, "context_bpc.png", plt))
+    written.append(save_figure(fig, directory, "context_bpc.png", plt))
     if section.get("gain_curve"):
         curve = section["gain_curve"]
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -311,19 +286,19 @@ def plot(section: dict, directory: str, plt) -> list[str]:
         ax.set_ylabel("best - init test bpc (95% interval)")
         ax.set_title("Transformer-XL: gain from a longer memory")
         ax.grid(alpha=0.3)
-        written.append(_save(fig, directory, "context_gain.png", plt))
+        written.append(save_figure(fig, directory, "context_gain.png", plt))
     recl = section.get("recl")
     if recl:
         group = recl.get("paper_group") or recl["recurrent"]
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         for i, name in enumerate(group["models"]):
-            ax.plot(group["contexts"][:-1], group["ratios"]["0.1"]["gains"][i], marker="o", label=_label(section, name))
+            ax.plot(group["contexts"][:-1], group["ratios"]["0.1"]["gains"][i], marker="o", label=label(section, name))
         ax.axhline(0.01, color="black", linestyle="--", linewidth=0.8, label="threshold 0.01")
         ax.set_xlabel("context c (gain from c to the next context)")
         ax.set_ylabel("relative gain at r = 0.1")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-        written.append(_save(fig, directory, "context_recl.png", plt))
+        written.append(save_figure(fig, directory, "context_recl.png", plt))
     distances = setup["probe"]["distances"]
     names = _names(section)
     fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.8), sharey=True, squeeze=False)
@@ -333,19 +308,21 @@ def plot(section: dict, directory: str, plt) -> list[str]:
         ax.axvline(setup["train_span"], color="black", linewidth=0.8, linestyle=":")
         ax.axhline(0, color="black", linewidth=0.8)
         ax.set_xscale("log", base=2)
-        ax.set_title(_label(section, name), fontsize=8)
+        ax.set_title(label(section, name), fontsize=8)
         ax.set_xlabel("distance")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("second copy - control, bpc")
     axes[0][-1].legend(title="memory", fontsize=6)
-    written.append(_save(fig, directory, "context_probe.png", plt))
+    written.append(save_figure(fig, directory, "context_probe.png", plt))
     return written
 
 
-def _save(fig, directory: str, name: str, plt) -> str:
+def save_figure(fig, directory: str, name: str, plt) -> str:
+    """Lays `fig` out, writes it as DIRECTORY/NAME (PNG) and closes it; returns the path."""
     fig.tight_layout()
     path = os.path.join(directory, name)
-    fig.savefig(path, dpi=110)
+    with paths.atomic_file(path, "wb") as f:  # beside and renamed: a link at `path` is replaced, never followed
+        fig.savefig(f, format="png", dpi=110)
     plt.close(fig)
     return path
 

@@ -31,10 +31,12 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from txl_tf import paths, untrusted
 from txl_tf.autotune import cpu_flags, cpu_model
 from txl_tf.errors import UserError
 
 RUN_RECORD = "study.json"
+RESULTS_LIMIT = 64 * untrusted.MIB  # results.json and a run's study.json (the published results.json is ~0.1 MiB)
 # The quick studies (the test suite's) pin the training path instead of timing candidates (txl_tf.autotune).
 PINNED_PATH = ("TrainConfig.mixed_precision = False", "TrainConfig.jit_compile = False", "TrainConfig.kernels = 'tf'")
 TRAIN_LOG = "train.log"
@@ -128,16 +130,13 @@ class _Tee(io.TextIOBase):
 def _read_json(path: str) -> dict | None:
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        return json.load(f)
+    return untrusted.load_json(path, max_bytes=RESULTS_LIMIT, what="the study's record")
 
 
 def _write_json(path: str, value) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    with paths.atomic_file(path) as f:
         json.dump(value, f, indent=1, sort_keys=True)
         f.write("\n")
-    os.replace(tmp, path)
 
 
 def read_record(run_dir: str) -> dict | None:

@@ -24,8 +24,11 @@ def prepared_data(data_root: str, dataset: str) -> str:
 
 def run(studies, output_dir: str, *, quick: bool = False, data_root: str = "data") -> dict:
     """Runs the studies in order, then writes the report; returns the results document."""
+    from txl_tf import paths
     from txl_tf.study import report, runs
 
+    paths.output_dir(output_dir, "--output_dir")
+    paths.output_dir(data_root, "--data_root")
     unknown = [s for s in studies if s not in STUDIES]
     if unknown:
         raise runs.StudyError(f"unknown study {unknown[0]!r}; choose from {', '.join(STUDIES)}")
@@ -42,10 +45,11 @@ def run(studies, output_dir: str, *, quick: bool = False, data_root: str = "data
             section = ablation.run(output_dir, data_dir, quick=quick, with_recl=with_recl)
             runs.write_results(output_dir, "ablation", section)
         elif study == "context" or study in CONTEXT_STUDIES:
-            from txl_tf.study import context
+            from txl_tf.study import context, context_results
 
             models = None if study == "context" else (study[len(context.STUDY_PREFIX):],)
-            section = context.run(output_dir, prepared_data(data_root, "enwik8_sample"), models=models, quick=quick)
+            section = context_results.run(output_dir, prepared_data(data_root, "enwik8_sample"), models=models,
+                                          quick=quick)
             runs.write_results(output_dir, "context", section)
         elif study == "ptb":
             from txl_tf.study import ptb
