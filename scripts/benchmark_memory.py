@@ -52,7 +52,7 @@ from absl import app, flags
 
 from txl_tf import configs
 from txl_tf.autotune import cpu_model
-from txl_tf.model import RECOMPUTE
+from txl_tf.policy import RECOMPUTE
 
 FLAGS = flags.FLAGS
 

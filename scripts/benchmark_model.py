@@ -3,9 +3,11 @@
     python scripts/benchmark_model.py [--batch=2,8 --tgt_len=512 --mem_len=512 --steps=5 --modes=f32,bf16,...]
         [--kernels=tf,fused] [--peer=DIR] [--profile]
 
-Times one training step (forward, per-token NLL, backward, clipping by global norm, Adam update: the trainer's
-step on one replica, and what the peer's step does) of the enwik8 base architecture
-(12 layers, d_model 512, 8x64 heads, d_inner 2048, vocab 204) with memory carried between steps, in each mode
+Times the trainer's own training step (`txl_tf.trainer.timing_trainer`: a `Trainer` under the default strategy
+on one in-memory batch of random tokens, its `train_loop` one step at a time: forward, token-weighted NLL,
+backward, clipping by global norm, Adam update, the non-finite check; the peer's step does the same but the last)
+of the enwik8 base architecture (12 layers, d_model 512, 8x64 heads, d_inner 2048, vocab 204) with memory carried
+between steps, in each mode
 (float32 / mixed_bfloat16, with / without XLA) and batch, each in a fresh process, and reports tokens/s and model
 FLOPs utilisation (MFU) against two peaks measured in the same run: TensorFlow's best square-matmul peak of the
 mode's precision (`tf.function`, with or without XLA), and the best bfloat16 peak of the CPU (the larger of
@@ -51,6 +53,7 @@ import tensorflow as tf
 from absl import app, flags
 
 from txl_tf import autotune, fused
+from txl_tf import trainer as trainer_lib
 from txl_tf.configs import TrainConfig
 from txl_tf.flops import measure_matmul_peak, model_flops_per_token
 
@@ -105,37 +108,27 @@ def model_kwargs(mlen, n_layer) -> dict:
 
 def time_training(mode, batch, qlen, mlen, n_layer, steps, profile_dir=None, kernels="tf"):
     """(seconds per training step (median of `steps`), the profile breakdown when asked, the path timed, the
-    candidates' tokens/s when "auto" measured) in `mode` with `kernels`; mode "auto" times the path
-    `txl_tf.autotune.choose` picks, as the trainer does."""
-    measured = {}
+    candidates' tokens/s when "auto" measured) in `mode` with `kernels`: the trainer's step
+    (`txl_tf.trainer.timing_trainer`), the first 2 steps untimed; mode "auto" times the path the trainer picks
+    (`txl_tf.trainer.choose_path`)."""
+    measured, config = {}, TrainConfig(tgt_len=qlen)
     if mode == "auto":
-        path, measured = autotune.choose(model_kwargs(mlen, n_layer), TrainConfig(tgt_len=qlen), batch,
-                                         fused_why=fused.unavailable(), log=lambda line: print(line, file=sys.stderr))
+        path, measured = trainer_lib.choose_path(model_kwargs(mlen, n_layer), config, batch,
+                                                 fused_why=fused.unavailable(),
+                                                 log=lambda line: print(line, file=sys.stderr))
     else:
         path = mode_path(mode, kernels)
     keras.utils.set_random_seed(0)
-    model, train_step = autotune.training_step(model_kwargs(mlen, n_layer), path)
-    data = tf.random.uniform([batch, qlen + 1], 0, ARCH["n_token"], tf.int32, seed=1)
-    mems = model.initial_memory(batch)  # a txl_tf.state.Memory
-    times = []
-    for step in range(steps + 2):
-        start = time.perf_counter()
-        loss, mems = train_step(data[:, :-1], data[:, 1:], mems)
-        loss.numpy()
-        if step >= 2:
-            times.append(time.perf_counter() - start)
+    trainer = trainer_lib.timing_trainer(model_kwargs(mlen, n_layer), config, batch, path)
+    seconds = trainer_lib.step_seconds(trainer, steps, warmup=2)
     breakdown = None
     if profile_dir:
         profiled = 3
         tf.profiler.experimental.start(profile_dir)
-        start = time.perf_counter()
-        for _ in range(profiled):
-            loss, mems = train_step(data[:, :-1], data[:, 1:], mems)
-            loss.numpy()
-        wall = time.perf_counter() - start
+        wall = trainer.train_loop(profiled).seconds
         tf.profiler.experimental.stop()
         breakdown = profile_breakdown(profile_dir, profiled, wall)
-    return sorted(times)[len(times) // 2], breakdown, path, measured
+    return seconds, breakdown, path, measured
 
 
 def _category(scope: str, op: str) -> str:
