@@ -65,6 +65,7 @@ def test_a_resume_keeps_the_recorded_path_of_auto_fields_only():
     assert autotune.with_recorded_path(command, TrainConfig()).mixed_precision == "auto"  # nothing recorded
 
 
+@pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
 def test_choose_times_each_candidate_picks_the_fastest_and_caches_it(cache):
     config = TrainConfig(tgt_len=5, kernels="tf")
     lines = []
@@ -101,6 +102,7 @@ def test_each_candidate_is_timed_by_the_trainers_own_train_loop(cache, monkeypat
     assert set(table) == {p.describe() for p in paths} and path in paths
 
 
+@pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
 def test_a_measured_trainer_starts_from_the_weights_of_the_same_path_set_explicitly(char_data, cache):
     measured = tiny_trainer(char_data, mixed_precision="auto", jit_compile="auto")
     assert len(measured.path_measured) == 4
@@ -141,6 +143,7 @@ def test_a_run_records_the_measured_path_and_a_resume_keeps_it(char_data, cache,
     assert capsys.readouterr().out.count("no longer bit for bit those of an uninterrupted run") == 1
 
 
+@pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
 def test_onednn_is_measured_once_and_a_users_setting_is_left_alone(cache, monkeypatch):
     monkeypatch.delenv(autotune.ONEDNN_ENV, raising=False)
     lines = []
@@ -207,6 +210,7 @@ def test_a_tampered_cache_entry_writes_none_of_its_text_into_config_gin(char_dat
 
 
 @pytest.mark.parametrize("shared", ["file", "folder", "parent", "owner"])
+@pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
 def test_a_cache_another_user_could_write_is_ignored_with_one_warning(cache, caplog, shared):
     config = TrainConfig(tgt_len=5, jit_compile=False, kernels="tf")  # float32 and mixed_bfloat16
     choose_path(TINY_MODEL, config, 2, log=lambda line: None, steps=1)

@@ -26,6 +26,7 @@ def _table(out, pattern):
     return {m.group(1): m.groups()[1:] for m in map(pattern.match, out.splitlines()) if m}
 
 
+@pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
 def test_a_row_reports_its_peak_and_a_probe_over_the_budget_is_killed():
     out = _run("--recompute=block", "--budget_gib=0.2", "--max_length=128")
     assert re.search(r"^cpu: .+ \(\d+ cores\)", out, re.M)

@@ -165,6 +165,7 @@ class Terminate(Action):
         return {}
 
 
+@pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
 def test_sigterm_saves_at_the_host_loop_boundary_and_puts_the_handler_back(char_data, tmp_path):
     lines = []
     before = signal.getsignal(signal.SIGTERM)

@@ -114,6 +114,7 @@ def _python_reference(model, vocab, inputs):
     return ref
 
 
+@pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
 def test_fresh_process_without_txl_tf_matches_python(exported):
     tmp, model, vocab = exported
     rng = np.random.default_rng(0)

@@ -83,6 +83,7 @@ def test_finetuning_the_converted_fixture_lowers_the_loss(setup, tmp_path):
     assert after < before - 0.2, (before, after)  # 3.92 -> 3.62 nats in 20 steps
 
 
+@pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
 def test_a_resumed_run_ignores_init_checkpoint(setup, tmp_path):
     converted, _, data = setup
     make_run(data, tmp_path / "run", train_steps=2, steps_per_loop=2, log_every=2).train()

@@ -40,6 +40,7 @@ def test_same_seed_same_tokens(model):
     assert first.tokens_per_second > 0
 
 
+@pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
 def test_greedy_matches_step_by_step_oracle(model):
     result = _generate(model, temperature=0.0, use_cache=False)
     # Oracle: plain model calls; the prompt in segments of 3 (zero memory at first, so segmentation matters),
@@ -92,6 +93,7 @@ def test_top_p_keeps_the_smallest_set_reaching_p(top_p, allowed):
     assert set(np.concatenate(draws).tolist()) == allowed
 
 
+@pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
 def test_saved_model_gives_the_python_text(model, tmp_path):
     """The SavedModel's signatures (cache in and out) sample the same tokens as the Python model."""
     protocol = Protocol(mem_len=9)

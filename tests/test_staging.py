@@ -123,6 +123,7 @@ def _prepare(source, data_dir, *extra):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
 def test_prepare_keeps_the_users_folders_and_removes_a_killed_preparations(tmp_path):
     source, data_dir = tmp_path / "tiny.txt", tmp_path / "data"
     source.write_text(tiny_text(400))

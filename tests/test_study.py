@@ -151,6 +151,7 @@ def test_published_report_is_what_the_generator_renders():
     assert report.SUPERSEDED not in report.render(without)
 
 
+@pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
 def test_context_quick_end_to_end(tmp_path, data_root):
     """Study `context` (--quick): four runs, the memory axis on the same kept tokens, RECL, the probe, the report;
     a second study call trains and scores nothing again."""

@@ -248,6 +248,7 @@ def test_ten_random_kill_9_points_end_with_the_uninterrupted_weights(char_data, 
 # bfloat16: CPU collectives gather no bfloat16, so the memory saved with each checkpoint (gathered from both
 # workers) travels as float32; the run passes a checkpoint at step 2 before the last one.
 @pytest.mark.parametrize("mixed_precision", [False, pytest.param(True, marks=pytest.mark.slow)])  # CI: both
+@pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
 def test_two_local_workers_match_single_process_training(char_data, tmp_path, mixed_precision):
     params = tiny_params(char_data, **{"TrainConfig.train_steps": 5, "TrainConfig.checkpoint_every": 2,
                                        "TrainConfig.mixed_precision": mixed_precision})

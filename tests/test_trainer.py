@@ -55,6 +55,7 @@ def test_first_step_matches_numpy_adam_with_global_norm_clipping(char_data):
         np.testing.assert_allclose(w1, expected, atol=2e-6)
 
 
+@pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
 def test_mirrored_on_two_cpus_matches_default(char_data, tmp_path):
     runs = {}
     for name in ("default", "mirrored"):

@@ -17,6 +17,7 @@ def char_data(tmp_path_factory):
 
 
 @pytest.mark.parametrize("attn_type", ["xl", "shaw", "vaswani", "al_rfou"])
+@pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
 def test_variant_trains_and_evaluates_with_the_shipped_configuration(attn_type, char_data, tmp_path):
     model_dir = str(tmp_path / attn_type)
     params = tiny_params(char_data, **{"ModelConfig.attn_type": repr(attn_type), "ModelConfig.max_position": 32,
