@@ -103,7 +103,7 @@ def output_file(path, name: str, example: str = "out") -> str:
     link, or in a folder that is a file or not writable."""
     text = given(path, name)
     if os.path.isdir(text):
-        raise PathError(f"{name}={text} is a folder; give a file path, e.g. {os.path.join(text, example)}")
+        raise PathError(f"{name}={text} is a directory; give a file path, e.g. {os.path.join(text, example)}")
     if os.path.islink(text):
         raise PathError(f"{name}={text} is a symbolic link (to {os.readlink(text)}); outputs never follow links: "
                         "give another file name")
