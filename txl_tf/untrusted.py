@@ -148,10 +148,12 @@ def _depth(value, limit: int) -> int:
     return deepest
 
 
-def parse_json(text: str, *, what: str = "the JSON text", max_depth: int = MAX_DEPTH):
-    """Strict JSON: finite numbers only, nesting at most `max_depth`; UntrustedFileError otherwise."""
+def parse_json(text: str, *, what: str = "the JSON text", max_depth: int = MAX_DEPTH, finite: bool = True):
+    """Strict JSON: finite numbers only (unless `finite=False`: a record whose NaN means "undefined"), nesting at
+    most `max_depth`; UntrustedFileError otherwise."""
+    strict = dict(parse_float=_finite_float, parse_constant=_refuse_constant) if finite else {}
     try:
-        value = json.loads(text, parse_float=_finite_float, parse_constant=_refuse_constant)
+        value = json.loads(text, **strict)
     except RecursionError:
         raise UntrustedFileError(f"{what} nests deeper than {max_depth} levels; give the right file") from None
     except ValueError as error:
@@ -162,7 +164,8 @@ def parse_json(text: str, *, what: str = "the JSON text", max_depth: int = MAX_D
     return value
 
 
-def load_json(path, *, max_bytes: int = JSON_LIMIT, what: str = "the file", max_depth: int = MAX_DEPTH):
+def load_json(path, *, max_bytes: int = JSON_LIMIT, what: str = "the file", max_depth: int = MAX_DEPTH,
+              finite: bool = True):
     """The JSON value in the regular file `path` (see `read_bytes` and `parse_json`)."""
     text = read_text(path, max_bytes=max_bytes, what=what)
-    return parse_json(text, what=f"{what} {os.fspath(path)}", max_depth=max_depth)
+    return parse_json(text, what=f"{what} {os.fspath(path)}", max_depth=max_depth, finite=finite)

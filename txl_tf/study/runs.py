@@ -130,7 +130,8 @@ class _Tee(io.TextIOBase):
 def _read_json(path: str) -> dict | None:
     if not os.path.exists(path):
         return None
-    return untrusted.load_json(path, max_bytes=RESULTS_LIMIT, what="the study's record")
+    # A study records NaN for a figure that is undefined (an interval of one run): not a finite-only file.
+    return untrusted.load_json(path, max_bytes=RESULTS_LIMIT, what="the study's record", finite=False)
 
 
 def _write_json(path: str, value) -> None:
