@@ -1,0 +1,161 @@
+"""txl_tf.hub: Transformer-XL as keras-hub's Backbone, CausalLM, preprocessor and tokenizer (issue 36).
+
+Everything runs through the real keras-hub: its samplers, its generate(), its preset saver and loaders.
+"""
+
+import json
+import os
+
+import keras
+import keras_hub
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from txl_tf import generation, paths
+from txl_tf.configs import EvalConfig, ModelConfig
+from txl_tf.data.vocab import Vocab
+from txl_tf.errors import ConfigError, UserError
+from txl_tf.hub import (
+    TransformerXLBackbone,
+    TransformerXLCausalLM,
+    TransformerXLCausalLMPreprocessor,
+    TransformerXLTokenizer,
+)
+
+VOCAB = Vocab([10] + list(range(32, 127)), "char")
+PROMPTS = ["hello world, this is a longer prompt", "ab"]  # 36 tokens (over four 8-token segments) and 2
+
+
+def make_lm(sequence_length=60, attn_type="xl", seed=3):
+    keras.utils.set_random_seed(seed)
+    model_config = ModelConfig(n_layer=2, d_model=32, n_head=2, d_head=16, d_inner=64, dropout=0.0, mem_len=16,
+                               n_token=len(VOCAB), attn_type=attn_type)
+    eval_config = EvalConfig(tgt_len=8, mem_len=16, clamp_len=-1, same_length=False)
+    backbone = TransformerXLBackbone(model_config, eval_config)
+    preprocessor = TransformerXLCausalLMPreprocessor(TransformerXLTokenizer(VOCAB), sequence_length=sequence_length)
+    return TransformerXLCausalLM(backbone, preprocessor)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return make_lm()
+
+
+def legacy_greedy(lm, prompts, max_length):
+    """The continuation txl_tf's own decoder (tested against full passes) gives greedily."""
+    ids = [VOCAB.encode(text) for text in prompts]
+    result = generation.generate_from_model(lm.backbone.transformer_xl, ids, max_tokens=max_length,
+                                            temperature=0.0, segment_len=lm.backbone.segment_len)
+    return [VOCAB.decode(list(row) + list(tokens))[:max_length] for row, tokens in zip(ids, result.tokens, strict=True)]
+
+
+def test_greedy_generation_through_keras_hub_equals_txl_tf_decoding_past_the_memory(lm):
+    """60 positions with a memory of 16: the continuation runs past every window; rows of different lengths."""
+    lm.compile(sampler="greedy")
+    out = lm.generate(PROMPTS, max_length=60)
+    assert isinstance(out, list) and all(isinstance(text, str) for text in out)
+    assert out == legacy_greedy(lm, PROMPTS, 60)
+    assert [len(text) for text in out] == [60, 60]
+
+
+@pytest.mark.parametrize("attn_type", ["rope", "alibi", "vaswani"])
+def test_other_encodings_generate_as_txl_tf_does(attn_type):
+    lm = make_lm(attn_type=attn_type)
+    lm.compile(sampler="greedy")
+    assert lm.generate(PROMPTS, max_length=40) == legacy_greedy(lm, PROMPTS, 40)
+
+
+def test_every_keras_hub_sampler_runs_with_the_batch_first_memory(lm):
+    """Beam and contrastive repeat and gather the cache's rows: the memory has the batch on axis 0."""
+    lm.compile(sampler="greedy")
+    greedy = lm.generate(PROMPTS, max_length=50)
+    lm.compile(sampler=keras_hub.samplers.BeamSampler(num_beams=1))
+    assert lm.generate(PROMPTS, max_length=50) == greedy  # one beam is greedy search
+    lm.compile(sampler=keras_hub.samplers.TopKSampler(k=1))
+    assert lm.generate(PROMPTS, max_length=50) == greedy
+    for sampler in ["beam", "contrastive", "top_k", "top_p", "random"]:
+        lm.compile(sampler=sampler)
+        out = lm.generate(PROMPTS, max_length=50)
+        assert [text[:len(prompt)] for text, prompt in zip(out, PROMPTS, strict=True)] == PROMPTS, sampler
+        assert all(len(text) == 50 for text in out), (sampler, out)
+
+
+def test_generate_takes_what_keras_hubs_generate_takes(lm):
+    lm.compile(sampler="greedy")
+    full = lm.generate("hello", max_length=20)
+    assert isinstance(full, str) and full.startswith("hello") and len(full) == 20
+    assert lm.generate(tf.constant("hello"), max_length=20) == full
+    assert lm.generate(["hello"], max_length=20) == [full]
+    assert lm.generate(tf.data.Dataset.from_tensor_slices(["hello", "hello"]).batch(2), max_length=20) == [full] * 2
+    assert lm.generate("hello", max_length=20, strip_prompt=True) == full[5:]
+    assert len(lm.generate("hello")) == lm.preprocessor.sequence_length  # the default max_length
+    stop = VOCAB.id_of(ord(full[7]))
+    stopped = lm.generate("hello", max_length=20, stop_token_ids=[stop])
+    assert stopped == full[:full.index(full[7], 5) + 1]  # up to and including the first new stop token
+
+
+def test_a_keras_hub_preset_loads_through_keras_hubs_own_loaders(lm, tmp_path):
+    lm.compile(sampler="greedy")
+    expected = lm.generate(PROMPTS, max_length=40)
+    preset = str(tmp_path / "preset")
+    lm.save_to_preset(preset)
+    config = json.loads((tmp_path / "preset" / "config.json").read_text())
+    assert config["registered_name"] == "txl_tf.hub>TransformerXLBackbone"
+    assert config["config"]["eval_config"]["tgt_len"] == 8  # the protocol travels with the model
+    assert (tmp_path / "preset" / "assets" / "tokenizer" / "vocab.json").is_file()
+
+    loaded = keras_hub.models.CausalLM.from_preset(preset)
+    assert type(loaded) is TransformerXLCausalLM
+    loaded.compile(sampler="greedy")
+    assert loaded.generate(PROMPTS, max_length=40) == expected
+    backbone = keras_hub.models.Backbone.from_preset(preset)
+    assert isinstance(backbone, TransformerXLBackbone) and backbone.eval_config == lm.backbone.eval_config
+    tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(preset)
+    assert isinstance(tokenizer, TransformerXLTokenizer)
+    assert tokenizer.detokenize(tokenizer.tokenize(["abc d"])) == ["abc d"]
+    for a, b in zip(backbone.get_weights(), lm.backbone.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+    lm.save_to_preset(preset)  # its own preset may be written again
+
+
+def test_from_preset_still_loads_txl_tfs_earlier_preset_format(tmp_path):
+    from txl_tf.causal_lm import TransformerXLCausalLM as Legacy
+
+    lm = make_lm()
+    legacy = Legacy(lm.backbone.transformer_xl, VOCAB, lm.backbone.model_config, lm.backbone.eval_config)
+    legacy.save_to_preset(str(tmp_path / "old"))
+    loaded = TransformerXLCausalLM.from_preset(str(tmp_path / "old"), sequence_length=50)
+    assert type(loaded) is TransformerXLCausalLM and loaded.preprocessor.sequence_length == 50
+    lm.compile(sampler="greedy")
+    loaded.compile(sampler="greedy")
+    assert loaded.generate(PROMPTS, max_length=50) == lm.generate(PROMPTS, max_length=50)
+
+
+def test_saving_a_preset_goes_through_the_path_check(lm, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.txt").write_text("the user's")
+    with pytest.raises(paths.PathError, match="empty"):
+        lm.save_to_preset("")
+    with pytest.raises(paths.PathError):
+        lm.save_to_preset(".")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "notes.txt").write_text("keep")
+    with pytest.raises(paths.OutputExistsError, match="notes.txt"):
+        lm.save_to_preset("folder")
+    assert (tmp_path / "mine.txt").read_text() == "the user's"
+    assert os.listdir(tmp_path / "folder") == ["notes.txt"]
+
+
+def test_a_preset_file_is_untrusted_input(lm, tmp_path):
+    preset = tmp_path / "preset"
+    lm.save_to_preset(str(preset))
+    (preset / "task.json").write_text("[" * 100_000)  # nesting no parser should follow
+    with pytest.raises(UserError, match="task.json"):
+        TransformerXLCausalLM.from_preset(str(preset))
+    config = json.loads((preset / "config.json").read_text())
+    config["config"]["model_config"]["n_layer"] = 1_000_000
+    (preset / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=r"n_layer=1000000"):
+        keras_hub.models.Backbone.from_preset(str(preset))  # refused before anything is built

@@ -1,0 +1,417 @@
+"""Transformer-XL as keras-hub models: a Backbone, a CausalLM, its preprocessor and its tokenizer.
+
+    import txl_tf.hub  # registers the classes with Keras, so that keras-hub's loaders find them
+    lm = keras_hub.models.CausalLM.from_preset("my_preset")    # a preset written by save_to_preset
+    lm.compile(sampler="beam")                                 # any keras-hub sampler
+    lm.generate("The meaning of", max_length=64)
+
+The recurrent state is keras-hub's generation cache: a tuple of tensors with the batch first (the keys and values
+of each layer's memory, [B, n, N, M, D], or the hidden-state memory [B, n, M, d] where a keys/values cache cannot
+carry the model), of a fixed length M = the evaluation's mem_len. So every sampler that repeats or gathers rows
+(beam, contrastive) works, and generation runs past any window: each new token attends to the last M positions
+of every layer, the model's point. The prompt is consumed in segments of the evaluation's tgt_len before the
+sampler's loop; rows whose prompts are longer than the shortest one feed their remaining prompt tokens through
+the loop one at a time (the same state: incremental decoding equals a full pass).
+
+Layout of a preset (keras-hub's): config.json (the backbone: `model_config`, the architecture as
+`txl_tf.configs.ModelConfig`, and `eval_config`, the evaluation protocol as `EvalConfig`, which travels with the
+model), model.weights.h5, tokenizer.json with assets/tokenizer/vocab.json, preprocessor.json, task.json,
+metadata.json. `TransformerXLCausalLM.from_preset` also loads everything `txl_tf.TransformerXLCausalLM.from_preset`
+does (run folders, best/, averaged/, converted authors' checkpoints, presets of txl_tf's earlier format).
+
+A stream language model has no end-of-text token: `generate` runs to `max_length` unless `stop_token_ids` are
+given (a word-level vocabulary's "<eos>" is a line end, not the end of a text).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import keras
+import keras_hub
+import tensorflow as tf
+
+from txl_tf import paths, untrusted
+from txl_tf.configs import EvalConfig, ModelConfig, check_inference_size
+from txl_tf.data.vocab import Vocab
+from txl_tf.errors import ConfigError
+from txl_tf.model import TransformerXL
+from txl_tf.protocol import Protocol
+from txl_tf.state import Cache, Memory
+from txl_tf.tokenizer import TransformerXLTokenizer as _GraphTokenizer
+
+PACKAGE = "txl_tf.hub"
+VOCAB_ASSET = "vocab.json"
+PRESET_KIND = "keras-hub preset"
+HUB_FILES = ("config.json", "task.json", "preprocessor.json", "tokenizer.json")
+
+
+def _config(kind, fields, what: str):
+    """A validated ModelConfig / EvalConfig from a dict read from a file (one-line ConfigError otherwise)."""
+    if isinstance(fields, kind):
+        return fields
+    known = {field.name for field in dataclasses.fields(kind)}
+    if not isinstance(fields, dict) or set(fields) - known:
+        unknown = sorted(set(fields) - known)[:5] if isinstance(fields, dict) else type(fields).__name__
+        raise ConfigError(f"{what} must map {kind.__name__} fields to values (unknown: {unknown}); save the preset "
+                          "again with save_to_preset")
+    fields = dict(fields)
+    for key in ("cutoffs", "tie_projs"):
+        if isinstance(fields.get(key), list):
+            fields[key] = tuple(fields[key])
+    return kind(**fields)  # validated: types, ranges, the model's size against this machine's memory
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class TransformerXLBackbone(keras_hub.models.Backbone):
+    """The Transformer-XL network as a keras-hub Backbone: token ids -> hidden states [B, L, d_model].
+
+    Args:
+      model_config: the architecture, a `txl_tf.configs.ModelConfig` or its dict (n_token set).
+      eval_config: the evaluation protocol (segment, memory and clamp lengths, same_length), an `EvalConfig` or
+        its dict; generation and scoring use it.
+      dtype: the Keras dtype policy of the layers (e.g. "mixed_bfloat16").
+
+    `backbone(inputs)` takes {"token_ids": [B, L], "padding_mask": [B, L]} without a memory. The memory is a call
+    argument and a return value of `call_with_state` (and of every layer: `self.transformer_xl`, a
+    `txl_tf.TransformerXL`).
+    """
+
+    def __init__(self, model_config, eval_config=None, dtype=None, **kwargs):
+        model_config = _config(ModelConfig, model_config, "the backbone's model_config")
+        eval_config = _config(EvalConfig, eval_config if eval_config is not None else {}, "the backbone's eval_config")
+        if model_config.n_token is None:
+            raise ConfigError("the backbone's model_config has no n_token; set it to the vocabulary's size")
+        check_inference_size(model_config, batch_size=1, tgt_len=eval_config.tgt_len, mem_len=eval_config.mem_len)
+        self.transformer_xl = TransformerXL(**model_config.model_kwargs(), dtype=dtype, name="transformer_xl")
+        super().__init__(dtype=dtype, **kwargs)
+        self.model_config = model_config
+        self.eval_config = eval_config
+        self.token_embedding = self.transformer_xl.embedding
+        self.built = True
+
+    @property
+    def protocol(self) -> Protocol:
+        """The attention lengths of generation: the evaluation's memory and clamp lengths; every token sees the
+        whole memory (no same_length)."""
+        return Protocol(self.eval_config.mem_len, self.eval_config.clamp_len, same_length=False)
+
+    @property
+    def segment_len(self) -> int:
+        """Prompt segment length: the evaluation's tgt_len."""
+        return self.eval_config.tgt_len
+
+    def call(self, inputs, training=False):
+        hidden, _ = self.call_with_state(inputs["token_ids"], None, inputs.get("padding_mask"), training=training)
+        return hidden
+
+    def call_with_state(self, token_ids, state, padding_mask=None, protocol=None, training=False):
+        """(hidden [B, L, d], new state): one segment with a `txl_tf.state` Memory or Cache (None: no memory);
+        padding (padding_mask 0, right-aligned) does not enter the state."""
+        lengths = None
+        if padding_mask is not None:
+            lengths = tf.reduce_sum(tf.cast(padding_mask, tf.int32), axis=1)
+        return self.transformer_xl(token_ids, state, protocol=protocol or self.protocol, lengths=lengths,
+                                   training=training)
+
+    def get_config(self):
+        return {**super().get_config(), "model_config": dataclasses.asdict(self.model_config),
+                "eval_config": dataclasses.asdict(self.eval_config)}
+
+    def save_to_preset(self, preset_dir, max_shard_size=10):
+        _checked_preset_dir(preset_dir)
+        super().save_to_preset(preset_dir, max_shard_size=max_shard_size)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class TransformerXLTokenizer(keras_hub.tokenizers.Tokenizer):
+    """A Transformer-XL vocabulary (character or word level) as a keras-hub Tokenizer, tokenizing inside the
+    TensorFlow graph (tensorflow-text; the ids equal `Vocab.encode`'s).
+
+    Args:
+      vocabulary: a `txl_tf.data.vocab.Vocab`, its `to_json()` dict, or the path of a vocab.json; None until
+        `load_assets` (a preset's assets/tokenizer/vocab.json).
+
+    No start or end token (a stream language model has none); pad id 0 (padding never reaches the state).
+    """
+
+    backbone_cls = TransformerXLBackbone
+
+    def __init__(self, vocabulary=None, **kwargs):
+        super().__init__(**kwargs)
+        self.file_assets = [VOCAB_ASSET]
+        self.start_token_id = None
+        self.end_token_id = None
+        self.pad_token_id = 0
+        self._graph = None
+        self.set_vocabulary(vocabulary)
+
+    def set_vocabulary(self, vocabulary) -> None:
+        if vocabulary is None:
+            self._graph = None
+            return
+        if isinstance(vocabulary, str):
+            vocabulary = Vocab.load(vocabulary)  # a regular file, size-limited, schema-checked
+        self._graph = _GraphTokenizer(vocabulary, dtype=self.compute_dtype if self.compute_dtype in ("int32", "int64")
+                                      else "int32")
+
+    def _tokenizer(self) -> _GraphTokenizer:
+        if self._graph is None:
+            raise ConfigError("the tokenizer has no vocabulary; pass one (a Vocab or a vocab.json path) or load a "
+                              "preset with TransformerXLTokenizer.from_preset(DIR)")
+        return self._graph
+
+    @property
+    def vocab(self) -> Vocab:
+        return self._tokenizer().vocab
+
+    def vocabulary_size(self) -> int:
+        return self._tokenizer().vocabulary_size()
+
+    def get_vocabulary(self) -> list:
+        return self._tokenizer().get_vocabulary()
+
+    def id_to_token(self, id):
+        return self._tokenizer().id_to_token(id)
+
+    def token_to_id(self, token):
+        return self._tokenizer().token_to_id(token)
+
+    def tokenize(self, inputs, *args, **kwargs):
+        return self._tokenizer().tokenize(inputs)
+
+    def detokenize(self, inputs, *args, **kwargs):
+        text = self._tokenizer().detokenize(inputs)
+        if not tf.executing_eagerly():
+            return text
+        text = text.numpy()  # Python strings, as keras-hub's tokenizers give eagerly
+        if text.ndim == 0:
+            return text.decode("utf-8", "replace")
+        return [row.decode("utf-8", "replace") for row in text.tolist()]
+
+    def save_assets(self, dir_path):
+        self.vocab.save(os.path.join(dir_path, VOCAB_ASSET))
+
+    def load_assets(self, dir_path):
+        self.set_vocabulary(os.path.join(dir_path, VOCAB_ASSET))
+
+    def get_config(self):
+        return {**super().get_config(), "vocabulary": None}  # the vocabulary is an asset (vocab.json)
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class TransformerXLCausalLMPreprocessor(keras_hub.models.CausalLMPreprocessor):
+    """Text -> token ids (and shifted labels for `fit`), no start or end token; `sequence_length` is the default
+    `max_length` of `generate` (prompt and continuation)."""
+
+    backbone_cls = TransformerXLBackbone
+    tokenizer_cls = TransformerXLTokenizer
+
+    def __init__(self, tokenizer, sequence_length=256, add_start_token=False, add_end_token=False, **kwargs):
+        super().__init__(tokenizer, sequence_length=sequence_length, add_start_token=add_start_token,
+                         add_end_token=add_end_token, **kwargs)
+
+
+def _to_hub(state):
+    """A `txl_tf.state` value -> (keras-hub's cache: a tuple with the batch first, the position keys or ())."""
+    if isinstance(state, Cache):
+        return (tf.transpose(state.keys, [2, 0, 1, 3, 4]), tf.transpose(state.values, [2, 0, 1, 3, 4])), \
+            state.position_keys
+    return (tf.transpose(state.hidden, [1, 0, 2, 3]),), ()
+
+
+def _from_hub(cache, position_keys):
+    if len(cache) == 2:
+        return Cache(tf.transpose(cache[0], [1, 2, 0, 3, 4]), tf.transpose(cache[1], [1, 2, 0, 3, 4]), position_keys)
+    return Memory(tf.transpose(cache[0], [1, 0, 2, 3]))
+
+
+@keras.saving.register_keras_serializable(package=PACKAGE)
+class TransformerXLCausalLM(keras_hub.models.CausalLM):
+    """Transformer-XL as a keras-hub CausalLM: `generate` with every keras-hub sampler, the memory as the cache.
+
+    Args:
+      backbone: a `TransformerXLBackbone`.
+      preprocessor: a `TransformerXLCausalLMPreprocessor` or None (then `generate` takes token ids).
+
+    `lm(inputs)` returns log-probabilities [B, L, V] (keras-hub's logits; a softmax of them is the model's
+    distribution).
+    """
+
+    backbone_cls = TransformerXLBackbone
+    preprocessor_cls = TransformerXLCausalLMPreprocessor
+
+    def __init__(self, backbone, preprocessor=None, **kwargs):
+        self.backbone = backbone
+        self.preprocessor = preprocessor
+        super().__init__(**kwargs)
+
+    def call(self, inputs, training=False):
+        hidden = self.backbone(inputs, training=training)
+        return self.backbone.transformer_xl.log_probs(hidden)
+
+    # ---- generation ---------------------------------------------------------------------------------------
+    def _initial_state(self, batch_size):
+        model, protocol = self.backbone.transformer_xl, self.backbone.protocol
+        if model.supports_cache(protocol):
+            return model.initial_cache(batch_size, protocol, max_len=self.backbone.segment_len)
+        return model.initial_memory(batch_size, protocol)
+
+    def call_with_cache(self, token_ids, cache, position_keys=(), padding_mask=None):
+        """(log-probs [B, L, V], hidden [B, L, d], new cache) of `token_ids` [B, L] after the state in `cache`
+        (keras-hub's cache: see the module docstring)."""
+        hidden, state = self.backbone.call_with_state(token_ids, _from_hub(cache, position_keys), padding_mask)
+        cache, _ = _to_hub(state)
+        return self.backbone.transformer_xl.log_probs(hidden), hidden, cache
+
+    def _build_cache(self, token_ids, lengths):
+        """Feeds each row's prompt (its first `lengths` tokens) in segments, as txl_tf's decoder does.
+
+        Returns (hidden [B, T, d] of the prompt positions, zeros after; keras-hub's cache; the position keys).
+        The cache holds the state's tensors, then each row's log-probs [B, V] and hidden [B, d] after its prompt
+        and the prompt lengths [B]: the loop's `next` takes a row's prompt tokens from there instead of feeding
+        them again."""
+        segment, model = self.backbone.segment_len, self.backbone.transformer_xl
+        batch, total = tf.shape(token_ids)[0], tf.shape(token_ids)[1]
+        padded = tf.pad(token_ids, [[0, 0], [0, segment]])
+        state, position_keys = _to_hub(self._initial_state(batch))
+        hidden_states = tf.zeros([total + segment, batch, model.d_model], self.compute_dtype)  # time first
+        last_logits = tf.zeros([batch, model.n_token], tf.float32)
+        last_hidden = tf.zeros([batch, model.d_model], self.compute_dtype)
+        longest = tf.reduce_max(lengths)
+        count = (longest + segment - 1) // segment
+
+        def body(i, state, hidden_states, last_logits, last_hidden):
+            # Segments as txl_tf's decoder cuts them (the last one shorter): the absolute encodings' numbers
+            # depend on the window's length.
+            start = i * segment
+            width = tf.minimum(segment, longest - start)
+            chunk = tf.slice(padded, [0, start], [-1, width])
+            used = tf.clip_by_value(lengths - start, 0, width)  # [B] prompt tokens of each row in this chunk
+            logits, hidden, state = self.call_with_cache(chunk, state, position_keys,
+                                                         tf.sequence_mask(used, width, tf.int32))
+            hidden = tf.cast(hidden, hidden_states.dtype)
+            hidden_states = tf.tensor_scatter_nd_update(hidden_states, (start + tf.range(width))[:, None],
+                                                        tf.transpose(hidden, [1, 0, 2]))
+            last = tf.maximum(used - 1, 0)
+            ends = (used > 0)[:, None]  # rows whose prompt goes on in this chunk: their last token so far
+            last_logits = tf.where(ends, tf.cast(tf.gather(logits, last, batch_dims=1), tf.float32), last_logits)
+            last_hidden = tf.where(ends, tf.gather(hidden, last, batch_dims=1), last_hidden)
+            # The loop's tensors keep their static shapes (a batch of 1 stays 1 through tf.gather).
+            return (i + 1, *tf.nest.map_structure(lambda new, old: tf.ensure_shape(new, old.shape),
+                                                  (state, hidden_states, last_logits, last_hidden), loop_vars[1:]))
+
+        loop_vars = (tf.constant(0), state, hidden_states, last_logits, last_hidden)
+        _, state, hidden_states, last_logits, last_hidden = tf.while_loop(
+            lambda i, *_: i < count, body, loop_vars)
+        cache = (*state, last_logits, last_hidden, lengths)
+        return tf.transpose(hidden_states[:total], [1, 0, 2]), cache, position_keys
+
+    def generate_step(self, inputs, stop_token_ids=None):
+        token_ids, padding_mask = inputs["token_ids"], inputs["padding_mask"]
+        padding_mask = tf.cast(padding_mask, tf.bool)
+        lengths = tf.reduce_sum(tf.cast(padding_mask, tf.int32), axis=1)  # prompts: right-padded
+        index = tf.maximum(tf.reduce_min(lengths), 1)
+        hidden_states, cache, position_keys = self._build_cache(token_ids, lengths)
+
+        def next(prompt, cache, index):
+            *state, last_logits, last_hidden, lengths = cache
+            token = tf.slice(prompt, [0, index - 1], [-1, 1])
+            fresh = index - 1 >= lengths  # [B]: the token at index - 1 is not in the state yet (not the prompt's)
+            logits, hidden, state = self.call_with_cache(token, tuple(state), position_keys,
+                                                         tf.cast(fresh, tf.int32)[:, None])
+            logits = tf.where(fresh[:, None], tf.cast(logits[:, 0], tf.float32), last_logits)
+            hidden = tf.where(fresh[:, None], hidden[:, 0], last_hidden)
+            return logits, hidden, (*state, last_logits, last_hidden, lengths)
+
+        token_ids = self.sampler(next=next, prompt=token_ids, cache=cache, index=index, mask=padding_mask,
+                                 stop_token_ids=stop_token_ids, hidden_states=hidden_states, model=self)
+        if stop_token_ids is None:
+            return {"token_ids": token_ids, "padding_mask": tf.ones_like(token_ids, tf.bool)}
+        ends = tf.reduce_any(tf.equal(token_ids[..., None], tf.constant(list(stop_token_ids), token_ids.dtype)),
+                             axis=-1) & tf.logical_not(padding_mask)  # new stop tokens
+        ends = tf.cast(ends, tf.int32)
+        after = tf.cumsum(ends, axis=-1) - ends  # positions after the first new stop token
+        return {"token_ids": token_ids, "padding_mask": tf.equal(after, 0)}
+
+    def generate(self, inputs, max_length=None, stop_token_ids="auto", strip_prompt=False):
+        if isinstance(stop_token_ids, str) and stop_token_ids == "auto":
+            tokenizer = self.preprocessor.tokenizer if self.preprocessor is not None else None
+            end = getattr(tokenizer, "end_token_id", None)
+            stop_token_ids = None if end is None else [end]  # a stream LM has no end-of-text token
+        return super().generate(inputs, max_length=max_length, stop_token_ids=stop_token_ids,
+                                strip_prompt=strip_prompt)
+
+    # ---- presets -------------------------------------------------------------------------------------------
+    @classmethod
+    def from_preset(cls, preset, load_weights=True, **kwargs):
+        """A keras-hub preset of this model, or anything `txl_tf.TransformerXLCausalLM.from_preset` loads (run
+        folders, best/, averaged/, converted authors' checkpoints, presets of txl_tf's earlier format; its keyword
+        arguments `which`, `gin_file`, `gin_param`, `dtype` pass on)."""
+        if isinstance(preset, str) and os.path.isdir(preset) and not _is_hub_preset(preset):
+            return cls.from_txl(preset, **kwargs)
+        if isinstance(preset, str) and os.path.isdir(preset):
+            _check_preset_files(preset)
+        return super().from_preset(preset, load_weights=load_weights, **kwargs)
+
+    @classmethod
+    def from_txl(cls, path, *, sequence_length=256, **kwargs):
+        """The keras-hub model of what `txl_tf.TransformerXLCausalLM.from_preset(path, **kwargs)` loads."""
+        from txl_tf.causal_lm import TransformerXLCausalLM as Legacy
+
+        legacy = Legacy.from_preset(path, **kwargs)
+        return cls.from_parts(legacy.model, legacy.model_config, legacy.eval_config, legacy.vocab,
+                              sequence_length=sequence_length)
+
+    @classmethod
+    def from_parts(cls, model, model_config, eval_config, vocab, *, sequence_length=256):
+        """The keras-hub model of a built `TransformerXL` (its weights copied), its configs and its vocabulary."""
+        model_config = dataclasses.replace(model_config, n_token=model.n_token)
+        backbone = TransformerXLBackbone(model_config, eval_config, dtype=model.dtype_policy.name)
+        backbone.transformer_xl.set_weights(model.get_weights())
+        tokenizer = TransformerXLTokenizer(vocab)
+        preprocessor = TransformerXLCausalLMPreprocessor(tokenizer, sequence_length=sequence_length)
+        return cls(backbone, preprocessor)
+
+    def save_to_preset(self, preset_dir, max_shard_size=10):
+        """Writes a keras-hub preset (config.json, task.json, preprocessor.json, tokenizer.json, the weights and
+        assets/tokenizer/vocab.json) into `preset_dir`, a new or empty folder, or a preset this method wrote."""
+        _checked_preset_dir(preset_dir)
+        super().save_to_preset(preset_dir, max_shard_size=max_shard_size)
+
+
+def _is_hub_preset(path: str) -> bool:
+    config = os.path.join(path, "config.json")
+    if not os.path.isfile(config):
+        return False
+    data = untrusted.load_json(config, max_bytes=untrusted.JSON_LIMIT, what="the preset's config.json")
+    return isinstance(data, dict) and "registered_name" in data
+
+
+def _check_preset_files(path: str) -> None:
+    """The JSON files of a keras-hub preset as untrusted input, before keras-hub reads them: regular files of at
+    most JSON_LIMIT bytes, strict JSON, bounded nesting (a one-line UserError names the file)."""
+    for name in HUB_FILES:
+        file = os.path.join(path, name)
+        if os.path.lexists(file):
+            untrusted.load_json(file, max_bytes=untrusted.JSON_LIMIT, what=f"the preset's {name}")
+
+
+def _checked_preset_dir(preset_dir) -> str:
+    """The one path check for a preset folder keras-hub writes into: not empty, not the working directory or
+    an ancestor, no link; an existing folder must be empty or hold only a keras-hub preset's files."""
+    path = paths.output_dir(preset_dir, "the preset directory")
+    if os.path.isdir(path):
+        known = set(HUB_FILES) | {"model.weights.h5", "model.weights.json", "task.weights.h5", "metadata.json",
+                                  "assets"}
+        foreign = sorted(name for name in os.listdir(path) if name not in known
+                         and not (name.startswith("model_") and name.endswith(".weights.h5")))
+        if foreign:
+            raise paths.OutputExistsError(f"{path} holds files a keras-hub preset does not ({', '.join(foreign[:5])});"
+                                          " save into a new or empty folder")
+    return path
+
+
+__all__ = ["TransformerXLBackbone", "TransformerXLCausalLM", "TransformerXLCausalLMPreprocessor",
+           "TransformerXLTokenizer"]
