@@ -400,6 +400,7 @@ def test_another_vocabulary_size_is_named_and_not_called_corrupt(char_data, tmp_
         assert "none restores intact" not in line and "restore the files" not in line, line
 
 
+@pytest.mark.slow  # ~8 s: two trainings; CI's slow phase
 def test_another_vocabulary_of_the_same_size_is_refused_unless_asked_for(char_data, other_vocab_data, tmp_path,
                                                                          monkeypatch):
     from txl_tf import TransformerXLCausalLM

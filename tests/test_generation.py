@@ -62,7 +62,7 @@ def test_greedy_matches_step_by_step_oracle(model):
     np.testing.assert_array_equal(*sampled)
 
 
-@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize("use_cache", [True, pytest.param(False, marks=pytest.mark.slow)])  # False: ~7 s, slow phase
 def test_prompts_of_different_lengths_continue_as_alone(model, use_cache):
     """Each prompt of a batch (7, 2 and 4 tokens, right-padded) gets the greedy continuation it gets alone."""
     prompts = [[1, 4, 2, 7, 3, 8, 8], [5, 0], [9, 9, 6, 2]]
@@ -158,3 +158,16 @@ def test_cli_model_dir_and_saved_model_print_the_same_text(tmp_path):
     assert from_run == served
     assert from_run.startswith("the memory ") and not from_run.startswith("the memory  "), from_run
     assert "\na " in from_run, from_run
+
+
+def test_generating_again_traces_nothing_again(model):
+    """The trainer samples every few hundred steps: a second generation with the same settings reuses the traced
+    prompt step and decode loop (no tf.function retracing warning in the training log)."""
+    prompts = [[1, 2, 3, 4, 5], [6, 7]]
+    first = generation.generate_from_model(model, prompts, max_tokens=4, temperature=0.0, segment_len=4)
+    recurrent, _, decoder = generation._decoding(model, generation.generation_protocol(model), 4, True)
+    traced = (recurrent.next_log_probs.experimental_get_tracing_count(), decoder.experimental_get_tracing_count())
+    again = generation.generate_from_model(model, prompts, max_tokens=4, temperature=0.0, segment_len=4)
+    assert (recurrent.next_log_probs.experimental_get_tracing_count(),
+            decoder.experimental_get_tracing_count()) == traced
+    np.testing.assert_array_equal(first.tokens, again.tokens)

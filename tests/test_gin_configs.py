@@ -46,7 +46,10 @@ def _setup(path):
     return dataset, cutoffs
 
 
-@pytest.mark.parametrize("path", GIN_FILES, ids=[os.path.basename(p) for p in GIN_FILES])
+# The large setups and lm1b (~7-9 s each: their vocabularies' adaptive softmax) train in CI's slow phase.
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow)
+                                  if "_large" in os.path.basename(p) or os.path.basename(p) == "lm1b.gin" else p
+                                  for p in GIN_FILES], ids=[os.path.basename(p) for p in GIN_FILES])
 def test_gin_file_trains_one_step_and_evaluates(path, tiny_corpora, tmp_path, clean_gin):
     dataset, cutoffs = _setup(path)
     data_dir = tiny_corpora["word" if dataset in WORD_DATASETS else "char"]

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from txl_tf import generation, paths
 from txl_tf.configs import EvalConfig, ModelConfig
+from txl_tf.data import pipeline
 from txl_tf.data.vocab import Vocab
 from txl_tf.errors import ConfigError, UserError
 from txl_tf.hub import (
@@ -66,6 +67,7 @@ def test_other_encodings_generate_as_txl_tf_does(attn_type):
     assert lm.generate(PROMPTS, max_length=40) == legacy_greedy(lm, PROMPTS, 40)
 
 
+@pytest.mark.slow  # ~20 s: six samplers traced; CI's slow phase
 def test_every_keras_hub_sampler_runs_with_the_batch_first_memory(lm):
     """Beam and contrastive repeat and gather the cache's rows: the memory has the batch on axis 0."""
     lm.compile(sampler="greedy")
@@ -82,7 +84,8 @@ def test_every_keras_hub_sampler_runs_with_the_batch_first_memory(lm):
 
 
 def test_generate_takes_what_keras_hubs_generate_takes(lm):
-    lm.compile(sampler="greedy")
+    """(In a graph without XLA, as the tests below: XLA, the default, is covered by the tests above.)"""
+    lm.compile(sampler="greedy", generate_jit_compile=False)
     full = lm.generate("hello", max_length=20)
     assert isinstance(full, str) and full.startswith("hello") and len(full) == 20
     assert lm.generate(tf.constant("hello"), max_length=20) == full
@@ -96,7 +99,7 @@ def test_generate_takes_what_keras_hubs_generate_takes(lm):
 
 
 def test_a_keras_hub_preset_loads_through_keras_hubs_own_loaders(lm, tmp_path):
-    lm.compile(sampler="greedy")
+    lm.compile(sampler="greedy", generate_jit_compile=False)
     expected = lm.generate(PROMPTS, max_length=40)
     preset = str(tmp_path / "preset")
     lm.save_to_preset(preset)
@@ -107,7 +110,7 @@ def test_a_keras_hub_preset_loads_through_keras_hubs_own_loaders(lm, tmp_path):
 
     loaded = keras_hub.models.CausalLM.from_preset(preset)
     assert type(loaded) is TransformerXLCausalLM
-    loaded.compile(sampler="greedy")
+    loaded.compile(sampler="greedy", generate_jit_compile=False)
     assert loaded.generate(PROMPTS, max_length=40) == expected
     backbone = keras_hub.models.Backbone.from_preset(preset)
     assert isinstance(backbone, TransformerXLBackbone) and backbone.eval_config == lm.backbone.eval_config
@@ -128,8 +131,8 @@ def test_from_preset_still_loads_txl_tfs_earlier_preset_format(tmp_path):
     legacy.save_to_preset(str(tmp_path / "old"))
     loaded = TransformerXLCausalLM.from_preset(str(tmp_path / "old"), sequence_length=50)
     assert type(loaded) is TransformerXLCausalLM and loaded.preprocessor.sequence_length == 50
-    lm.compile(sampler="greedy")
-    loaded.compile(sampler="greedy")
+    lm.compile(sampler="greedy", generate_jit_compile=False)
+    loaded.compile(sampler="greedy", generate_jit_compile=False)
     assert loaded.generate(PROMPTS, max_length=50) == lm.generate(PROMPTS, max_length=50)
 
 
@@ -159,3 +162,49 @@ def test_a_preset_file_is_untrusted_input(lm, tmp_path):
     (preset / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match=r"n_layer=1000000"):
         keras_hub.models.Backbone.from_preset(str(preset))  # refused before anything is built
+
+
+def _stream(rows=2, seg=8, steps=3, seed=0):
+    tokens = np.random.default_rng(seed).integers(0, len(VOCAB), size=rows * seg * steps + 1).astype(np.int32)
+    return pipeline.make_dataset(None, "train", rows, seg, repeat=False, tokens=tokens)
+
+
+def test_fit_and_evaluate_carry_the_memory_from_batch_to_batch():
+    """With a learning rate of 0 the loss fit reports is the model's own loss with the memory carried (from zeros
+    at each epoch), which differs from the loss without it."""
+    lm = make_lm()
+    model = lm.backbone.transformer_xl
+    dataset = _stream()
+    memory, carried, alone = model.initial_memory(2), [], []
+    for inputs, targets in dataset.as_numpy_iterator():
+        hidden, memory = model(inputs, memory)
+        carried.append(float(tf.reduce_mean(model.nll(hidden, targets))))
+        hidden, _ = model(inputs)
+        alone.append(float(tf.reduce_mean(model.nll(hidden, targets))))
+    assert abs(np.mean(carried) - np.mean(alone)) > 1e-4  # the memory matters for these numbers
+    lm.compile(optimizer=keras.optimizers.SGD(0.0))
+    history = lm.fit(dataset, epochs=2, verbose=0, validation_data=dataset)
+    np.testing.assert_allclose(history.history["loss"], [np.mean(carried)] * 2, rtol=1e-5)
+    np.testing.assert_allclose(history.history["val_loss"], [np.mean(carried)] * 2, rtol=1e-5)
+    np.testing.assert_allclose(lm.evaluate(dataset, verbose=0), np.mean(carried), rtol=1e-5)
+    assert not any("memory" in weight.path for weight in lm.weights)  # no weight of the model, never saved
+
+
+def test_fit_learns_and_the_custom_trainers_model_is_the_backbones():
+    lm = make_lm()
+    text = np.array(VOCAB.encode("abcdefgh" * 40), np.int32)
+    dataset = pipeline.make_dataset(None, "train", 2, 8, repeat=False, tokens=text)
+    lm.compile(optimizer=keras.optimizers.Adam(1e-2))
+    losses = lm.fit(dataset, epochs=6, verbose=0).history["loss"]
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert type(lm.backbone.transformer_xl).__name__ == "TransformerXL"  # what python -m txl_tf.train builds
+
+
+def test_fit_refuses_what_is_not_a_stream_in_one_line():
+    lm = make_lm()
+    lm.compile()
+    with pytest.raises(ConfigError, match="tf.data.Dataset"):
+        lm.fit(np.zeros([2, 8], np.int32), np.zeros([2, 8], np.int32))
+    ragged = tf.data.Dataset.from_tensor_slices((np.zeros([5, 8], np.int32), np.zeros([5, 8], np.int32))).batch(2)
+    with pytest.raises(ConfigError, match="drop_remainder=True"):
+        lm.fit(ragged)

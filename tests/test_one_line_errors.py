@@ -152,6 +152,7 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_evaluating(dama
 
 
 # ---- every checkpoint of the run damaged ----------------------------------------------------------------------
+@pytest.mark.slow  # ~10 s: a run whose every checkpoint is damaged, four commands; CI's slow phase
 def test_damaged_checkpoints_give_one_line_without_warnings_and_name_an_intact_best(char_data, damaged_run,
                                                                                      tmp_path):
     line = _one_line(_run("-m", "txl_tf.evaluate", f"--model_dir={damaged_run}"), "evaluate")

@@ -142,7 +142,8 @@ def _trainer_steps(data_dir, strategy, recompute, steps=2, **train):
     # slow (CI's slow phase): ~13 s and ~7 s; the model-level test above covers XLA in the default run
     pytest.param("default", dict(jit_compile=True), 1e-6, marks=pytest.mark.slow),
     pytest.param("default", dict(grad_accum_steps=2), 1e-6, marks=pytest.mark.slow),
-    ("mirrored", {}, 1e-6),
+    # slow: ~56 s (two CPU devices, a strategy each for the plain and the recomputed trainer)
+    pytest.param("mirrored", {}, 1e-6, marks=pytest.mark.slow),
     ("default", dict(mixed_precision=True), 1e-3),  # bfloat16 activations: Adam moves weights by ~1e-3 a step
 ], ids=["tf.function", "xla", "grad_accum", "mirrored_2_cpus", "mixed_bfloat16"])
 def test_a_trainer_step_equals_the_plain_one(char_data, strategy, train, atol):

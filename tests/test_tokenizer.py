@@ -55,7 +55,9 @@ def test_char_detokenize_replaces_invalid_utf8_as_vocab_decode():
     assert _texts(tokenizer.detokenize(tf.ragged.constant(rows))) == [vocab.decode(r) for r in rows]
 
 
-@pytest.mark.parametrize("vocab", [WORDS, SENTENCES, BRACKETS], ids=["eos_unk", "sentences", "brackets"])
+# brackets: slow (~20 s: its tables' first build), CI's slow phase
+@pytest.mark.parametrize("vocab", [WORDS, SENTENCES, pytest.param(BRACKETS, marks=pytest.mark.slow)],
+                         ids=["eos_unk", "sentences", "brackets"])
 def test_word_detokenize_equals_vocab_decode(vocab):
     tokenizer = TransformerXLTokenizer(vocab)
     rng = random.Random(0)

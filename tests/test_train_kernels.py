@@ -101,6 +101,7 @@ def test_without_the_kernels_a_fused_run_trains_with_tensorflows_ops_and_records
 
 
 @needs_compiler
+@pytest.mark.slow  # ~13 s: trains with the fused kernels, then loads and scores; CI's slow phase
 def test_the_kernels_are_a_policy_a_fused_run_loads_and_scores_as_the_architecture_alone(char_data, tmp_path):
     """Issue 35: `get_config` holds no kernels, recomputation or precision; a run trained with the fused kernels
     (and recomputation) is a plain model: it loads from its folder and scores exactly as the same weights in a

@@ -396,6 +396,7 @@ def own_library(tmp_path_factory):
     return _build_library(tmp_path_factory, "own", "own library ran")
 
 
+@pytest.mark.slow  # ~10 s: 300 loads in fresh processes against a swapping attacker; CI's slow phase
 def test_swapping_the_kernels_folder_between_check_and_load_never_loads_the_other_library(
         planted_library, own_library, tmp_path):
     """The race of issue 34 as an attacker runs it: a second process exchanges the checked kernels/ folder with

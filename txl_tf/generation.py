@@ -273,9 +273,23 @@ def generate_from_model(model, prompts, *, max_tokens: int, protocol: Protocol |
     """
     protocol = generation_protocol(model, protocol)
     check_inference_size(model, batch_size=len(prompts), tgt_len=segment_len, mem_len=protocol.mem_len)
-    recurrent = Recurrent(model, protocol, max_len=segment_len, use_cache=use_cache)
-    return generate(model_step(recurrent), prompts, recurrent.initial_state(len(prompts)), max_tokens=max_tokens,
-                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, segment_len=segment_len)
+    recurrent, step, decoder = _decoding(model, protocol, segment_len, use_cache)
+    return generate(step, prompts, recurrent.initial_state(len(prompts)), max_tokens=max_tokens,
+                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, segment_len=segment_len,
+                    decoder=decoder)
+
+
+def _decoding(model, protocol: Protocol, segment_len: int, use_cache: bool):
+    """(Recurrent, StepFn, decoder) of a model, made once per protocol, segment length and state form and kept on
+    the model (outside Keras's tracking): a later call traces nothing again. The trainer samples every few
+    hundred steps; building them afresh retraced both functions at every sample."""
+    made = model.__dict__.setdefault("_txl_tf_decoding", {})
+    key = (protocol, int(segment_len), bool(use_cache))
+    if key not in made:
+        recurrent = Recurrent(model, protocol, max_len=segment_len, use_cache=use_cache)
+        step = model_step(recurrent)
+        made[key] = (recurrent, step, make_decoder(step))
+    return made[key]
 
 
 def generate_text(model, vocab, prompt: str, *, max_tokens: int = 200, **kwargs) -> str:

@@ -283,10 +283,11 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         count = (longest + segment - 1) // segment
 
         def body(i, state, hidden_states, last_logits, last_hidden):
-            # Segments as txl_tf's decoder cuts them (the last one shorter): the absolute encodings' numbers
-            # depend on the window's length.
+            # Segments as txl_tf's decoder cuts them. The absolute encodings' numbers depend on the window's length,
+            # so their last segment is shorter; the relative ones give the same numbers for a padded segment,
+            # whose static width XLA needs.
             start = i * segment
-            width = tf.minimum(segment, longest - start)
+            width = tf.minimum(segment, longest - start) if model.encoding.absolute else segment
             chunk = tf.slice(padded, [0, start], [-1, width])
             used = tf.clip_by_value(lengths - start, 0, width)  # [B] prompt tokens of each row in this chunk
             logits, hidden, state = self.call_with_cache(chunk, state, position_keys,
@@ -343,6 +344,94 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         return super().generate(inputs, max_length=max_length, stop_token_ids=stop_token_ids,
                                 strip_prompt=strip_prompt)
 
+    # ---- fit() and evaluate() with recurrence ---------------------------------------------------------------
+    def compile(self, optimizer="auto", loss="auto", *, weighted_metrics=None, sampler="top_k",
+                generate_jit_compile=None, **kwargs):
+        """keras-hub's compile; no metric by default (the loss is the adaptive softmax's negative log-likelihood,
+        computed without [B, L, V] logits; a metric on logits would make them).
+
+        generate_jit_compile: XLA for `generate` (None: on for the relative encodings, whose prompt segments have
+        a static width; measured faster on CPU, `scripts/benchmark_generate.py`). `jit_compile` is fit's, as in
+        Keras.
+        """
+        self.generate_jit_compile = generate_jit_compile
+        super().compile(optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics, sampler=sampler,
+                        **kwargs)
+
+    def make_generate_function(self):
+        if self.generate_function is not None or self.run_eagerly:
+            return super().make_generate_function()
+        jit = getattr(self, "generate_jit_compile", None)
+        if jit is None:
+            jit = not self.backbone.transformer_xl.encoding.absolute
+        self.generate_function = tf.function(self.generate_step, jit_compile=bool(jit))
+        return self.generate_function
+
+    def fit(self, x=None, y=None, *, epochs=1, callbacks=None, validation_data=None, **kwargs):
+        """Trains on a stream-ordered `tf.data.Dataset` with the memory carried from batch to batch.
+
+        `x` yields (tokens [B, L], targets [B, L][, sample_weight]) or ({"token_ids": ...}, targets, ...) with
+        row i of each batch continuing row i of the batch before, as `txl_tf.data.pipeline.make_dataset` gives
+        them, and every batch of the same B rows. The memory ([n_layer, B, mem_len, d_model] of the model's
+        training lengths) lives in the model between steps and starts from zeros at each epoch (the TF
+        original's first segment). The loss is the mean negative log-likelihood (nats) of the adaptive softmax.
+        The custom trainer (`python -m txl_tf.train`: tf.distribute, exact resume, the fused kernels) stays the
+        path for long runs; it trains the same `TransformerXL`.
+        """
+        rows = _stream_rows(x, "fit")
+        self._recurrence.reset("train", rows, self.backbone.transformer_xl)
+        if validation_data is not None:
+            self._recurrence.reset("test", _stream_rows(validation_data, "fit's validation_data"),
+                                   self.backbone.transformer_xl)
+        callbacks = [*(callbacks or []), _ResetMemory(self._recurrence)]
+        kwargs.setdefault("shuffle", False)  # the stream's order is the point
+        # keras.Model's fit: keras-hub's would run the text preprocessor over the token batches.
+        return keras.Model.fit(self, x, y, epochs=epochs, callbacks=callbacks, validation_data=validation_data,
+                               **kwargs)
+
+    def evaluate(self, x=None, y=None, **kwargs):
+        """The mean negative log-likelihood of a stream-ordered dataset (as `fit` takes), the memory carried from
+        batch to batch from zeros."""
+        if not kwargs.get("_use_cached_eval_dataset"):  # fit's validation: set up by fit, zeroed by _ResetMemory
+            self._recurrence.reset("test", _stream_rows(x, "evaluate"), self.backbone.transformer_xl)
+        return keras.Model.evaluate(self, x, y, **kwargs)
+
+    @property
+    def _recurrence(self):
+        holder = self.__dict__.get("_recurrence_holder")
+        if holder is None:  # outside Keras's tracking: the memory is no weight of the model
+            holder = _Recurrence()
+            object.__setattr__(self, "_recurrence_holder", holder)
+        return holder
+
+    def _recurrent_loss(self, data, phase, training):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        tokens = x["token_ids"] if isinstance(x, dict) else x
+        memory = self._recurrence.memory(phase)
+        model = self.backbone.transformer_xl
+        hidden, state = self.backbone.call_with_state(tokens, Memory(memory.value()), protocol=model.protocol,
+                                                      training=training)
+        nll = model.nll(hidden, y)  # [B, L] float32
+        weights = tf.ones_like(nll) if sample_weight is None else tf.cast(sample_weight, tf.float32)
+        loss = tf.reduce_sum(nll * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
+        return loss, state, memory, tf.shape(tokens)[0]
+
+    def train_step(self, data):
+        with tf.GradientTape() as tape:
+            loss, state, memory, rows = self._recurrent_loss(data, "train", training=True)
+            scaled = self.optimizer.scale_loss(loss)
+        gradients = tape.gradient(scaled, self.trainable_weights)
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_weights, strict=True))
+        memory.assign(state.hidden)
+        self._loss_tracker.update_state(loss, sample_weight=rows)
+        return {"loss": self._loss_tracker.result()}
+
+    def test_step(self, data):
+        loss, state, memory, rows = self._recurrent_loss(data, "test", training=False)
+        memory.assign(state.hidden)
+        self._loss_tracker.update_state(loss, sample_weight=rows)
+        return {"loss": self._loss_tracker.result()}
+
     # ---- presets -------------------------------------------------------------------------------------------
     @classmethod
     def from_preset(cls, preset, load_weights=True, **kwargs):
@@ -379,6 +468,62 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         assets/tokenizer/vocab.json) into `preset_dir`, a new or empty folder, or a preset this method wrote."""
         _checked_preset_dir(preset_dir)
         super().save_to_preset(preset_dir, max_shard_size=max_shard_size)
+
+
+class _Recurrence:
+    """The memories `fit` (train) and `evaluate` (test) carry between batches: tf.Variables outside the model's
+    weights, made for the dataset's number of rows."""
+
+    def __init__(self):
+        self.variables = {}
+
+    def reset(self, phase, rows, model):
+        shape = [model.n_layer, rows, model.mem_len, model.d_model]
+        variable = self.variables.get(phase)
+        if variable is None or variable.shape.as_list() != shape or variable.dtype != model.compute_dtype:
+            self.variables[phase] = tf.Variable(tf.zeros(shape, model.compute_dtype), trainable=False,
+                                                name=f"{phase}_memory")
+        else:
+            variable.assign(tf.zeros_like(variable))
+
+    def memory(self, phase):
+        if phase not in self.variables:
+            raise ConfigError(f"no {phase} memory: call fit() or evaluate() with a stream-ordered tf.data.Dataset")
+        return self.variables[phase]
+
+
+class _ResetMemory(keras.callbacks.Callback):
+    """Zeros the training memory at each epoch's start (and the validation memory before each validation)."""
+
+    def __init__(self, recurrence):
+        super().__init__()
+        self.recurrence = recurrence
+
+    def on_epoch_begin(self, epoch, logs=None):
+        for phase in ("train", "test"):
+            if phase in self.recurrence.variables:
+                variable = self.recurrence.variables[phase]
+                variable.assign(tf.zeros_like(variable))
+
+    def on_test_begin(self, logs=None):
+        if "test" in self.recurrence.variables:
+            variable = self.recurrence.variables["test"]
+            variable.assign(tf.zeros_like(variable))
+
+
+def _stream_rows(dataset, what: str) -> int:
+    """The fixed number of rows of a stream-ordered dataset's batches (one-line ConfigError otherwise)."""
+    if not isinstance(dataset, tf.data.Dataset):
+        raise ConfigError(f"{what} with recurrence takes a tf.data.Dataset of stream-ordered batches, got "
+                          f"{type(dataset).__name__}; make one with txl_tf.data.pipeline.make_dataset(DATA_DIR, "
+                          "'train', batch_size, tgt_len, repeat=False)")
+    spec = dataset.element_spec[0] if isinstance(dataset.element_spec, tuple) else dataset.element_spec
+    spec = spec["token_ids"] if isinstance(spec, dict) else spec
+    rows = spec.shape[0] if spec.shape.rank == 2 else None
+    if rows is None:
+        raise ConfigError(f"{what}: the dataset's batches have no fixed number of rows ({spec.shape}); the memory "
+                          "carries row i to row i of the next batch: batch with drop_remainder=True")
+    return int(rows)
 
 
 def _is_hub_preset(path: str) -> bool:
