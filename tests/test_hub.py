@@ -120,7 +120,10 @@ def test_a_keras_hub_preset_loads_through_keras_hubs_own_loaders(lm, tmp_path):
     for a, b in zip(backbone.get_weights(), lm.backbone.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
 
-    lm.save_to_preset(preset)  # its own preset may be written again
+    with pytest.raises(paths.OutputExistsError, match="overwrite=True"):
+        lm.save_to_preset(preset)  # an existing preset is replaced only when asked
+    lm.save_to_preset(preset, overwrite=True)
+    assert keras_hub.models.CausalLM.from_preset(preset).backbone.eval_config == lm.backbone.eval_config
 
 
 def test_from_preset_still_loads_txl_tfs_earlier_preset_format(tmp_path):
@@ -145,10 +148,19 @@ def test_saving_a_preset_goes_through_the_path_check(lm, tmp_path, monkeypatch):
         lm.save_to_preset(".")
     (tmp_path / "folder").mkdir()
     (tmp_path / "folder" / "notes.txt").write_text("keep")
-    with pytest.raises(paths.OutputExistsError, match="notes.txt"):
-        lm.save_to_preset("folder")
+    with pytest.raises(paths.OutputExistsError, match="holds no keras-hub preset written by txl_tf"):
+        lm.save_to_preset("folder", overwrite=True)
+    (tmp_path / "theirs").mkdir()  # another program's keras-hub preset: same file names, never replaced
+    (tmp_path / "theirs" / "config.json").write_text('{"registered_name": "keras_hub>GPT2Backbone"}')
+    with pytest.raises(paths.OutputExistsError, match="holds no keras-hub preset written by txl_tf"):
+        lm.save_to_preset("theirs", overwrite=True)
+    with pytest.raises(paths.OutputExistsError, match="holds no keras-hub preset written by txl_tf"):
+        lm.backbone.save_to_preset("theirs", overwrite=True)
     assert (tmp_path / "mine.txt").read_text() == "the user's"
     assert os.listdir(tmp_path / "folder") == ["notes.txt"]
+    assert os.listdir(tmp_path / "theirs") == ["config.json"]
+    lm.backbone.save_to_preset("backbone_only")
+    assert isinstance(keras_hub.models.Backbone.from_preset("backbone_only"), TransformerXLBackbone)
 
 
 def test_a_preset_file_is_untrusted_input(lm, tmp_path):
@@ -188,6 +200,9 @@ def test_fit_and_evaluate_carry_the_memory_from_batch_to_batch():
     np.testing.assert_allclose(history.history["val_loss"], [np.mean(carried)] * 2, rtol=1e-5)
     np.testing.assert_allclose(lm.evaluate(dataset, verbose=0), np.mean(carried), rtol=1e-5)
     assert not any("memory" in weight.path for weight in lm.weights)  # no weight of the model, never saved
+    wider = _stream(rows=3)  # another number of rows: a new memory, and the step traced again to read it
+    assert np.isfinite(lm.fit(wider, epochs=1, verbose=0).history["loss"][0])
+    assert np.isfinite(lm.evaluate(wider, verbose=0))
 
 
 def test_fit_learns_and_the_custom_trainers_model_is_the_backbones():

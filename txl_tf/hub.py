@@ -32,7 +32,7 @@ import keras
 import keras_hub
 import tensorflow as tf
 
-from txl_tf import paths, untrusted
+from txl_tf import paths, staging, untrusted
 from txl_tf.configs import EvalConfig, ModelConfig, check_inference_size
 from txl_tf.data.vocab import Vocab
 from txl_tf.errors import ConfigError
@@ -43,8 +43,8 @@ from txl_tf.tokenizer import TransformerXLTokenizer as _GraphTokenizer
 
 PACKAGE = "txl_tf.hub"
 VOCAB_ASSET = "vocab.json"
-PRESET_KIND = "keras-hub preset"
-HUB_FILES = ("config.json", "task.json", "preprocessor.json", "tokenizer.json")
+PRESET_KIND = "keras-hub preset"  # the kind in the folder's manifest (txl_tf.paths)
+HUB_FILES = ("config.json", "task.json", "preprocessor.json", "tokenizer.json")  # read as untrusted input
 
 
 def _config(kind, fields, what: str):
@@ -119,9 +119,13 @@ class TransformerXLBackbone(keras_hub.models.Backbone):
         return {**super().get_config(), "model_config": dataclasses.asdict(self.model_config),
                 "eval_config": dataclasses.asdict(self.eval_config)}
 
-    def save_to_preset(self, preset_dir, max_shard_size=10):
-        _checked_preset_dir(preset_dir)
-        super().save_to_preset(preset_dir, max_shard_size=max_shard_size)
+    def save_to_preset(self, preset_dir, max_shard_size=10, *, overwrite=False):
+        """keras-hub's backbone preset (config.json, the weights, metadata.json), written as
+        `TransformerXLCausalLM.save_to_preset` writes a whole preset (see there)."""
+        if self.__dict__.get("_txl_tf_in_task_save"):  # keras-hub's task saver, inside the staged folder
+            return super().save_to_preset(preset_dir, max_shard_size=max_shard_size)
+        return _staged_save(preset_dir, overwrite, lambda tmp: super(TransformerXLBackbone, self).save_to_preset(
+            tmp, max_shard_size=max_shard_size))
 
 
 @keras.saving.register_keras_serializable(package=PACKAGE)
@@ -379,10 +383,11 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         path for long runs; it trains the same `TransformerXL`.
         """
         rows = _stream_rows(x, "fit")
-        self._recurrence.reset("train", rows, self.backbone.transformer_xl)
-        if validation_data is not None:
-            self._recurrence.reset("test", _stream_rows(validation_data, "fit's validation_data"),
-                                   self.backbone.transformer_xl)
+        if self._recurrence.reset("train", rows, self.backbone.transformer_xl):
+            self.train_function = None
+        if validation_data is not None and self._recurrence.reset(
+                "test", _stream_rows(validation_data, "fit's validation_data"), self.backbone.transformer_xl):
+            self.test_function = None
         callbacks = [*(callbacks or []), _ResetMemory(self._recurrence)]
         kwargs.setdefault("shuffle", False)  # the stream's order is the point
         # keras.Model's fit: keras-hub's would run the text preprocessor over the token batches.
@@ -393,7 +398,8 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         """The mean negative log-likelihood of a stream-ordered dataset (as `fit` takes), the memory carried from
         batch to batch from zeros."""
         if not kwargs.get("_use_cached_eval_dataset"):  # fit's validation: set up by fit, zeroed by _ResetMemory
-            self._recurrence.reset("test", _stream_rows(x, "evaluate"), self.backbone.transformer_xl)
+            if self._recurrence.reset("test", _stream_rows(x, "evaluate"), self.backbone.transformer_xl):
+                self.test_function = None
         return keras.Model.evaluate(self, x, y, **kwargs)
 
     @property
@@ -463,11 +469,19 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         preprocessor = TransformerXLCausalLMPreprocessor(tokenizer, sequence_length=sequence_length)
         return cls(backbone, preprocessor)
 
-    def save_to_preset(self, preset_dir, max_shard_size=10):
+    def save_to_preset(self, preset_dir, max_shard_size=10, *, overwrite=False):
         """Writes a keras-hub preset (config.json, task.json, preprocessor.json, tokenizer.json, the weights and
-        assets/tokenizer/vocab.json) into `preset_dir`, a new or empty folder, or a preset this method wrote."""
-        _checked_preset_dir(preset_dir)
-        super().save_to_preset(preset_dir, max_shard_size=max_shard_size)
+        assets/tokenizer/vocab.json) into `preset_dir`: a new or empty folder, or, with `overwrite=True`, a preset
+        txl_tf wrote (its manifest lists every file); a folder holding anything else is never replaced. Written
+        whole beside the target, then renamed into place (`txl_tf.staging`)."""
+        def save(tmp):
+            self.backbone.__dict__["_txl_tf_in_task_save"] = True  # the backbone writes into `tmp` as it is
+            try:
+                super(TransformerXLCausalLM, self).save_to_preset(tmp, max_shard_size=max_shard_size)
+            finally:
+                del self.backbone.__dict__["_txl_tf_in_task_save"]
+
+        return _staged_save(preset_dir, overwrite, save)
 
 
 class _Recurrence:
@@ -483,8 +497,9 @@ class _Recurrence:
         if variable is None or variable.shape.as_list() != shape or variable.dtype != model.compute_dtype:
             self.variables[phase] = tf.Variable(tf.zeros(shape, model.compute_dtype), trainable=False,
                                                 name=f"{phase}_memory")
-        else:
-            variable.assign(tf.zeros_like(variable))
+            return True  # a new variable: the traced step that read the old one must be traced again
+        variable.assign(tf.zeros_like(variable))
+        return False
 
     def memory(self, phase):
         if phase not in self.variables:
@@ -543,19 +558,16 @@ def _check_preset_files(path: str) -> None:
             untrusted.load_json(file, max_bytes=untrusted.JSON_LIMIT, what=f"the preset's {name}")
 
 
-def _checked_preset_dir(preset_dir) -> str:
-    """The one path check for a preset folder keras-hub writes into: not empty, not the working directory or
-    an ancestor, no link; an existing folder must be empty or hold only a keras-hub preset's files."""
-    path = paths.output_dir(preset_dir, "the preset directory")
-    if os.path.isdir(path):
-        known = set(HUB_FILES) | {"model.weights.h5", "model.weights.json", "task.weights.h5", "metadata.json",
-                                  "assets"}
-        foreign = sorted(name for name in os.listdir(path) if name not in known
-                         and not (name.startswith("model_") and name.endswith(".weights.h5")))
-        if foreign:
-            raise paths.OutputExistsError(f"{path} holds files a keras-hub preset does not ({', '.join(foreign[:5])});"
-                                          " save into a new or empty folder")
-    return path
+def _staged_save(preset_dir, overwrite: bool, save) -> str:
+    """The one path check (`paths.replaceable_dir`: not empty, not the working directory or above it, no link;
+    an existing folder only when it is empty or, with `overwrite`, a preset txl_tf wrote), then `save(tmp)`
+    into a staged folder that replaces the target whole, with its manifest."""
+    directory = paths.replaceable_dir(preset_dir, "the preset directory", kind=PRESET_KIND, overwrite=overwrite,
+                                      overwrite_hint="overwrite=True")
+    staging.remove_stale(directory)
+    with staging.staged_dir(directory, kind=PRESET_KIND) as tmp:
+        save(tmp)
+    return directory
 
 
 __all__ = ["TransformerXLBackbone", "TransformerXLCausalLM", "TransformerXLCausalLMPreprocessor",
