@@ -294,15 +294,18 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             width = tf.minimum(segment, longest - start) if model.encoding.absolute else segment
             chunk = tf.slice(padded, [0, start], [-1, width])
             used = tf.clip_by_value(lengths - start, 0, width)  # [B] prompt tokens of each row in this chunk
-            logits, hidden, state = self.call_with_cache(chunk, state, position_keys,
-                                                         tf.sequence_mask(used, width, tf.int32))
+            hidden, new_state = self.backbone.call_with_state(chunk, _from_hub(state, position_keys),
+                                                              tf.sequence_mask(used, width, tf.int32))
+            state, _ = _to_hub(new_state)
             hidden = tf.cast(hidden, hidden_states.dtype)
             hidden_states = tf.tensor_scatter_nd_update(hidden_states, (start + tf.range(width))[:, None],
                                                         tf.transpose(hidden, [1, 0, 2]))
-            last = tf.maximum(used - 1, 0)
             ends = (used > 0)[:, None]  # rows whose prompt goes on in this chunk: their last token so far
-            last_logits = tf.where(ends, tf.cast(tf.gather(logits, last, batch_dims=1), tf.float32), last_logits)
-            last_hidden = tf.where(ends, tf.gather(hidden, last, batch_dims=1), last_hidden)
+            last = tf.gather(hidden, tf.maximum(used - 1, 0), batch_dims=1)  # [B, d]
+            # Log-probabilities of the last position only: never [B, L, V] for a prompt segment.
+            logits = tf.cast(model.log_probs(last[:, None])[:, 0], tf.float32)
+            last_logits = tf.where(ends, logits, last_logits)
+            last_hidden = tf.where(ends, last, last_hidden)
             # The loop's tensors keep their static shapes (a batch of 1 stays 1 through tf.gather).
             return (i + 1, *tf.nest.map_structure(lambda new, old: tf.ensure_shape(new, old.shape),
                                                   (state, hidden_states, last_logits, last_hidden), loop_vars[1:]))
