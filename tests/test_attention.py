@@ -45,10 +45,10 @@ def test_uniform_attention_by_hand():
     """Zero query weights and u = v = 0 give uniform attention: output = LayerNorm(h + mean of values)."""
     layer = RelativeMultiHeadAttention(d_model=2, n_head=1, d_head=2)
     layer.build()
-    qkv = np.zeros([2, 6], np.float32)
-    qkv[:, 4:] = np.eye(2)  # v = x, q = k = 0
-    layer.qkv_kernel.assign(qkv)
-    layer.o_kernel.assign(np.eye(2, dtype=np.float32))
+    layer.query.kernel.assign(np.zeros([2, 2], np.float32))  # q = k = 0, v = x
+    layer.key.kernel.assign(np.zeros([2, 2], np.float32))
+    layer.value.kernel.assign(np.eye(2, dtype=np.float32))
+    layer.attention_output.kernel.assign(np.eye(2, dtype=np.float32))
     h = tf.constant([[[0.0, 1.0]]])  # [1, 1, 2]
     mem = tf.constant([[[2.0, 3.0]]])
     pos = tf.zeros([2, 2])
@@ -111,9 +111,8 @@ def test_matches_paper_oracle(clamp_len, same_length, state):
     w = {k: rng.normal(0, 0.3, s).astype(np.float32) for k, s in
          dict(q=(DM, N * D), k=(DM, N * D), v=(DM, N * D), r=(DM, N * D), o=(N * D, DM)).items()}
     u, v = rng.normal(0, 0.3, (2, N, D)).astype(np.float32)
-    layer.qkv_kernel.assign(np.concatenate([w["q"], w["k"], w["v"]], axis=1))
-    layer.r_kernel.assign(w["r"])
-    layer.o_kernel.assign(w["o"])
+    for sub, key in [("query", "q"), ("key", "k"), ("value", "v"), ("position", "r"), ("attention_output", "o")]:
+        getattr(layer, sub).kernel.assign(w[key])
     h = rng.normal(size=(B, L, DM)).astype(np.float32)
     mem = rng.normal(size=(B, M, DM)).astype(np.float32)
     from txl_tf.embedding import RelativePositionalEncoding
@@ -165,14 +164,15 @@ def test_rejects_unknown_attn_type():
 def test_projection_after_memory_gradient_is_tensorflows():
     """The keys/values projection over [memory, segment] in training: TensorFlow's values and gradients for the
     segment and the kernel (float32 rounding), none for the constant memory."""
-    from txl_tf.attention import _dense, _dense_after_memory
+    from txl_tf.attention import _dense_after_memory
+    from txl_tf.projection import dense
 
     rng = np.random.default_rng(4)
     memory, x = tf.constant(rng.normal(size=(2, 3, 5)), tf.float32), tf.constant(rng.normal(size=(2, 4, 5)), tf.float32)
     kernel, weights = tf.constant(rng.normal(size=(5, 6)), tf.float32), tf.constant(rng.normal(size=(2, 7, 6)),
                                                                                     tf.float32)
     results = []
-    for fn in (_dense_after_memory, lambda m, x, k: _dense(tf.concat([m, x], axis=1), k)):
+    for fn in (_dense_after_memory, lambda m, x, k: dense(tf.concat([m, x], axis=1), k)):
         with tf.GradientTape() as tape:
             tape.watch([memory, x, kernel])
             out = fn(memory, x, kernel)

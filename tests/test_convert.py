@@ -96,7 +96,11 @@ def test_adaptive_checkpoint_inferred_and_loaded(tmp_path):
     np.testing.assert_array_equal(model.softmax.bias.numpy(), np.concatenate(
         [get(f"adaptive_softmax/cutoff_{i}/b") for i in range(3)]))
     np.testing.assert_array_equal(model.r_r_bias.numpy(), get("r_r_bias"))
-    np.testing.assert_array_equal(model.blocks[2].attention.qkv_kernel.numpy(), get("layer_2/rel_attn/qkv/kernel"))
+    attention = model.blocks[2].attention
+    np.testing.assert_array_equal(np.concatenate([attention.query.kernel.numpy(), attention.key.kernel.numpy(),
+                                                  attention.value.kernel.numpy()], axis=1),
+                                  get("layer_2/rel_attn/qkv/kernel"))
+    np.testing.assert_array_equal(attention.position.kernel.numpy(), get("layer_2/rel_attn/r/kernel"))
     np.testing.assert_array_equal(model.blocks[1].feed_forward.outer.bias.numpy(), get("layer_1/ff/layer_2/bias"))
     np.testing.assert_array_equal(model.embedding.tables[2].numpy(), get("adaptive_embed/cutoff_2/lookup_table"))
     np.testing.assert_array_equal(model.softmax.own_projections[0].numpy(), get("adaptive_softmax/cutoff_0/proj"))

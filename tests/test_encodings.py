@@ -82,8 +82,8 @@ def test_matches_the_papers_equation(name, state, clamp_len, same_length):
     layer.build()
     w = {k: rng.normal(0, 0.3, s).astype(np.float32) for k, s in
          dict(q=(DM, N * D), k=(DM, N * D), v=(DM, N * D), o=(N * D, DM)).items()}
-    layer.qkv_kernel.assign(np.concatenate([w["q"], w["k"], w["v"]], axis=1))
-    layer.o_kernel.assign(w["o"])
+    for sub, key in [("query", "q"), ("key", "k"), ("value", "v"), ("attention_output", "o")]:
+        getattr(layer, sub).kernel.assign(w[key])
     h = rng.normal(size=(B, L, DM)).astype(np.float32)
     mem = rng.normal(size=(B, M, DM)).astype(np.float32)
     protocol = Protocol(M, clamp_len, same_length)

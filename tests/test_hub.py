@@ -223,3 +223,44 @@ def test_fit_refuses_what_is_not_a_stream_in_one_line():
     ragged = tf.data.Dataset.from_tensor_slices((np.zeros([5, 8], np.int32), np.zeros([5, 8], np.int32))).batch(2)
     with pytest.raises(ConfigError, match="drop_remainder=True"):
         lm.fit(ragged)
+
+
+def test_enable_lora_reaches_the_attentions_projections_and_fit_trains_only_lora():
+    """keras-hub's own enable_lora finds the attention's query and value projections (Dense layers); fit() then
+    changes the LoRA weights and nothing else."""
+    lm = make_lm()
+    lm.backbone.enable_lora(4)
+    trainable = [weight.path for weight in lm.trainable_weights]
+    assert trainable == [f"transformer_xl/layer_{i}/attention/{name}/lora_kernel_{ab}"
+                         for i in range(2) for name in ("query", "value") for ab in "ab"], trainable
+    before = {weight.path: weight.numpy().copy() for weight in lm.weights}
+    lm.compile(optimizer=keras.optimizers.Adam(1e-2))
+    lm.fit(_stream(), epochs=1, verbose=0)
+    changed = {weight.path for weight in lm.weights if not np.array_equal(before[weight.path], weight.numpy())}
+    assert changed == set(trainable), sorted(changed)
+
+
+def test_int8_quantizes_every_projection_and_survives_a_preset(tmp_path):
+    lm = make_lm()
+    model = lm.backbone.transformer_xl
+    tokens = np.array([VOCAB.encode(PROMPTS[0])], np.int32)
+    float_log_probs = model.log_probs(model(tokens)[0]).numpy()
+    lm.quantize("int8")
+    projections = {layer.path.split("/", 2)[-1]: layer.quantization_mode
+                   for layer in model._flatten_layers() if isinstance(layer, keras.layers.Dense)}
+    assert projections == {f"{where}/{name}": "int8" for where, names in [
+        ("attention", ("query", "key", "value", "attention_output", "position")),
+        ("feed_forward", ("inner", "outer"))] for name in names}, projections
+    quantized_log_probs = model.log_probs(model(tokens)[0]).numpy()
+    assert 0 < np.abs(quantized_log_probs - float_log_probs).max() < 0.05  # int8, and close to the float model
+    lm.compile(sampler="greedy")
+    greedy = lm.generate(PROMPTS, max_length=40)
+    lm.save_to_preset(str(tmp_path / "int8"))
+    loaded = keras_hub.models.CausalLM.from_preset(str(tmp_path / "int8"))
+    assert {layer.quantization_mode for layer in loaded.backbone.transformer_xl._flatten_layers()
+            if isinstance(layer, keras.layers.Dense)} == {"int8"}
+    loaded.compile(sampler="greedy")
+    assert loaded.generate(PROMPTS, max_length=40) == greedy
+    np.testing.assert_allclose(
+        loaded.backbone.transformer_xl.log_probs(loaded.backbone.transformer_xl(tokens)[0]).numpy(),
+        quantized_log_probs, rtol=0, atol=1e-6)

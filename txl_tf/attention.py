@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from txl_tf import encodings, fused
 from txl_tf.dropout import Dropout
+from txl_tf.projection import dense, kernel_of, project, projection, quantized
 from txl_tf.state import LayerCache, LayerMemory, check_type
 
 ATTN_TYPES = encodings.NAMES
@@ -147,23 +148,15 @@ def _to_heads(x, n_head, d_head, num_splits=1, kernels=False):
     return [_split_heads(part, n_head, d_head) for part in parts]
 
 
-def _dense(x, kernel):
-    """[B, T, I] @ [I, O] -> [B, T, O] as one 2-D matmul (a rank-3 tf.matmul broadcasts the kernel over the
-    batch, and its kernel gradient becomes a batched product plus a sum: much slower on CPU)."""
-    shape = tf.shape(x)
-    out = tf.matmul(tf.reshape(x, [-1, x.shape[-1]]), kernel)  # [B*T, O]
-    return tf.reshape(out, tf.concat([shape[:-1], [kernel.shape[-1]]], 0))
-
-
 def _dense_after_memory(memory, x, kernel):
-    """`_dense(concat([memory, x], 1), kernel)` -> [B, M+L, O] for a constant `memory` [B, M, I] (the paper's
+    """`dense(concat([memory, x], 1), kernel)` -> [B, M+L, O] for a constant `memory` [B, M, I] (the paper's
     stop-gradient SG(h^{n-1}_{tau-1})): its gradient gives the kernel's and x's only. TensorFlow's own gradient
     would also compute the memory's input gradient (M of the M+L rows of d_out @ kernel^T) and discard it."""
 
     @tf.custom_gradient
     def project(x, kernel):
         cat = tf.concat([memory, x], axis=1)  # [B, K, I]
-        out = _dense(cat, kernel)  # [B, K, O]
+        out = dense(cat, kernel)  # [B, K, O]
 
         def grad(d_out):
             d_in, d_width = kernel.shape
@@ -206,9 +199,10 @@ class _Operands(NamedTuple):
 class RelativeMultiHeadAttention(keras.layers.Layer):
     """Multi-head attention over [memory, segment] with a position encoding, residual and LayerNorm.
 
-    Weights (no biases, TF original layout): `qkv_kernel` [d, 3*N*D] split q | k | v, head-major inside each
-    part; `o_kernel` [N*D, d]; and the encoding's own (`txl_tf.encodings`): `r_kernel` [d, N*D] (xl),
-    `relative_table` [max_position, N, D] (shaw). The u / v vectors (`content_bias`, `position_bias`) belong to
+    Projections (bias-free `keras.layers.Dense` sublayers, so that keras-hub's LoRA and Keras' int8 quantization
+    reach them): `query`, `key`, `value` [d, N*D] (head-major: head n is columns n*D .. n*D+D-1; the TF
+    original's `qkv` kernel is their concatenation), `attention_output` [N*D, d]; and the encoding's own
+    (`txl_tf.encodings`): `position` [d, N*D] (xl's W_R), `relative_table` [max_position, N, D] (shaw). The u / v vectors (`content_bias`, `position_bias`) belong to
     the stack, which shares them across layers or not (`untie_r`), and are passed in.
 
     Args:
@@ -283,13 +277,18 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         self.output_dropout = Dropout(dropout)
         self.attention_dropout = Dropout(dropatt)
         self.layer_norm = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="layer_norm")
+        width = n_head * d_head
+        self.query = projection("query", width, init_std)
+        self.key = projection("key", width, init_std)
+        self.value = projection("value", width, init_std)
+        self.attention_output = projection("attention_output", d_model, init_std)
 
     def build(self, input_shape=None):
-        init = keras.initializers.RandomNormal(stddev=self.init_std)
         width = self.n_head * self.d_head
-        self.qkv_kernel = self.add_weight(name="qkv_kernel", shape=(self.d_model, 3 * width), initializer=init)
+        for layer in (self.query, self.key, self.value):
+            layer.build((None, None, self.d_model))
+        self.attention_output.build((None, None, width))
         self.encoding.build_attention(self)
-        self.o_kernel = self.add_weight(name="o_kernel", shape=(width, self.d_model), initializer=init)
         self.layer_norm.build((None, None, self.d_model))
         super().build(input_shape)
 
@@ -307,11 +306,13 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         r = _to_heads(tf.expand_dims(rows, 0), self.n_head, self.d_head, kernels=kernels)[0]  # [N, 1, K, D]
         return tf.reshape(r, [self.n_head, klen, self.d_head])  # [N, K, D]
 
-    def _split_kernel(self):
-        """(q_kernel [d, N*D], kv_kernel [d, 2*N*D]) in the compute dtype."""
-        width = self.n_head * self.d_head
-        # Split with tf.split rather than strided slices: StridedSliceGrad is slow on CPU.
-        return tf.split(tf.cast(self.qkv_kernel, self.compute_dtype), [width, 2 * width], axis=1)
+    def _queries(self, x):
+        """[B, T, d] -> [B, T, N*D]."""
+        return project(x, self.query, dtype=self.compute_dtype)
+
+    def _keys_values(self, x):
+        """[B, T, d] -> [B, T, 2*N*D]: keys | values."""
+        return project(x, self.key, self.value, dtype=self.compute_dtype)
 
     def initial_cache(self, batch_size, mem_len, max_len, position_encoding=None) -> LayerCache:
         """The keys/values cache of a zero memory (the TF original's first segment), for calls of up to `max_len`.
@@ -330,8 +331,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         """
         zeros = tf.zeros([batch_size, mem_len, self.d_model], self.compute_dtype)  # [B, M, d]
         x = self.layer_norm(zeros) if self.pre_lnorm else zeros
-        _, kv_kernel = self._split_kernel()
-        keys, values = tf.split(_dense(x, kv_kernel), 2, axis=-1)  # [B, M, N*D] each
+        keys, values = tf.split(self._keys_values(x), 2, axis=-1)  # [B, M, N*D] each
         position_keys = ()
         if self.encoding.position_keys_cached:
             position_keys = self._relative_keys(mem_len + max_len, position_encoding)  # [N, P, D]
@@ -366,7 +366,6 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             if training:
                 raise ValueError("the keys/values cache serves inference; train with the hidden-state memory")
             return self._call_cached(raw, h, state, lengths, positions, terms, return_probs, position_encoding)
-        q_kernel, kv_kernel = self._split_kernel()
         memory = None if state is None else state.hidden  # [B, M, d]
         new_memory = LayerMemory(keep_last(memory, raw, mem_len, lengths,
                                            axis=LayerMemory.TIME_AXIS))  # [B, min(mem_len, M + L), d]
@@ -379,13 +378,14 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             memory = None if memory is None else self.layer_norm(memory)
         else:
             h_in = h
-        q = _dense(h_in, q_kernel)  # [B, L, N*D]: queries only for the segment
+        q = self._queries(h_in)  # [B, L, N*D]: queries only for the segment
         if memory is None:
-            kv = _dense(h_in, kv_kernel)  # [B, L, 2*N*D]
-        elif training is True and not self.pre_lnorm and memory_positions is None:  # the memory is a constant
-            kv = _dense_after_memory(memory, h_in, kv_kernel)  # [B, K, 2*N*D]
+            kv = self._keys_values(h_in)  # [B, L, 2*N*D]
+        elif (training is True and not self.pre_lnorm and memory_positions is None
+              and not quantized(self.key, self.value)):  # the memory is a constant
+            kv = _dense_after_memory(memory, h_in, kernel_of(self.key, self.value, dtype=dtype))  # [B, K, 2*N*D]
         else:
-            kv = _dense(tf.concat([memory, h_in], axis=1), kv_kernel)  # [B, K, 2*N*D]
+            kv = self._keys_values(tf.concat([memory, h_in], axis=1))  # [B, K, 2*N*D]
         klen = tf.shape(kv)[1]
         kernels = fused.applies(kernels, dtype, training)
         # Head-major layout [N, B, T, D]: the position term then needs no broadcast over the batch.
@@ -409,19 +409,18 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             raise ValueError("a keys/values cache cannot hold LayerNorm(memory + absolute positions) "
                              "(pre_lnorm with attn_type 'vaswani' or 'al_rfou'); use the hidden-state memory")
         dtype = self.compute_dtype
-        q_kernel, kv_kernel = self._split_kernel()
         heads = lambda x: _split_heads(x, self.n_head, self.d_head)  # noqa: E731  [B, T, N*D] -> [N, B, T, D]
         keys, values = tf.cast(cache.keys, dtype), tf.cast(cache.values, dtype)  # [N, B, M, D]
         mem_len, time = cache.mem_len, LayerCache.TIME_AXIS
         h_in = self.layer_norm(h) if self.pre_lnorm else h
         if input_positions is None:
-            q = _dense(h_in, q_kernel)  # [B, L, N*D]
-            k_new, v_new = tf.split(_dense(h_in, kv_kernel), 2, axis=-1)  # [B, L, N*D]: what the cache keeps
+            q = self._queries(h_in)  # [B, L, N*D]
+            k_new, v_new = tf.split(self._keys_values(h_in), 2, axis=-1)  # [B, L, N*D]: what the cache keeps
             k_seg, v_seg = k_new, v_new
         else:  # al_rfou: the cache keeps the keys/values of the inputs without this window's positions
-            q = _dense(h, q_kernel)
-            k_new, v_new = tf.split(_dense(raw, kv_kernel), 2, axis=-1)
-            k_pos, v_pos = tf.split(_dense(tf.cast(input_positions, dtype)[None], kv_kernel), 2, axis=-1)
+            q = self._queries(h)
+            k_new, v_new = tf.split(self._keys_values(raw), 2, axis=-1)
+            k_pos, v_pos = tf.split(self._keys_values(tf.cast(input_positions, dtype)[None]), 2, axis=-1)
             k_seg, v_seg = k_new + k_pos, v_new + v_pos
         k_new, v_new = heads(k_new), heads(v_new)  # [N, B, L, D]
         k_cat, v_cat = tf.concat([keys, k_new], axis=time), tf.concat([values, v_new], axis=time)  # [N, B, K, D]
@@ -431,7 +430,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             values=tf.ensure_shape(keep_window(v_cat, qlen, mem_len, lengths, axis=time), values.shape))
         k, v = k_cat, v_cat  # the keys/values attended: the cache's own, unless positions are added
         if memory_positions is not None:  # the window's positions of the memory: [1, M, N*D] -> [N, 1, M, D]
-            k_pos, v_pos = tf.split(_dense(tf.cast(memory_positions, dtype)[None], kv_kernel), 2, axis=-1)
+            k_pos, v_pos = tf.split(self._keys_values(tf.cast(memory_positions, dtype)[None]), 2, axis=-1)
             keys, values = keys + heads(k_pos), values + heads(v_pos)
         if memory_positions is not None or input_positions is not None:
             k = tf.concat([keys, heads(k_seg)], axis=time)  # [N, B, K, D]
@@ -505,7 +504,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             attn = fused.merge_heads([attn], self.n_head)  # [B, L, N*D]
         else:
             attn = tf.reshape(tf.transpose(attn, [1, 2, 0, 3]), [batch, qlen, width])  # [B, L, N*D]
-        out = _dense(attn, tf.cast(self.o_kernel, dtype))  # [B, L, d]
+        out = project(attn, self.attention_output, dtype=dtype)  # [B, L, d]
         out = self.output_dropout(out, training=training, seed=seeds[1], kernels=kernels)
         out = h + out if self.pre_lnorm else fused.add_layer_norm(self.layer_norm, h, out, kernels)  # [B, L, d]
         return (out,)

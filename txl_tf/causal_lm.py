@@ -29,12 +29,13 @@ import dataclasses
 import json
 import os
 import random
+import tempfile
 from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from txl_tf import errors, generation, loading, paths, run_dir, staging, untrusted
+from txl_tf import errors, generation, loading, paths, run_dir, staging, untrusted, upgrade
 from txl_tf.configs import EvalConfig, ModelConfig, check_inference_size
 from txl_tf.data.vocab import VOCAB_FILE, Vocab
 from txl_tf.errors import ConfigError, UserError
@@ -258,7 +259,11 @@ class TransformerXLCausalLM:
                             "preset again with save_to_preset")
         model = loading.build_model(model_config, dtype=dtype or _compute_dtype(eval_config))
         try:
-            model.load_weights(weights)
+            if upgrade.legacy_weights_file(weights):  # written before the attention's projections were layers
+                with tempfile.TemporaryDirectory(prefix="txl_tf-upgrade-") as tmp:
+                    model.load_weights(upgrade.upgraded_weights_file(weights, tmp))
+            else:
+                model.load_weights(weights)
         except (OSError, ValueError, KeyError) as error:
             raise UserError(f"{weights} does not fit the model of {os.path.join(path, PRESET_CONFIG)} "
                             f"({errors.one_line(error)}); save the preset again with save_to_preset") from None

@@ -107,6 +107,21 @@ def infer_architecture(shapes):
     return arch
 
 
+class Columns:
+    """Variables [I, O_1], [I, O_2], ... standing for one matrix [I, sum O] (the original's fused `qkv` kernel, q | k
+    | v): `assign` splits the columns among them."""
+
+    def __init__(self, *variables):
+        self.variables = variables
+        self.shape = (variables[0].shape[0], sum(v.shape[1] for v in variables))
+        self.path = " | ".join(v.path for v in variables)
+
+    def assign(self, value):
+        for var, part in zip(self.variables, np.split(value, np.cumsum([v.shape[1] for v in self.variables])[:-1],
+                                                       axis=1), strict=True):
+            var.assign(part)
+
+
 def _name_map(model):
     """{original name (without 'transformer/'): model variable} for `model`."""
     names = {}
@@ -137,9 +152,9 @@ def _name_map(model):
     for i, block in enumerate(model.blocks):
         att, ff = block.attention, block.feed_forward
         names.update({
-            f"layer_{i}/rel_attn/qkv/kernel": att.qkv_kernel,
-            f"layer_{i}/rel_attn/r/kernel": att.r_kernel,
-            f"layer_{i}/rel_attn/o/kernel": att.o_kernel,
+            f"layer_{i}/rel_attn/qkv/kernel": Columns(att.query.kernel, att.key.kernel, att.value.kernel),
+            f"layer_{i}/rel_attn/r/kernel": att.position.kernel,
+            f"layer_{i}/rel_attn/o/kernel": att.attention_output.kernel,
             f"layer_{i}/rel_attn/LayerNorm/gamma": att.layer_norm.gamma,
             f"layer_{i}/rel_attn/LayerNorm/beta": att.layer_norm.beta,
             f"layer_{i}/ff/layer_1/kernel": ff.inner.kernel,

@@ -49,6 +49,7 @@ class Dropout(keras.layers.Layer):
         self.seed = seed
         self.threshold = round(rate * _LEVELS)
         self.seed_generator = keras.random.SeedGenerator(seed) if self.threshold > 0 else None
+        self.built = True  # no weights (Keras' quantize() walks every layer and asks each to be built)
 
     def draw(self, seed=None):
         """(seed [2] int32, threshold, scale) of one training call, for kernels that drop as this layer does

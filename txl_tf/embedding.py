@@ -58,6 +58,7 @@ class RelativePositionalEncoding(keras.layers.Layer):
     def __init__(self, d_model, **kwargs):
         super().__init__(**kwargs)
         self.d_model = d_model
+        self.built = True  # no weights (Keras' quantize() walks every layer and asks each to be built)
 
     def call(self, klen, clamp_len=-1):
         return sinusoid_encoding(relative_distances(klen, clamp_len), self.d_model, self.compute_dtype)

@@ -63,6 +63,11 @@ def _config(kind, fields, what: str):
     return kind(**fields)  # validated: types, ranges, the model's size against this machine's memory
 
 
+def _projections(layer) -> bool:
+    """Keras' quantize() filter: the model's dense projections."""
+    return type(layer) is keras.layers.Dense
+
+
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class TransformerXLBackbone(keras_hub.models.Backbone):
     """The Transformer-XL network as a keras-hub Backbone: token ids -> hidden states [B, L, d_model].
@@ -84,12 +89,30 @@ class TransformerXLBackbone(keras_hub.models.Backbone):
         if model_config.n_token is None:
             raise ConfigError("the backbone's model_config has no n_token; set it to the vocabulary's size")
         check_inference_size(model_config, batch_size=1, tgt_len=eval_config.tgt_len, mem_len=eval_config.mem_len)
-        self.transformer_xl = TransformerXL(**model_config.model_kwargs(), dtype=dtype, name="transformer_xl")
+        quantized = dtype if isinstance(dtype, keras.dtype_policies.DTypePolicyMap) else None
+        self.transformer_xl = TransformerXL(**model_config.model_kwargs(), name="transformer_xl",
+                                            dtype=quantized.default_policy if quantized else dtype)
         super().__init__(dtype=dtype, **kwargs)
         self.model_config = model_config
         self.eval_config = eval_config
         self.token_embedding = self.transformer_xl.embedding
         self.built = True
+        if quantized:  # a quantized backbone's config (keras-hub's get_config): quantize the same layers again
+            self._quantize_as(quantized)
+
+    def _quantize_as(self, policy_map):
+        """Quantizes each layer `policy_map` (a DTypePolicyMap by layer path) names with a quantized policy, so
+        that the weights of a quantized backbone load (their int8 kernels and scales)."""
+        for layer in self.transformer_xl._flatten_layers(include_self=False):
+            policy = policy_map[layer.path] if layer.path in policy_map else None
+            if getattr(policy, "quantization_mode", None):
+                layer.quantize(policy.quantization_mode)
+
+    def quantize(self, mode=None, config=None, filters=None, **kwargs):
+        """Keras' `Model.quantize`; by default of the dense projections only (attention: query, key, value,
+        attention_output, xl's position; feed-forward: inner, outer), without a warning for each layer that holds
+        no projection (dropout, the adaptive embedding and softmax, whose tables stay in the float dtype)."""
+        super().quantize(mode, config=config, filters=_projections if filters is None else filters, **kwargs)
 
     @property
     def protocol(self) -> Protocol:
@@ -250,6 +273,11 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         self.backbone = backbone
         self.preprocessor = preprocessor
         super().__init__(**kwargs)
+        self.built = True  # its backbone is: Keras' quantize() asks
+
+    def quantize(self, mode=None, config=None, filters=None, **kwargs):
+        """The backbone's `quantize` (its dense projections by default; see there)."""
+        super().quantize(mode, config=config, filters=_projections if filters is None else filters, **kwargs)
 
     def call(self, inputs, training=False):
         hidden = self.backbone(inputs, training=training)

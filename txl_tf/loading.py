@@ -18,6 +18,7 @@ import contextlib
 import functools
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -71,17 +72,32 @@ def restore_weights(model, checkpoint_prefix: str) -> None:
     """Restores `model` from a checkpoint saved as tf.train.Checkpoint(model=model); every weight must match.
 
     An intact checkpoint that does not fit the model is a run_dir.CheckpointMismatchError naming the variable,
-    both shapes and the config field (`run_dir.mismatch`); a damaged one raises TensorFlow's error."""
+    both shapes and the config field (`run_dir.mismatch`); a damaged one raises TensorFlow's error. A checkpoint
+    written before the attention's projections became layers is read through `txl_tf.upgrade`."""
+    from txl_tf import upgrade
+
+    try:
+        legacy = upgrade.legacy_checkpoint(checkpoint_prefix)
+    except run_dir.RESTORE_ERRORS:
+        legacy = False  # a damaged checkpoint: the restore below names the problem
+    if legacy:
+        with tempfile.TemporaryDirectory(prefix="txl_tf-upgrade-") as tmp:
+            return _restore(model, upgrade.upgraded_checkpoint(checkpoint_prefix, tmp), checkpoint_prefix)
+    return _restore(model, checkpoint_prefix, checkpoint_prefix)
+
+
+def _restore(model, prefix: str, named: str) -> None:
+    """`restore_weights` of the checkpoint `prefix`; errors name `named` (the user's checkpoint)."""
     root = tf.train.Checkpoint(model=model)
     try:
-        status = root.restore(checkpoint_prefix).expect_partial()
+        status = root.restore(prefix).expect_partial()
         status.assert_existing_objects_matched()
     except (*run_dir.RESTORE_ERRORS, AssertionError) as error:
-        problem = run_dir.mismatch(checkpoint_prefix, root)
+        problem = run_dir.mismatch(prefix, root)
         if problem:
-            raise run_dir.CheckpointMismatchError(f"checkpoint {problem}") from None
+            raise run_dir.CheckpointMismatchError(f"checkpoint {problem.replace(prefix, named)}") from None
         if isinstance(error, AssertionError):
-            raise ConfigError(f"checkpoint {checkpoint_prefix} does not match the configured model "
+            raise ConfigError(f"checkpoint {named} does not match the configured model "
                               f"({errors.one_line(error)}); check ModelConfig in the gin config") from error
         raise
 

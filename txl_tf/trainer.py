@@ -43,7 +43,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from txl_tf import autotune, distribute, fused, loading, schedules
+from txl_tf import autotune, distribute, fused, loading, run_dir, schedules, upgrade
 from txl_tf.configs import ModelConfig, TrainConfig
 from txl_tf.errors import ConfigError, UserError
 from txl_tf.policy import TrainingPolicy
@@ -202,7 +202,14 @@ class Trainer:
         return int(sum(np.prod(v.shape) for v in self.model.trainable_variables))
 
     def restore_checkpoint(self, prefix: str) -> None:
-        """Restores the whole training state from `prefix`; every object of it must be in the checkpoint."""
+        """Restores the whole training state from `prefix`; every object of it must be in the checkpoint. A checkpoint
+        of the attention's old layout (`txl_tf.upgrade`) is one line: its weights load, its optimizer state cannot."""
+        if upgrade.legacy_checkpoint(prefix):
+            raise run_dir.RunDirError(
+                f"{prefix} was written before the attention's projections became Keras layers (txl_tf.upgrade): "
+                "its weights still load for evaluate, generate, export and average, but its optimizer state cannot "
+                "resume training; train into a new --model_dir with --gin_param=\"TrainConfig.init_checkpoint="
+                f"'{prefix}'\" (its weights, a fresh optimizer)")
         self.checkpoint.restore(prefix).assert_existing_objects_matched()
 
     def start(self, step: int) -> None:

@@ -2,7 +2,7 @@
 
     (a) q_i.k_j + (b) q_i.W_R R_{i-j} + (c) u.k_j + (d) v.W_R R_{i-j}
 
-with R the sinusoid of the distance (`txl_tf.embedding`), W_R a projection per layer (`r_kernel`) and u, v
+with R the sinusoid of the distance (`txl_tf.embedding`), W_R a projection per layer (the attention's `position` Dense) and u, v
 (`r_w_bias`, `r_r_bias`) shared by the layers or one per layer (`untie_r`). R is computed once per call for all
 layers, with dropout in training; (b) + (d) come from one matmul against R's rows aligned by rel_shift.
 """
@@ -28,8 +28,10 @@ class XL(Encoding):
         model.r_r_bias = model.add_weight(name="r_r_bias", shape=shape, initializer=init)  # v
 
     def build_attention(self, layer) -> None:
-        layer.r_kernel = layer.add_weight(name="r_kernel", shape=(layer.d_model, layer.n_head * layer.d_head),
-                                          initializer=keras.initializers.RandomNormal(stddev=layer.init_std))
+        from txl_tf.projection import projection
+
+        layer.position = projection("position", layer.n_head * layer.d_head, layer.init_std)  # W_R
+        layer.position.build((None, layer.d_model))
 
     def weights_per_layer(self, *, d_model: int, width: int, max_position: int) -> int:
         return d_model * width  # W_R
@@ -52,7 +54,9 @@ class XL(Encoding):
         return model.r_w_bias, model.r_r_bias
 
     def position_rows(self, layer, klen, position_encoding):
-        return tf.matmul(position_encoding, tf.cast(layer.r_kernel, layer.compute_dtype))  # [K, N*D]: W_R R
+        from txl_tf.projection import project
+
+        return project(position_encoding, layer.position, dtype=layer.compute_dtype)  # [K, N*D]: W_R R
 
     def flops(self, *, batch: int, qlen: int, klen: int, d_model: int, width: int) -> int:
         # W_R R once per segment (shared by the batch), then (b) + (d) against K + 1 rows (rel_shift's zero row)
