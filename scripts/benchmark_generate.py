@@ -10,8 +10,10 @@ batch size, rows of --context random prompt tokens, then --tokens new tokens, gr
 the calls' fixed costs cancel. The fastest of --repeats after a warm-up, the paths taking turns:
   txl_tf decoder: `txl_tf.generation.generate_from_model` (its own tf.while_loop in a tf.function);
   keras-hub graph: keras-hub's GreedySampler loop in `generate_function` (a tf.function);
-  keras-hub XLA: the same compiled with XLA (`compile(generate_jit_compile=True)`, the default for the
-    relative encodings).
+  keras-hub XLA, memory moved: the same compiled with XLA (`compile(generate_jit_compile=True,
+    generate_ring=False)`), each new token's step keeping the last mem_len keys/values by moving them;
+  keras-hub XLA: the default for the relative encodings (xl and shaw decode into a ring of keys/values, one slot
+    written per token: `RelativeMultiHeadAttention.decode_ring`).
 The same tokens come out of every path (checked). Only figures from one run compare.
 """
 
@@ -83,8 +85,8 @@ def main(argv):
     print(f"model: {what}; mem_len {backbone.protocol.mem_len}, prompt segments of {backbone.segment_len}; "
           f"{FLAGS.context} prompt tokens, {FLAGS.tokens} new tokens, greedy", flush=True)
 
-    def hub_path(jit):
-        lm.compile(sampler="greedy", generate_jit_compile=jit)
+    def hub_path(jit, ring=None):
+        lm.compile(sampler="greedy", generate_jit_compile=jit, generate_ring=ring)
         function = lm.make_generate_function()
 
         def run(prompts, new):
@@ -102,7 +104,8 @@ def main(argv):
                                                 protocol=backbone.protocol, segment_len=backbone.segment_len)
         return result.tokens
 
-    paths = {"txl_tf decoder": txl_path, "keras-hub graph": hub_path(False), "keras-hub XLA": hub_path(True)}
+    paths = {"txl_tf decoder": txl_path, "keras-hub graph": hub_path(False),
+             "keras-hub XLA, memory moved": hub_path(True, ring=False), "keras-hub XLA": hub_path(True)}
     print("\n| path | batch | tokens/s | ms per token step | same tokens as txl_tf's |")
     print("|---|---:|---:|---:|---|")
     rng, ratios = np.random.default_rng(0), []

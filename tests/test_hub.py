@@ -60,11 +60,45 @@ def test_greedy_generation_through_keras_hub_equals_txl_tf_decoding_past_the_mem
     assert [len(text) for text in out] == [60, 60]
 
 
-@pytest.mark.parametrize("attn_type", ["rope", "alibi", "vaswani"])
+@pytest.mark.parametrize("attn_type", ["shaw", "rope", "alibi", "vaswani"])
 def test_other_encodings_generate_as_txl_tf_does(attn_type):
     lm = make_lm(attn_type=attn_type)
     lm.compile(sampler="greedy")
     assert lm.generate(PROMPTS, max_length=40) == legacy_greedy(lm, PROMPTS, 40)
+
+
+@pytest.mark.parametrize("attn_type", ["xl", "shaw"])
+def test_the_ring_of_keys_and_values_gives_the_cached_calls_log_probabilities(attn_type):
+    """Token by token past three memories: `decode_ring` (one slot written per token) against the model's cached
+    call (the memory's keys/values moved each step), rows at different slots."""
+    lm = make_lm(attn_type=attn_type)
+    model, protocol = lm.backbone.transformer_xl, lm.backbone.protocol
+    mem_len, batch, steps = protocol.mem_len, 2, 3 * protocol.mem_len
+    tokens = np.random.default_rng(5).integers(0, len(VOCAB), [batch, steps]).astype(np.int32)
+    cache = model.initial_cache(batch, protocol, max_len=1)
+    ring = mem_len + 1
+    keys = tf.concat([tf.transpose(cache.keys, [2, 0, 1, 3, 4]), tf.zeros([batch, 2, 2, 1, 16])], axis=3)
+    values = tf.concat([tf.transpose(cache.values, [2, 0, 1, 3, 4]), tf.zeros([batch, 2, 2, 1, 16])], axis=3)
+    pointer = tf.constant([ring - 1, ring - 1])
+    write = tf.constant([True, True])
+    for t in range(steps):
+        write = tf.constant([True, t % 5 != 2])  # row 1 skips some steps: its slot falls behind row 0's
+        expected, new_cache = model(tokens[:, t:t + 1], cache, protocol=protocol, lengths=tf.cast(write, tf.int32))
+        h = model.embedding(tokens[:, t:t + 1])
+        new_keys, new_values = [], []
+        for i, block in enumerate(model.blocks):
+            u, v = model.encoding.layer_biases(model, i)
+            h, layer_keys, layer_values = block.attention.decode_ring(h, keys[:, i], values[:, i], pointer, write,
+                                                                      cache.position_keys[i], u, v)
+            h = block.feed_forward(h)
+            new_keys.append(layer_keys)
+            new_values.append(layer_values)
+        keys, values = tf.stack(new_keys, 1), tf.stack(new_values, 1)
+        pointer = tf.where(write, (pointer + 1) % ring, pointer)
+        for row in range(batch):
+            if write[row]:
+                np.testing.assert_allclose(model.log_probs(h)[row], model.log_probs(expected)[row], atol=1e-5)
+        cache = new_cache
 
 
 @pytest.mark.slow  # ~20 s: six samplers traced; CI's slow phase

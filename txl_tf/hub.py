@@ -26,6 +26,7 @@ given (a word-level vocabulary's "<eos>" is a line end, not the end of a text).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import keras
@@ -344,12 +345,59 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         cache = (*state, last_logits, last_hidden, lengths)
         return tf.transpose(hidden_states[:total], [1, 0, 2]), cache, position_keys
 
-    def generate_step(self, inputs, stop_token_ids=None):
+    def _decodes_in_a_ring(self) -> bool:
+        """Whether the loop's tokens go through `RelativeMultiHeadAttention.decode_ring` (the encodings whose
+        scores have position rows only: xl, shaw) rather than the cached call."""
+        model = self.backbone.transformer_xl
+        possible = (model.encoding.position_keys_cached and model.supports_cache(self.backbone.protocol)
+                    and self.backbone.protocol.mem_len > 0)
+        return possible and getattr(self, "generate_ring", None) is not False
+
+    def _ring_loop(self, cache, position_keys):
+        """(`next`, its cache) of the ring decoding step, from the prompt's cache (`_build_cache`).
+
+        The ring cache is (per layer keys [B, N, M + 1, D], per layer values, pointer [B], last log-probs, last
+        hidden, prompt lengths): the prompt's M kept positions in order, then a free slot, which the next token
+        writes. One tensor per layer: a step writes one slot of each and copies none.
+        """
+        model = self.backbone.transformer_xl
+        keys, values, last_logits, last_hidden, lengths = cache
+        spare = tf.zeros_like(keys[:, 0, :, :1])  # [B, N, 1, D]
+        keys = tuple(tf.concat([keys[:, i], spare], axis=2) for i in range(model.n_layer))  # [B, N, M + 1, D] each
+        values = tuple(tf.concat([values[:, i], spare], axis=2) for i in range(model.n_layer))
+        ring = keys[0].shape[2]
+        pointer = tf.fill(tf.shape(lengths), ring - 1)
+
+        def next(prompt, cache, index):
+            keys, values, pointer, last_logits, last_hidden, lengths = cache
+            token = tf.slice(prompt, [0, index - 1], [-1, 1])
+            fresh = index - 1 >= lengths  # [B]: the token at index - 1 is not in the ring yet (not the prompt's)
+            h = model.embedding(token)  # [B, 1, d]
+            new_keys, new_values = [], []
+            for i, block in enumerate(model.blocks):
+                u, v = model.encoding.layer_biases(model, i)
+                h, layer_keys, layer_values = block.attention.decode_ring(
+                    h, keys[i], values[i], pointer, fresh, position_keys[i], u, v)
+                h = block.feed_forward(h)
+                new_keys.append(layer_keys)
+                new_values.append(layer_values)
+            logits = tf.cast(model.log_probs(h)[:, 0], tf.float32)
+            logits = tf.where(fresh[:, None], logits, last_logits)
+            hidden = tf.where(fresh[:, None], h[:, 0], last_hidden)
+            pointer = tf.where(fresh, (pointer + 1) % ring, pointer)
+            return logits, hidden, (tuple(new_keys), tuple(new_values), pointer, last_logits, last_hidden, lengths)
+
+        return next, (keys, values, pointer, last_logits, last_hidden, lengths)
+
+    def generate_step(self, inputs, stop_token_ids=None, ring=None):
+        """keras-hub's generation step; `ring`: decode with `_ring_loop` (None: `_decodes_in_a_ring()`)."""
         token_ids, padding_mask = inputs["token_ids"], inputs["padding_mask"]
         padding_mask = tf.cast(padding_mask, tf.bool)
         lengths = tf.reduce_sum(tf.cast(padding_mask, tf.int32), axis=1)  # prompts: right-padded
-        index = tf.maximum(tf.reduce_min(lengths), 1)
         hidden_states, cache, position_keys = self._build_cache(token_ids, lengths)
+        if self._decodes_in_a_ring() if ring is None else ring:
+            return self._finish(token_ids, padding_mask, stop_token_ids, hidden_states,
+                                *self._ring_loop(cache, position_keys))
 
         def next(prompt, cache, index):
             *state, last_logits, last_hidden, lengths = cache
@@ -361,6 +409,12 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             hidden = tf.where(fresh[:, None], hidden[:, 0], last_hidden)
             return logits, hidden, (*state, last_logits, last_hidden, lengths)
 
+        return self._finish(token_ids, padding_mask, stop_token_ids, hidden_states, next, cache)
+
+    def _finish(self, token_ids, padding_mask, stop_token_ids, hidden_states, next, cache):
+        """The sampler's loop from `cache` with `next`, and the padding mask of what it generated."""
+        lengths = tf.reduce_sum(tf.cast(padding_mask, tf.int32), axis=1)
+        index = tf.maximum(tf.reduce_min(lengths), 1)
         token_ids = self.sampler(next=next, prompt=token_ids, cache=cache, index=index, mask=padding_mask,
                                  stop_token_ids=stop_token_ids, hidden_states=hidden_states, model=self)
         if stop_token_ids is None:
@@ -381,15 +435,18 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
 
     # ---- fit() and evaluate() with recurrence ---------------------------------------------------------------
     def compile(self, optimizer="auto", loss="auto", *, weighted_metrics=None, sampler="top_k",
-                generate_jit_compile=None, **kwargs):
+                generate_jit_compile=None, generate_ring=None, **kwargs):
         """keras-hub's compile; no metric by default (the loss is the adaptive softmax's negative log-likelihood,
         computed without [B, L, V] logits; a metric on logits would make them).
 
         generate_jit_compile: XLA for `generate` (None: on for the relative encodings, whose prompt segments have
         a static width; measured faster on CPU, `scripts/benchmark_generate.py`). `jit_compile` is fit's, as in
         Keras.
+        generate_ring: each new token writes one slot of a ring of keys/values instead of moving the memory's
+        (`RelativeMultiHeadAttention.decode_ring`; None: for the encodings it serves, xl and shaw; the same tokens).
         """
         self.generate_jit_compile = generate_jit_compile
+        self.generate_ring = generate_ring
         super().compile(optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics, sampler=sampler,
                         **kwargs)
 
@@ -399,7 +456,9 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         jit = getattr(self, "generate_jit_compile", None)
         if jit is None:
             jit = not self.backbone.transformer_xl.encoding.absolute
-        self.generate_function = tf.function(self.generate_step, jit_compile=bool(jit))
+        # The choices of this compile() are fixed now: the function traces at its first call.
+        step = functools.partial(self.generate_step, ring=self._decodes_in_a_ring())
+        self.generate_function = tf.function(step, jit_compile=bool(jit))
         return self.generate_function
 
     def fit(self, x=None, y=None, *, epochs=1, callbacks=None, validation_data=None, **kwargs):
