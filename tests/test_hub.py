@@ -132,6 +132,17 @@ def test_generate_takes_what_keras_hubs_generate_takes(lm):
     assert stopped == full[:full.index(full[7], 5) + 1]  # up to and including the first new stop token
 
 
+def test_the_backbone_and_the_task_take_a_plain_tensor_of_token_ids(lm):
+    """Before, `lm.model(x)` returned (hidden, Memory): the keras-hub classes return what keras-hub's do."""
+    tokens = np.array([VOCAB.encode(PROMPTS[0])[:12]], np.int32)
+    hidden = lm.backbone(tokens)
+    np.testing.assert_allclose(hidden, lm.backbone({"token_ids": tokens, "padding_mask": np.ones_like(tokens)}),
+                               atol=1e-6)
+    log_probs = lm(tokens)  # [B, L, V] log-probabilities of the next token
+    assert log_probs.shape == (1, 12, len(VOCAB))
+    np.testing.assert_allclose(np.exp(log_probs).sum(-1), 1.0, atol=1e-5)
+
+
 def test_a_keras_hub_preset_loads_through_keras_hubs_own_loaders(lm, tmp_path):
     lm.compile(sampler="greedy", generate_jit_compile=False)
     expected = lm.generate(PROMPTS, max_length=40)

@@ -79,7 +79,8 @@ class TransformerXLBackbone(keras_hub.models.Backbone):
         its dict; generation and scoring use it.
       dtype: the Keras dtype policy of the layers (e.g. "mixed_bfloat16").
 
-    `backbone(inputs)` takes {"token_ids": [B, L], "padding_mask": [B, L]} without a memory. The memory is a call
+    `backbone(inputs)` takes {"token_ids": [B, L], "padding_mask": [B, L]} or token ids [B, L] alone, without a
+    memory. The memory is a call
     argument and a return value of `call_with_state` (and of every layer: `self.transformer_xl`, a
     `txl_tf.TransformerXL`).
     """
@@ -127,6 +128,8 @@ class TransformerXLBackbone(keras_hub.models.Backbone):
         return self.eval_config.tgt_len
 
     def call(self, inputs, training=False):
+        if not isinstance(inputs, dict):  # token ids [B, L] alone: no padding
+            inputs = {"token_ids": inputs}
         hidden, _ = self.call_with_state(inputs["token_ids"], None, inputs.get("padding_mask"), training=training)
         return hidden
 
