@@ -309,3 +309,96 @@ def test_int8_quantizes_every_projection_and_survives_a_preset(tmp_path):
     np.testing.assert_allclose(
         loaded.backbone.transformer_xl.log_probs(loaded.backbone.transformer_xl(tokens)[0]).numpy(),
         quantized_log_probs, rtol=0, atol=1e-6)
+
+
+def test_the_authors_golden_checkpoint_through_keras_hubs_from_preset_reproduces_its_nll(tmp_path):
+    """Converted (python -m txl_tf.convert's layout), written as a keras-hub preset, loaded by keras-hub's own
+    `CausalLM.from_preset`: the authors' per-token NLL within 1e-5 under the protocol the preset carries, and
+    `evaluate()` (the memory carried by keras' loop) gives their mean."""
+    from golden_utils import FIXTURE_DIR, convert_golden, eval_gin, golden_data
+
+    (tmp_path / "converted").mkdir()
+    directory = convert_golden(tmp_path / "converted")
+    data_dir, expected_mean = golden_data(tmp_path / "data")
+    (tmp_path / "eval.gin").write_text(eval_gin(data_dir))
+    TransformerXLCausalLM.from_preset(directory, gin_file=str(tmp_path / "eval.gin")).save_to_preset(
+        str(tmp_path / "preset"))
+    lm = keras_hub.models.CausalLM.from_preset(str(tmp_path / "preset"))
+    assert isinstance(lm, TransformerXLCausalLM)
+    golden = np.load(FIXTURE_DIR / "golden.npz")
+    tokens = golden["tokens"].T  # [3 streams, 16]
+    model, protocol = lm.backbone.transformer_xl, lm.backbone.protocol
+    assert (lm.backbone.segment_len, protocol.mem_len) == (5, 7)  # the fixture's protocol, from the preset alone
+    memory = model.initial_memory(3, protocol)
+    for s in range(3):
+        hidden, memory = lm.backbone.call_with_state(tokens[:, 5 * s:5 * s + 5], memory)
+        nll = model.nll(hidden, tokens[:, 5 * s + 1:5 * s + 6]).numpy().T  # [L, B] as the fixture
+        np.testing.assert_allclose(nll, golden[f"nll_{s}"], atol=1e-5, rtol=0)
+    stream = tf.data.Dataset.from_tensor_slices(
+        ([tokens[:, 5 * s:5 * s + 5] for s in range(3)], [tokens[:, 5 * s + 1:5 * s + 6] for s in range(3)]))
+    lm.compile()
+    assert lm.evaluate(stream, verbose=0) == pytest.approx(expected_mean, abs=1e-5)
+
+
+def test_decoding_three_memories_one_token_at_a_time_gives_the_models_log_probabilities():
+    """keras-hub's generate (the ring of keys/values, greedy) for 3 x mem_len tokens after a prompt of two
+    segments: the probabilities its sampler saw at each step are the model's own for that text, computed by the
+    paper's recurrence (the hidden memory of mem_len positions, one position per call) from the same prompt."""
+    lm = make_lm()
+    model, protocol = lm.backbone.transformer_xl, lm.backbone.protocol
+    seen = []
+
+    class Recording(keras_hub.samplers.GreedySampler):
+        def get_next_token(self, probabilities):
+            seen.append(probabilities.numpy())
+            return super().get_next_token(probabilities)
+
+    lm.compile(sampler=Recording(), run_eagerly=True)  # the loop in Python: the test reads each step's numbers
+    assert lm._decodes_in_a_ring()
+    prompt = PROMPTS[0][:12]  # a full segment of 8 and 4 more
+    text = lm.generate([prompt], max_length=12 + 3 * protocol.mem_len)[0]
+    assert len(seen) == 3 * protocol.mem_len and len(text) == 12 + 3 * protocol.mem_len
+    ids = np.array([VOCAB.encode(text)], np.int32)
+    hidden, memory = model(ids[:, :8], model.initial_memory(1, protocol), protocol=protocol)
+    hidden, memory = model(ids[:, 8:12], memory, protocol=protocol)
+    for t in range(12, ids.shape[1]):
+        np.testing.assert_allclose(np.log(seen[t - 12][0]), model.log_probs(hidden[:, -1:])[0, 0], atol=1e-5)
+        hidden, memory = model(ids[:, t:t + 1], memory, protocol=protocol)
+
+
+def test_one_fit_step_is_one_step_of_the_custom_trainer_and_the_next_uses_the_memory():
+    """The same model, batch and optimizer (txl_tf's Adam, clipped by the global norm as the trainer clips): one
+    fit() step and one step of `txl_tf.trainer.Trainer` give the same loss and weights; the second batch's loss
+    uses the first batch's memory, as the trainer's does."""
+    from train_utils import in_memory_trainer, repeated_batch, tiny_model_config, tiny_train_config
+
+    from txl_tf import schedules
+
+    trainer = in_memory_trainer(clip_norm=0.05)  # small enough that the clip acts
+    model_config, config = tiny_model_config(), tiny_train_config(clip_norm=0.05)
+    inputs, targets = repeated_batch()
+    vocab = Vocab(list(range(32, 32 + trainer.n_token)), "char")
+    lm = TransformerXLCausalLM.from_parts(trainer.model, model_config, EvalConfig(tgt_len=inputs.shape[1]), vocab)
+    lm.compile(optimizer=schedules.make_optimizer(config, global_clipnorm=True))
+    fit_model = lm.backbone.transformer_xl
+    trainer.start(0)
+    losses, weights = [], []
+    for _ in range(2):
+        stats = trainer.train_loop(1)
+        losses.append(stats.nll_sum / stats.tokens)
+        weights.append([w.numpy().copy() for w in trainer.model.weights])
+    seen = []  # (the loss fit reports after each batch: the running mean, weights after it)
+
+    def record(batch, logs):
+        seen.append((logs["loss"], [w.numpy().copy() for w in fit_model.weights]))
+
+    batches = tf.data.Dataset.from_tensors((inputs, targets)).repeat(2)
+    lm.fit(batches, epochs=1, verbose=0, callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=record)])
+    np.testing.assert_allclose([seen[0][0], 2 * seen[1][0] - seen[0][0]], losses, rtol=1e-5)
+    for (_, got), want in zip(seen, weights, strict=True):
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    # The second batch with a zero memory, at the weights after the first step: not what either saw.
+    fit_model.set_weights(weights[0])
+    zero_memory = float(tf.reduce_mean(fit_model.nll(fit_model(inputs)[0], targets)))
+    assert abs(zero_memory - losses[1]) > 1e-4, (zero_memory, losses)

@@ -61,12 +61,17 @@ class FusedAdam(keras.optimizers.Adam):
             epsilon=tf.constant(self.epsilon, tf.float32), grad=gradient, use_locking=False)
 
 
-def make_optimizer(config: TrainConfig, schedule=None) -> keras.optimizers.Optimizer:
+def make_optimizer(config: TrainConfig, schedule=None, *, global_clipnorm: bool = False
+                   ) -> keras.optimizers.Optimizer:
     """Adam (`FusedAdam`) with `schedule` (default: the one above). Build it inside `strategy.scope()`, then call
-    `optimizer.build(model.trainable_variables)` before the first distributed step."""
+    `optimizer.build(model.trainable_variables)` before the first distributed step.
+
+    global_clipnorm: the optimizer clips the gradients by their global norm (TrainConfig.clip_norm) itself, as the
+    custom trainer does before it applies them: the optimizer for `txl_tf.hub.TransformerXLCausalLM.fit`."""
     return FusedAdam(
         learning_rate=learning_rate_schedule(config) if schedule is None else schedule,
         beta_1=config.adam_beta1,
         beta_2=config.adam_beta2,
         epsilon=config.adam_epsilon,
+        global_clipnorm=config.clip_norm if global_clipnorm else None,
     )
