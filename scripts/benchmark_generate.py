@@ -1,5 +1,5 @@
-"""Decoding speed of the keras-hub path (`txl_tf.hub.TransformerXLCausalLM`) against txl_tf's own decoder, in one
-run on one machine.
+"""Decoding speed of the keras-hub path (`txl_tf.hub.TransformerXLCausalLM`): the graph, XLA, and the ring of
+keys/values, in one run on one machine.
 
     python scripts/benchmark_generate.py --model_dir=runs/sample
     python scripts/benchmark_generate.py --arch=4,192,3,64,768 --n_token=204 --mem_len=128 --tgt_len=128
@@ -8,12 +8,14 @@ The model is a trained run (--model_dir: its checkpoint and EvalConfig) or rando
 batch size, rows of --context random prompt tokens, then --tokens new tokens, greedy. Decode tokens/s = rows x
 (--tokens - 1) / (the time of a generation of --tokens new tokens minus that of one new token): the prompt and
 the calls' fixed costs cancel. The fastest of --repeats after a warm-up, the paths taking turns:
-  txl_tf decoder: `txl_tf.generation.generate_from_model` (its own tf.while_loop in a tf.function);
-  keras-hub graph: keras-hub's GreedySampler loop in `generate_function` (a tf.function);
-  keras-hub XLA, memory moved: the same compiled with XLA (`compile(generate_jit_compile=True,
-    generate_ring=False)`), each new token's step keeping the last mem_len keys/values by moving them;
+  keras-hub graph, memory moved: keras-hub's GreedySampler loop in `generate_function` (a tf.function), each new
+    token's step keeping the last mem_len keys/values by moving them (`compile(generate_jit_compile=False,
+    generate_ring=False)`; the way txl_tf's earlier hand-written decoder went);
+  keras-hub XLA, memory moved: the same compiled with XLA;
   keras-hub XLA: the default for the relative encodings (xl and shaw decode into a ring of keys/values, one slot
-    written per token: `RelativeMultiHeadAttention.decode_ring`).
+    written per token: `RelativeMultiHeadAttention.decode_ring`);
+  txl_tf.generation (XLA): `txl_tf.generation.Generator`, what `python -m txl_tf.generate` and the SavedModel's
+    `generate` signature run (keras-hub's loop with the sampler chosen per call).
 The same tokens come out of every path (checked). Only figures from one run compare.
 """
 
@@ -99,14 +101,14 @@ def main(argv):
             return out["token_ids"].numpy()[:, context:]
         return run
 
-    def txl_path(prompts, new):
-        result = generation.generate_from_model(model, list(prompts), max_tokens=new, temperature=0.0,
-                                                protocol=backbone.protocol, segment_len=backbone.segment_len)
-        return result.tokens
+    def generator_path(prompts, new):  # what python -m txl_tf.generate and the SavedModel run
+        generate = generation.generator(model, backbone.protocol, backbone.segment_len).generate
+        return generation.generate_with(generate, list(prompts), max_tokens=new, temperature=0.0).tokens
 
-    paths = {"txl_tf decoder": txl_path, "keras-hub graph": hub_path(False),
-             "keras-hub XLA, memory moved": hub_path(True, ring=False), "keras-hub XLA": hub_path(True)}
-    print("\n| path | batch | tokens/s | ms per token step | same tokens as txl_tf's |")
+    base = "keras-hub graph, memory moved"
+    paths = {base: hub_path(False, ring=False), "keras-hub XLA, memory moved": hub_path(True, ring=False),
+             "keras-hub XLA": hub_path(True), "txl_tf.generation (XLA)": generator_path}
+    print(f"\n| path | batch | tokens/s | ms per token step | same tokens as {base}'s |")
     print("|---|---:|---:|---:|---|")
     rng, ratios = np.random.default_rng(0), []
     for batch in batches:
@@ -127,14 +129,14 @@ def main(argv):
             seconds = max(best[name][1] - best[name][0], 1e-9)
             steps = FLAGS.tokens - 1
             speeds[name] = batch * steps / seconds
-            same = np.array_equal(outputs[name], outputs["txl_tf decoder"])
+            same = np.array_equal(outputs[name], outputs[base])
             print(f"| {name} | {batch} | {speeds[name]:,.0f} | {1000 * seconds / steps:.2f} | "
                   f"{'yes' if same else 'NO'} |", flush=True)
-        ratios.append((batch, {name: speed / speeds["txl_tf decoder"] for name, speed in speeds.items()}))
+        ratios.append((batch, {name: speed / speeds[base] for name, speed in speeds.items()}))
     print()
     for batch, ratio in ratios:
-        print(f"batch {batch}: tokens/s against txl_tf's decoder: " +
-              ", ".join(f"{name} {value:.2f}x" for name, value in ratio.items() if name != "txl_tf decoder"))
+        print(f"batch {batch}: tokens/s against the {base}: " +
+              ", ".join(f"{name} {value:.2f}x" for name, value in ratio.items() if name != base))
 
 
 if __name__ == "__main__":

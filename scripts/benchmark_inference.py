@@ -12,9 +12,10 @@ loaded back, so both paths serve the same weights with the same keys/values cach
 For every path, batch and context (a random prompt of that many tokens, consumed first):
   per-token latency: --tokens single-token calls, each from Python and waited for (the call, then a greedy pick
     on the host): p50 / p90 / p99 in ms. This is what a serving loop that returns every token sees.
-  tokens/s: the decode loop (one tf.while_loop, sampling in the graph) for --tokens tokens, the fastest of
-    --repeats runs after a warm-up run, the two paths taking turns: the Python model's `txl_tf.generation` loop,
-    the SavedModel's `generate` signature (the same loop, traced at export).
+  tokens/s: generation of --tokens tokens (`txl_tf.generation.Generator`: keras-hub's loop, sampling in the
+    graph) minus that of one token, so that the prompt cancels; the fastest of --repeats after a warm-up, the two
+    paths taking turns: the Python model's generator, the SavedModel's `generate` signature (the same function,
+    traced at export).
 Then per-segment scoring latency: --segments calls of `score` with max_len tokens and the state carried.
 Timings are wall times of this process on this machine; only figures from one run compare.
 """
@@ -79,6 +80,38 @@ def percentiles(seconds) -> tuple:
     return tuple(float(np.percentile(np.asarray(seconds) * 1000, q)) for q in (50, 90, 99))
 
 
+def model_step(recurrent):
+    """(tokens, lengths, state) -> (log-probs [B, V] after each row's last token, state) of the Python model."""
+    def step(tokens, lengths, state):
+        return recurrent.next_log_probs(tokens, state, lengths)
+    return step
+
+
+def saved_model_step(loaded):
+    """The same step through the SavedModel's `next_token_logits` signature (the state by name)."""
+    import tensorflow as tf
+
+    from txl_tf.state import from_named
+
+    signature = loaded.signatures["next_token_logits"]
+
+    def step(tokens, lengths, state):
+        if lengths is None:
+            lengths = tf.fill([tf.shape(tokens)[0]], tf.shape(tokens)[1])
+        out = signature(tokens=tokens, lengths=lengths, **state.named())
+        return out["logits"], from_named({name: out[name] for name in state.named()})
+    return step
+
+
+def consume(step, prompt, state, max_len):
+    """(log-probs after the prompt, state): the prompt [B, P] in segments of max_len."""
+    import tensorflow as tf
+
+    for start in range(0, prompt.shape[1], max_len):
+        log_probs, state = step(tf.constant(prompt[:, start:start + max_len]), None, state)
+    return log_probs, state
+
+
 def token_latency(step, state, log_probs, tokens):
     """p50/p90/p99 ms of single-token calls from Python (3 warm-up calls first)."""
     import numpy as np
@@ -95,22 +128,24 @@ def token_latency(step, state, log_probs, tokens):
     return percentiles(times)
 
 
-def decode_speeds(decoders: dict, consumed: dict, tokens: int, repeats: int) -> dict:
-    """Tokens/s of each path's decode loop (`tokens` tokens, temperature 1): the fastest of `repeats` runs after a
-    warm-up run, the paths taking turns so that a slow moment of a shared machine hits both."""
-    import tensorflow as tf
+def decode_speeds(generators: dict, prompt, tokens: int, repeats: int) -> dict:
+    """Tokens/s of each path's generation (temperature 1): (tokens - 1) new tokens per row over the time of
+    `tokens` new tokens minus that of one (the prompt cancels), the fastest of `repeats` runs after a warm-up,
+    the paths taking turns so that a slow moment of a shared machine hits both."""
+    from txl_tf import generation
 
-    args = (tf.constant(0, tf.int32), tf.constant(tokens, tf.int32), tf.constant(1.0), tf.constant(0),
-            tf.constant(1.0))
-    for name, decode in decoders.items():  # the first call instantiates and optimises the graph
-        decode(*consumed[name], *args)[0].numpy()
-    best = dict.fromkeys(decoders, float("inf"))
+    rows = [list(row) for row in prompt]
+    for generate in generators.values():  # the first call traces and compiles
+        for new in (1, tokens):
+            generation.generate_with(generate, rows, max_tokens=new)
+    best = {name: [float("inf"), float("inf")] for name in generators}
     for _ in range(repeats):
-        for name, decode in decoders.items():
-            start = time.perf_counter()
-            decode(*consumed[name], *args)[0].numpy()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return {name: consumed[name][0].shape[0] * tokens / seconds for name, seconds in best.items()}
+        for name, generate in generators.items():
+            for slot, new in enumerate((1, tokens)):
+                seconds = generation.generate_with(generate, rows, max_tokens=new).seconds
+                best[name][slot] = min(best[name][slot], seconds)
+    return {name: len(rows) * (tokens - 1) / (many - one) if many > one else float("nan")  # nan: lost in noise
+            for name, (one, many) in best.items()}
 
 
 def score_latency(score, state, batch, max_len, segments, n_token):
@@ -146,29 +181,37 @@ def main(argv):
     with tempfile.TemporaryDirectory(prefix="txl_tf_bench_") as tmp:  # loaded into memory, then removed
         export.export_model(model, os.path.join(tmp, "saved"), protocol=protocol, max_len=max_len)
         loaded = tf.saved_model.load(os.path.join(tmp, "saved"))
-    served_step, served_initial, _ = generation.saved_model_step(loaded)
-    served_decoder = generation.saved_model_decoder(loaded)
     score_signature = loaded.signatures["score"]
+    state_names = tuple(recurrent.initial_state(1).named())
 
     def served_score(tokens, targets, state):
+        from txl_tf.state import from_named
+
         out = score_signature(tokens=tokens, targets=targets, **state.named())
-        return out["nll"], generation.state_outputs(out, state)
+        return out["nll"], from_named({name: out[name] for name in state_names})
+
+    def served_initial(batch):
+        from txl_tf.state import from_named
+
+        out = loaded.signatures["initial_state"](batch_size=tf.constant(batch, tf.int32))
+        return from_named({name: out[name] for name in state_names})
 
     paths = {
-        "Python": (generation.model_step(recurrent), recurrent.initial_state, recurrent.score, None),
-        "SavedModel": (served_step, served_initial, served_score, served_decoder),
+        "Python": (model_step(recurrent), recurrent.initial_state, recurrent.score,
+                   generation.generator(model, protocol, max_len).generate),
+        "SavedModel": (saved_model_step(loaded), served_initial, served_score, loaded.signatures["generate"]),
     }
     rng = np.random.default_rng(1)
     rows, score_rows = [], []
     for batch in batches:
         for context in contexts:
             prompt = rng.integers(0, model.n_token, [batch, context]).astype(np.int32)
-            consumed, latencies, decoders = {}, {}, {}
-            for name, (step, initial_state, _, decoder) in paths.items():
-                consumed[name] = generation.consume_prompts(step, prompt, initial_state(batch), max_len)
-                latencies[name] = token_latency(step, consumed[name][1], consumed[name][0], FLAGS.tokens)
-                decoders[name] = decoder or generation.make_decoder(step)
-            speeds = decode_speeds(decoders, consumed, FLAGS.tokens, FLAGS.repeats)
+            latencies = {}
+            for name, (step, initial_state, _, _) in paths.items():
+                log_probs, state = consume(step, prompt, initial_state(batch), max_len)
+                latencies[name] = token_latency(step, state, log_probs, FLAGS.tokens)
+            speeds = decode_speeds({name: path[3] for name, path in paths.items()}, prompt, FLAGS.tokens,
+                                   FLAGS.repeats)
             for name, latency in latencies.items():
                 rows.append((name, batch, context, latency, speeds[name]))
                 print(f"{name:10s} batch {batch:3d} context {context:5d}: per token p50 {latency[0]:.2f} / p90 "

@@ -1,6 +1,6 @@
-"""Generation: deterministic under a seed, greedy equals a step-by-step oracle, the cache and the memory sample the
-same tokens, a batch of prompts of different lengths continues each as alone, top-k and top-p, and the SavedModel
-path gives the Python path's text."""
+"""Generation (`txl_tf.generation`, keras-hub's loop): deterministic under a seed, greedy equals a step-by-step
+oracle, a batch of prompts of different lengths continues each as alone, top-k and top-p through keras-hub's
+sampler, and the SavedModel's, the command line's and the Python path's text are the same."""
 
 import subprocess
 import sys
@@ -42,7 +42,7 @@ def test_same_seed_same_tokens(model):
 
 @pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
 def test_greedy_matches_step_by_step_oracle(model):
-    result = _generate(model, temperature=0.0, use_cache=False)
+    result = _generate(model, temperature=0.0)
     # Oracle: plain model calls; the prompt in segments of 3 (zero memory at first, so segmentation matters),
     # then one token per call with memory.
     hidden, mems = model(PROMPT[:, :3], model.initial_memory(2))
@@ -53,31 +53,34 @@ def test_greedy_matches_step_by_step_oracle(model):
         expected.append(token)
         hidden, mems = model(token[:, None], mems)
     np.testing.assert_array_equal(result.tokens, np.stack(expected, axis=1))
-    np.testing.assert_allclose(result.state.hidden.numpy(), mems.hidden.numpy(), atol=1e-5)  # after every token
     np.testing.assert_array_equal(_generate(model, top_k=1, seed=5).tokens, result.tokens)
     np.testing.assert_array_equal(_generate(model, top_p=1e-6, seed=5).tokens, result.tokens)
-    # The keys/values cache (the default) samples the same tokens.
-    np.testing.assert_array_equal(_generate(model, temperature=0.0).tokens, result.tokens)
-    sampled = [_generate(model, seed=8, use_cache=flag).tokens for flag in (True, False)]
-    np.testing.assert_array_equal(*sampled)
 
 
-@pytest.mark.parametrize("use_cache", [True, pytest.param(False, marks=pytest.mark.slow)])  # False: ~7 s, slow phase
-def test_prompts_of_different_lengths_continue_as_alone(model, use_cache):
+def test_prompts_of_different_lengths_continue_as_alone(model):
     """Each prompt of a batch (7, 2 and 4 tokens, right-padded) gets the greedy continuation it gets alone."""
     prompts = [[1, 4, 2, 7, 3, 8, 8], [5, 0], [9, 9, 6, 2]]
-    batch = generation.generate_from_model(model, prompts, max_tokens=5, temperature=0.0, segment_len=3,
-                                           use_cache=use_cache)
+    batch = generation.generate_from_model(model, prompts, max_tokens=5, temperature=0.0, segment_len=3)
     for row, prompt in enumerate(prompts):
-        alone = generation.generate_from_model(model, [prompt], max_tokens=5, temperature=0.0, segment_len=3,
-                                               use_cache=use_cache)
+        alone = generation.generate_from_model(model, [prompt], max_tokens=5, temperature=0.0, segment_len=3)
         np.testing.assert_array_equal(batch.tokens[row], alone.tokens[0])
 
 
+def _draws(seeds=8, **settings):
+    """The tokens keras-hub's top-p sampler (`generation.Sampling`) draws for 256 rows of probabilities 0.1, 0.5,
+    0.15, 0.25, under each of `seeds` seeds."""
+    sampling = generation.Sampling()
+    logits = tf.math.log(tf.constant([[0.1, 0.5, 0.15, 0.25]] * 256))
+    draws = set()
+    for seed in range(seeds):
+        sampling.set(settings.get("temperature", 1.0), settings.get("top_k", 0), settings.get("top_p", 1.0), seed)
+        draws |= set(sampling.get_next_token(sampling.compute_probabilities(logits)).numpy().tolist())
+    return draws
+
+
 def test_top_k_restricts_choices():
-    logits = tf.math.log(tf.constant([[0.1, 0.5, 0.15, 0.25]] * 64))
-    draws = [generation.sample_next(logits, tf.constant([s, 0]), 1.0, 2).numpy() for s in range(8)]
-    assert set(np.concatenate(draws).tolist()) == {1, 3}
+    assert _draws(top_k=2) == {1, 3}
+    assert _draws(top_k=0) == {0, 1, 2, 3}
 
 
 # Every p sits at least 0.04 from the cumulative probabilities 0.5, 0.75 and 0.9: at a boundary (p = 0.5) whether
@@ -88,25 +91,19 @@ def test_top_k_restricts_choices():
 def test_top_p_keeps_the_smallest_set_reaching_p(top_p, allowed):
     """Probabilities 0.5, 0.25, 0.15, 0.1 (cumulative 0.5, 0.75, 0.9, 1): the nucleus holds the likeliest tokens
     up to the one crossing p."""
-    logits = tf.math.log(tf.constant([[0.1, 0.5, 0.15, 0.25]] * 256))
-    draws = [generation.sample_next(logits, tf.constant([s, 0]), 1.0, 0, top_p).numpy() for s in range(8)]
-    assert set(np.concatenate(draws).tolist()) == allowed
+    assert _draws(top_p=top_p) == allowed
 
 
 @pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
 def test_saved_model_gives_the_python_text(model, tmp_path):
-    """The SavedModel's signatures (cache in and out) sample the same tokens as the Python model."""
+    """The SavedModel's `generate` signature is the Python generator's function: the same tokens, greedy and
+    sampled, for prompts of different lengths."""
     protocol = Protocol(mem_len=9)
     export.export_model(model, str(tmp_path / "saved"), protocol=protocol, max_len=3)
     loaded = tf.saved_model.load(str(tmp_path / "saved"))
-    step, initial_state, max_len = generation.saved_model_step(loaded)
-    assert max_len == 3
     prompts = [[1, 4, 2, 7, 3], [5, 0]]
     for settings in (dict(temperature=0.0), dict(temperature=1.3, top_k=5, top_p=0.9, seed=4)):
-        served = generation.generate(step, prompts, initial_state(2), max_tokens=7, segment_len=3,
-                                     decoder=generation.saved_model_decoder(loaded), **settings)
-        per_token = generation.generate(step, prompts, initial_state(2), max_tokens=7, segment_len=3, **settings)
-        np.testing.assert_array_equal(per_token.tokens, served.tokens)  # next_token_logits called per token
+        served = generation.generate_with(loaded.signatures["generate"], prompts, max_tokens=7, **settings)
         python = generation.generate_from_model(model, prompts, max_tokens=7, protocol=protocol, segment_len=3,
                                                 **settings)
         np.testing.assert_array_equal(served.tokens, python.tokens)
@@ -134,7 +131,8 @@ def test_text_roundtrip_and_errors(model):
 @pytest.mark.slow
 def test_cli_model_dir_and_saved_model_print_the_same_text(tmp_path):
     """`python -m txl_tf.generate` on a run and on its export (`python -m txl_tf.export`): the same text for the same
-    seed, for a batch of two prompts; word level prints a space between prompt and continuation."""
+    seed, for a batch of two prompts, and greedily the text Python gives; word level prints a space between prompt
+    and continuation."""
     data_dir = prepare_tiny_corpus(str(tmp_path), "word", n_lines=200)
     model_dir = str(tmp_path / "run")
     run_training(model_dir, tiny_params(data_dir))
@@ -158,16 +156,26 @@ def test_cli_model_dir_and_saved_model_print_the_same_text(tmp_path):
     assert from_run == served
     assert from_run.startswith("the memory ") and not from_run.startswith("the memory  "), from_run
     assert "\na " in from_run, from_run
+    # Greedy: the command line from the run and from its SavedModel, and Python, give one text.
+    greedy = ["--prompt=the memory", "--max_tokens=6", "--temperature=0"]
+    from_run = texts(run("txl_tf.generate", f"--model_dir={model_dir}", *greedy))
+    assert texts(run("txl_tf.generate", f"--saved_model={tmp_path / 'saved'}", *greedy)) == from_run
+    from txl_tf import TransformerXLCausalLM
+
+    assert TransformerXLCausalLM.from_preset(model_dir).generate("the memory", max_length=2 + 6,
+                                                                 temperature=0.0) == from_run
 
 
 def test_generating_again_traces_nothing_again(model):
-    """The trainer samples every few hundred steps: a second generation with the same settings reuses the traced
-    prompt step and decode loop (no tf.function retracing warning in the training log)."""
+    """The trainer samples every few hundred steps: a second generation of the same shape, with other settings,
+    reuses the traced function (no tf.function retracing warning in the training log)."""
     prompts = [[1, 2, 3, 4, 5], [6, 7]]
     first = generation.generate_from_model(model, prompts, max_tokens=4, temperature=0.0, segment_len=4)
-    recurrent, _, decoder = generation._decoding(model, generation.generation_protocol(model), 4, True)
-    traced = (recurrent.next_log_probs.experimental_get_tracing_count(), decoder.experimental_get_tracing_count())
+    generator = generation.generator(model, None, 4)
+    traced = (generator.generate.experimental_get_tracing_count(), generator._loop.experimental_get_tracing_count())
+    assert traced == (1, 1)
     again = generation.generate_from_model(model, prompts, max_tokens=4, temperature=0.0, segment_len=4)
-    assert (recurrent.next_log_probs.experimental_get_tracing_count(),
-            decoder.experimental_get_tracing_count()) == traced
+    generation.generate_from_model(model, prompts, max_tokens=4, temperature=0.7, top_k=3, seed=2, segment_len=4)
+    assert (generator.generate.experimental_get_tracing_count(),
+            generator._loop.experimental_get_tracing_count()) == traced
     np.testing.assert_array_equal(first.tokens, again.tokens)

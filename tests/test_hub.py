@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from txl_tf import generation, paths
+from txl_tf import paths
 from txl_tf.configs import EvalConfig, ModelConfig
 from txl_tf.data import pipeline
 from txl_tf.data.vocab import Vocab
@@ -44,11 +44,20 @@ def lm():
 
 
 def legacy_greedy(lm, prompts, max_length):
-    """The continuation txl_tf's own decoder (tested against full passes) gives greedily."""
-    ids = [VOCAB.encode(text) for text in prompts]
-    result = generation.generate_from_model(lm.backbone.transformer_xl, ids, max_tokens=max_length,
-                                            temperature=0.0, segment_len=lm.backbone.segment_len)
-    return [VOCAB.decode(list(row) + list(tokens))[:max_length] for row, tokens in zip(ids, result.tokens, strict=True)]
+    """The greedy continuation by plain calls of the model: each prompt alone in segments, then one token per call
+    with the hidden-state memory (the paper's recurrence)."""
+    model, protocol, segment = lm.backbone.transformer_xl, lm.backbone.protocol, lm.backbone.segment_len
+    texts = []
+    for text in prompts:
+        ids = VOCAB.encode(text)
+        memory = model.initial_memory(1, protocol)
+        for start in range(0, len(ids), segment):
+            hidden, memory = model(np.array([ids[start:start + segment]], np.int32), memory, protocol=protocol)
+        while len(ids) < max_length:
+            ids.append(int(np.argmax(model.log_probs(hidden[:, -1:])[0, 0])))
+            hidden, memory = model(np.array([ids[-1:]], np.int32), memory, protocol=protocol)
+        texts.append(VOCAB.decode(ids))
+    return texts
 
 
 def test_greedy_generation_through_keras_hub_equals_txl_tf_decoding_past_the_memory(lm):
@@ -374,8 +383,11 @@ def test_one_fit_step_is_one_step_of_the_custom_trainer_and_the_next_uses_the_me
 
     from txl_tf import schedules
 
-    trainer = in_memory_trainer(clip_norm=0.05)  # small enough that the clip acts
-    model_config, config = tiny_model_config(), tiny_train_config(clip_norm=0.05)
+    # Weights larger than the default initialisation's: the memory moves the second batch's loss far more than
+    # the tolerances (with 0.02 the difference was ~1e-5).
+    architecture = dict(init_std=0.5)
+    trainer = in_memory_trainer(clip_norm=0.05, model=architecture)  # a clip small enough to act
+    model_config, config = tiny_model_config(**architecture), tiny_train_config(clip_norm=0.05)
     inputs, targets = repeated_batch()
     vocab = Vocab(list(range(32, 32 + trainer.n_token)), "char")
     lm = TransformerXLCausalLM.from_parts(trainer.model, model_config, EvalConfig(tgt_len=inputs.shape[1]), vocab)
@@ -401,4 +413,4 @@ def test_one_fit_step_is_one_step_of_the_custom_trainer_and_the_next_uses_the_me
     # The second batch with a zero memory, at the weights after the first step: not what either saw.
     fit_model.set_weights(weights[0])
     zero_memory = float(tf.reduce_mean(fit_model.nll(fit_model(inputs)[0], targets)))
-    assert abs(zero_memory - losses[1]) > 1e-4, (zero_memory, losses)
+    assert abs(zero_memory - losses[1]) > 1e-2, (zero_memory, losses)

@@ -36,12 +36,17 @@ def _next_token_logits(signatures, tokens=TOKENS, lengths=(3,), batch_size=1):
                                            lengths=tf.constant(lengths, tf.int32), **_state(signatures, batch_size))
 
 
-def _generate(signatures, batch_size=1, **settings):
-    logits = _next_token_logits(signatures)["logits"]
-    args = {**dict(seed=0, num_tokens=3, temperature=1.0, top_k=0, top_p=1.0), **settings}
+def _generate(signatures, token_ids=TOKENS, padding_mask=None, **settings):
+    """The generate signature on `token_ids` [B, T] (default: all prompt, then 2 slots to fill)."""
+    if padding_mask is None:
+        token_ids = np.concatenate([token_ids, np.zeros([len(token_ids), 2], np.int32)], axis=1)
+        padding_mask = (np.arange(token_ids.shape[1]) < token_ids.shape[1] - 2).astype(np.int32)[None].repeat(
+            len(token_ids), 0)
+    args = {**dict(seed=0, temperature=1.0, top_k=0, top_p=1.0), **settings}
     args = {name: tf.constant(value, tf.float32 if name in ("temperature", "top_p") else tf.int32)
             for name, value in args.items()}
-    return signatures["generate"](logits=logits, **args, **_state(signatures, batch_size))
+    return signatures["generate"](token_ids=tf.constant(token_ids, tf.int32),
+                                  padding_mask=tf.constant(padding_mask, tf.int32), **args)
 
 
 def _refused(match):
@@ -72,23 +77,30 @@ def test_next_token_logits_refuses_lengths_of_another_batch(served):
     ("temperature", float("inf"), "temperature must be finite and >= 0"),
     ("temperature", -1.0, "temperature must be finite and >= 0"),
     ("top_k", -3, "top_k must be between 0 .* and the vocabulary size"),
-    ("top_k", 12, "top_k must be between 0 .* and the vocabulary size"),
-    ("num_tokens", -2, "num_tokens must be >= 1")])
+    ("top_k", 12, "top_k must be between 0 .* and the vocabulary size")])
 def test_generate_refuses_settings_outside_their_ranges(served, setting, value, match):
     with _refused(match):
         _generate(served[0], **{setting: value})
 
 
-def test_generate_takes_the_ends_of_each_range_and_refuses_no_tokens(served):
+def test_generate_takes_the_ends_of_each_range_and_refuses_prompts_it_cannot_read(served):
     signatures, n_token = served
     logits = _next_token_logits(signatures)["logits"].numpy()
-    greedy = _generate(signatures, temperature=0.0)["tokens"].numpy()  # 0: greedy
-    assert greedy.shape == (1, 3) and greedy[0, 0] == np.argmax(logits[0])
-    for settings in (dict(top_k=n_token), dict(top_k=0, top_p=1.0), dict(num_tokens=1, top_p=1e-6)):
-        tokens = _generate(signatures, **settings)["tokens"].numpy()
-        assert tokens.shape == (1, settings.get("num_tokens", 3)) and ((0 <= tokens) & (tokens < n_token)).all()
-    with _refused("num_tokens must be >= 1"):  # was: "Tried to stack elements of an empty list"
-        _generate(signatures, num_tokens=0)
+    greedy = _generate(signatures, temperature=0.0)["token_ids"].numpy()  # 0: greedy
+    assert greedy.shape == (1, 5) and (greedy[:, :3] == TOKENS).all() and greedy[0, 3] == np.argmax(logits[0])
+    for settings in (dict(top_k=n_token), dict(top_k=0, top_p=1.0), dict(top_p=1e-6), dict(top_k=1)):
+        tokens = _generate(signatures, **settings)["token_ids"].numpy()
+        assert tokens.shape == (1, 5) and ((0 <= tokens) & (tokens < n_token)).all()
+    ids = np.array([[1, 2, 3, 0]], np.int32)
+    with _refused("padding_mask: every row needs a prompt of >= 1 token"):
+        _generate(signatures, token_ids=ids, padding_mask=np.zeros([1, 4], np.int32))
+    with _refused("padding_mask: 1 over the prompt of each row, then 0 for right padding"):  # left padding
+        _generate(signatures, token_ids=ids, padding_mask=np.array([[0, 1, 1, 0]], np.int32))
+    with _refused("padding_mask: must have the shape of token_ids"):
+        _generate(signatures, token_ids=ids, padding_mask=np.ones([1, 3], np.int32))
+    with _refused(r"token_ids: every token id must be in \[0, n_token\) = \[0, 11\)"):
+        _generate(signatures, token_ids=np.array([[1, 11, 3, 0]], np.int32),
+                  padding_mask=np.array([[1, 1, 1, 0]], np.int32))
 
 
 # ---- D15: score_text of texts under two tokens -------------------------------------------------------------
@@ -123,7 +135,7 @@ def test_score_refuses_targets_of_another_shape(served):
         signatures["score"](tokens=tf.constant(TOKENS), targets=tf.constant([[1, 2, 3, 4]]), **_state(signatures, 1))
 
 
-@pytest.mark.parametrize("signature", ["next_token_logits", "score", "generate", "score_text"])
+@pytest.mark.parametrize("signature", ["next_token_logits", "score", "score_text"])
 def test_a_state_of_another_batch_size_is_refused_by_name(served, signature):
     """A state for 2 rows with 1 row of input failed in the model's concat (ConcatOp : Dimension 1 ...)."""
     signatures, _ = served
@@ -131,9 +143,8 @@ def test_a_state_of_another_batch_size_is_refused_by_name(served, signature):
         "next_token_logits": lambda: _next_token_logits(signatures, batch_size=2),
         "score": lambda: signatures["score"](tokens=tf.constant(TOKENS), targets=tf.constant(TOKENS),
                                              **_state(signatures, 2)),
-        "generate": lambda: _generate(signatures, batch_size=2),
         "score_text": lambda: signatures["score_text"](text=tf.constant(["abc"]), **_state(signatures, 2)),
     }
-    first = "text" if signature == "score_text" else "logits" if signature == "generate" else "tokens"
+    first = "text" if signature == "score_text" else "tokens"
     with _refused(f"state (keys|values): its batch axis must match the batch size of {first}"):
         calls[signature]()

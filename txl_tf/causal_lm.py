@@ -29,29 +29,26 @@ import dataclasses
 import json
 import os
 import random
-import tempfile
 from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from txl_tf import errors, generation, loading, paths, run_dir, staging, untrusted, upgrade
+from txl_tf import errors, generation, paths, presets, staging
 from txl_tf.configs import EvalConfig, ModelConfig, check_inference_size
-from txl_tf.data.vocab import VOCAB_FILE, Vocab
-from txl_tf.errors import ConfigError, UserError
+from txl_tf.data.vocab import Vocab
+from txl_tf.errors import ConfigError
 from txl_tf.evaluation import LossFigures
 from txl_tf.inference import Recurrent, run_segments
+from txl_tf.presets import (
+    PRESET_CONFIG,
+    PRESET_FORMAT,
+    PRESET_KIND,
+    PRESET_VERSION,
+    PRESET_VOCAB,
+    PRESET_WEIGHTS,
+)
 from txl_tf.protocol import Protocol
-
-PRESET_CONFIG = "config.json"
-PRESET_WEIGHTS = "model.weights.h5"  # Keras' weights format (model.save_weights)
-PRESET_VOCAB = VOCAB_FILE
-PRESET_FORMAT = "txl_tf.preset"
-PRESET_KIND = "preset"  # the kind of output in the folder's manifest (txl_tf.paths)
-PRESET_VERSION = 1
-_EXPECTED = ("a preset directory (config.json from save_to_preset), a run directory (config.gin and ckpt-N; its "
-             "best/ with which='best', or the averaged/ of `python -m txl_tf.average`), or a converted checkpoint "
-             "directory (ckpt-1 and model.gin from `python -m txl_tf.convert`)")
 
 
 @dataclasses.dataclass
@@ -194,80 +191,10 @@ class TransformerXLCausalLM:
     @classmethod
     def from_preset(cls, path, *, which: str = "latest", gin_file: str | Sequence[str] = (),
                     gin_param: str | Sequence[str] = (), dtype: str | None = None) -> TransformerXLCausalLM:
-        """Loads a preset directory, a run directory or a converted checkpoint directory.
-
-        Args:
-          path: a directory written by `save_to_preset`; a run directory of `python -m txl_tf.train` (its newest
-            checkpoint that restores intact; `which="best"` its best/), or the averaged/ of `txl_tf.average`; or
-            a directory converted by `python -m txl_tf.convert` (ckpt-1 + model.gin), whose vocabulary and
-            protocol come from `gin_file` (the setup's gin file, e.g. "enwik8.gin") as for the CLI.
-          which: "latest" or "best" checkpoint of a run directory.
-          gin_file, gin_param: gin files and bindings read after the directory's own config (run and converted
-            directories), as `--gin_file` / `--gin_param`; e.g. "EvalConfig.mem_len = 3800".
-          dtype: Keras dtype policy of the layers (e.g. "mixed_bfloat16"); None: EvalConfig.compute_dtype.
-        """
-        path = paths.given(path, "the preset path")
-        gin_files = [gin_file] if isinstance(gin_file, str) else list(gin_file)
-        gin_params = [gin_param] if isinstance(gin_param, str) else list(gin_param)
-        if not os.path.isdir(path):
-            raise UserError(f"{path} is not a directory; from_preset expects {_EXPECTED}")
-        if os.path.exists(os.path.join(path, PRESET_CONFIG)):
-            if gin_files or gin_params:
-                raise ConfigError(f"{path} is a preset: its config.json is complete and takes no gin_file or "
-                                  "gin_param; drop them (or load the run directory the preset was saved from)")
-            return cls._from_preset_dir(path, dtype)
-        if os.path.exists(os.path.join(path, run_dir.CONFIG_FILE)):
-            return cls._from_checkpoints(path, None, which, gin_files, gin_params, dtype)
-        if os.path.exists(os.path.join(path, run_dir.CONVERTED_CONFIG_FILE)):
-            return cls._from_checkpoints(None, path, which, gin_files, gin_params, dtype)
-        raise UserError(f"{path} holds no model to load (no {PRESET_CONFIG}, {run_dir.CONFIG_FILE} or "
-                        f"{run_dir.CONVERTED_CONFIG_FILE}); from_preset expects {_EXPECTED}")
-
-    @classmethod
-    def _from_checkpoints(cls, model_dir, checkpoint, which, gin_files, gin_params, dtype) -> TransformerXLCausalLM:
-        import gin
-
-        source = model_dir or checkpoint
-        try:
-            configs = run_dir.read_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
-            vocab = _data_vocab(configs.data.data_dir, source, converted=checkpoint is not None)
-            dtype = dtype or _compute_dtype(configs.eval)
-            model, configs, _ = loading.load_model(model_dir, checkpoint, which=which, dtype=dtype,
-                                                   configs=configs)
-        finally:
-            gin.clear_config()  # the configs are values now; leave no bindings behind for the caller's code
-        model_config = dataclasses.replace(configs.model, n_token=model.n_token)
-        return cls(model, vocab, model_config, configs.eval)
-
-    @classmethod
-    def _from_preset_dir(cls, path: str, dtype: str | None) -> TransformerXLCausalLM:
-        model_config, eval_config = read_preset_config(path)
-        weights = os.path.join(path, PRESET_WEIGHTS)
-        if not os.path.exists(weights):
-            raise UserError(f"the preset {path} has no {PRESET_WEIGHTS}; save it again with save_to_preset")
-        try:
-            vocab = Vocab.load(os.path.join(path, PRESET_VOCAB))
-        except (OSError, ValueError, untrusted.UntrustedFileError) as error:
-            problem = errors.one_line(error)
-            if isinstance(error, UserError):  # its own advice ends it: the preset's is to save it again
-                problem = problem.rsplit("; ", 1)[0]
-            raise UserError(f"the preset {path} has no readable vocabulary ({problem}); save it again with "
-                            "save_to_preset") from None
-        if len(vocab) != model_config.n_token:  # before the model is built
-            raise UserError(f"the preset {path} does not fit together: its {PRESET_CONFIG} has model n_token="
-                            f"{model_config.n_token} but its {PRESET_VOCAB} holds {len(vocab)} symbols; save the "
-                            "preset again with save_to_preset")
-        model = loading.build_model(model_config, dtype=dtype or _compute_dtype(eval_config))
-        try:
-            if upgrade.legacy_weights_file(weights):  # written before the attention's projections were layers
-                with tempfile.TemporaryDirectory(prefix="txl_tf-upgrade-") as tmp:
-                    model.load_weights(upgrade.upgraded_weights_file(weights, tmp))
-            else:
-                model.load_weights(weights)
-        except (OSError, ValueError, KeyError) as error:
-            raise UserError(f"{weights} does not fit the model of {os.path.join(path, PRESET_CONFIG)} "
-                            f"({errors.one_line(error)}); save the preset again with save_to_preset") from None
-        return cls(model, vocab, model_config, eval_config)
+        """Loads a preset directory, a run directory or a converted checkpoint directory (`txl_tf.presets.load`:
+        its arguments)."""
+        loaded = presets.load(path, which=which, gin_file=gin_file, gin_param=gin_param, dtype=dtype)
+        return cls(loaded.model, loaded.vocab, loaded.model_config, loaded.eval_config)
 
     # ---- saving ---------------------------------------------------------------------------------------
     def save_to_preset(self, directory, *, overwrite: bool = False) -> str:
@@ -387,66 +314,6 @@ class TransformerXLCausalLM:
         return result.token_losses
 
 
-def read_preset_config(path: str) -> tuple[ModelConfig, EvalConfig]:
-    """The ModelConfig and EvalConfig of a preset's config.json (one-line UserError when it does not read).
-
-    The file is untrusted input (`txl_tf.untrusted`: a regular file of at most JSON_LIMIT bytes, finite numbers,
-    bounded nesting); its fields are validated, and the model's sizes and the evaluation's lengths are checked
-    against the machine's memory (ConfigError naming the field) before anything is built.
-    """
-    config_path = os.path.join(path, PRESET_CONFIG)
-    try:  # a regular file of at most JSON_LIMIT bytes, strict JSON (finite numbers, nesting bounded)
-        config = untrusted.load_json(config_path, max_bytes=untrusted.JSON_LIMIT, what="the preset's config.json")
-    except OSError as error:
-        raise UserError(f"{config_path} does not read ({errors.one_line(error)}); save the preset again with "
-                        "save_to_preset") from None
-    if not isinstance(config, dict) or config.get("format") != PRESET_FORMAT \
-            or config.get("version") != PRESET_VERSION:
-        found = f"{_clipped(config.get('format'))}, version {_clipped(config.get('version'))}" \
-            if isinstance(config, dict) else type(config).__name__
-        raise UserError(f"{config_path} is not a {PRESET_FORMAT} v{PRESET_VERSION} config (found {found}); save the "
-                        "preset again with save_to_preset")
-    made = []
-    for key, kind in (("model", ModelConfig), ("eval", EvalConfig)):
-        fields = config.get(key)
-        known = {field.name for field in dataclasses.fields(kind)}
-        if not isinstance(fields, dict) or set(fields) - known:
-            unknown = sorted(set(fields) - known)[:5] if isinstance(fields, dict) else type(fields).__name__
-            raise UserError(f"{config_path}: {key!r} must map {kind.__name__} fields to values (unknown: "
-                            f"{unknown}); save the preset again with save_to_preset")
-        try:
-            made.append(kind(**fields))
-        except ConfigError as error:
-            problem = errors.one_line(error)
-            if "; fix the binding" in problem:  # the file holds no gin binding
-                problem = problem.split("; fix the binding")[0] + "; correct it, or save the preset again"
-            raise ConfigError(f"{config_path}: {problem}") from None
-    if made[0].n_token is None:
-        raise UserError(f"{config_path} has no model n_token; save the preset again with save_to_preset")
-    try:  # the evaluation's lengths with one row (what every use needs), before the model is built
-        check_inference_size(made[0], batch_size=1, tgt_len=made[1].tgt_len, mem_len=made[1].mem_len)
-    except ConfigError as error:
-        raise ConfigError(f"{config_path}: {error}") from None
-    return made[0], made[1]
-
-
-def _compute_dtype(eval_config: EvalConfig) -> str | None:
-    """The layers' dtype policy evaluate uses: None (float32) or EvalConfig.compute_dtype."""
-    return None if eval_config.compute_dtype == "float32" else eval_config.compute_dtype
-
-
-def _data_vocab(data_dir: str, source: str, converted: bool) -> Vocab:
-    from txl_tf.data.pipeline import load_vocab
-
-    try:
-        return load_vocab(data_dir)
-    except (OSError, ValueError) as error:
-        fix = ("pass gin_file= the setup's gin file (its DataConfig.data_dir names the prepared data)" if converted
-               else "prepare the data again, or pass gin_param=\"DataConfig.data_dir = '...'\"")
-        raise UserError(f"the vocabulary of {source} is read from DataConfig.data_dir={data_dir!r}, which holds "
-                        f"none ({errors.one_line(error)}); {fix}") from None
-
-
 def _short(text) -> str:
     return repr(text if len(text) <= 40 else text[:37] + "...")
 
@@ -472,9 +339,3 @@ def _texts(value, what: str) -> tuple[bool, list[str]]:
     for index, text in enumerate(value):
         _check_text(text, f"{what}[{index}]")
     return False, [str(text) for text in value]
-
-
-def _clipped(value) -> str:
-    """The repr of a value read from a file, at most 40 characters."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."

@@ -19,11 +19,12 @@ L tokens (at most `max_len`, the exported EvalConfig.tgt_len), M = mem_len, V = 
                        of the token after position lengths[b] - 1 of each row), state. Positions past a row's
                        length are padding: they do not enter its state (prompts of different lengths). Every
                        length is in [1, L]: a row has at least one token.
-    generate           logits float32 [B, V] (from next_token_logits), seed int32 [], num_tokens int32 [] (>= 1),
-                       temperature float32 [] (finite, >= 0; 0: greedy), top_k int32 [] (0 to V; 0: all),
-                       top_p float32 [] (in (0, 1]; 1: all), state -> tokens int32 [B, num_tokens], state: the
-                       sampling loop of txl_tf.generation in the graph (the same tokens as the Python model for the
-                       same seed).
+    generate           token_ids int32 [B, T], padding_mask int32 [B, T] (1 over each row's prompt, then 0: right
+                       padding; every row >= 1 token), seed int32 [], temperature float32 [] (finite, >= 0; 0:
+                       greedy), top_k int32 [] (0 to V; 0: all), top_p float32 [] (in (0, 1]; 1: all) ->
+                       token_ids int32 [B, T]: each prompt followed by sampled tokens up to T. No state in or out:
+                       `txl_tf.generation.Generator` (keras-hub's loop over the prompt's state), the function
+                       Python and `python -m txl_tf.generate` run: the same seed gives the same tokens.
     score              tokens int32 [B, L], targets int32 [B, L], state -> nll float32 [B, L], state
     score_text         text string [B], state -> tokens int32 [B, T] (0-padded), lengths int32 [B],
                        nll float32 [B, T - 1] (nll[b, t] of tokens[b, t + 1]; 0 past the row's length), state
@@ -51,7 +52,7 @@ import tensorflow as tf
 from absl import flags
 
 from txl_tf import loading, paths
-from txl_tf.generation import decode_loop
+from txl_tf.generation import Generator
 from txl_tf.inference import Recurrent
 from txl_tf.protocol import Protocol
 from txl_tf.state import from_named
@@ -92,10 +93,11 @@ class TransformerXLServing(tf.Module):
             self._with_state(self._next_token_logits, 2, "tokens"),
             input_signature=[tokens, lengths, *state_specs.values()])
         scalar = lambda dtype, name: tf.TensorSpec([], dtype, name=name)  # noqa: E731
-        self.generate = tf.function(self._with_state(self._generate, 6, "logits"), input_signature=[
-            tf.TensorSpec([None, model.n_token], tf.float32, name="logits"), scalar(tf.int32, "seed"),
-            scalar(tf.int32, "num_tokens"), scalar(tf.float32, "temperature"), scalar(tf.int32, "top_k"),
-            scalar(tf.float32, "top_p"), *state_specs.values()])
+        self.generator = Generator(model, protocol, max_len)
+        self.generate = tf.function(self._generate, input_signature=[
+            tf.TensorSpec([None, None], tf.int32, name="token_ids"),
+            tf.TensorSpec([None, None], tf.int32, name="padding_mask"), scalar(tf.int32, "seed"),
+            scalar(tf.float32, "temperature"), scalar(tf.int32, "top_k"), scalar(tf.float32, "top_p")])
         self.score = tf.function(self._with_state(self._score, 2, "tokens"), input_signature=[
             tokens, tf.TensorSpec([None, None], tf.int32, name="targets"), *state_specs.values()])
         if tokenizer is not None:
@@ -150,12 +152,8 @@ class TransformerXLServing(tf.Module):
         log_probs, state = self.recurrent.next_log_probs.python_function(tokens, state, lengths)  # [B, V]
         return {"logits": tf.cast(log_probs, tf.float32)}, state
 
-    def _generate(self, logits, seed, num_tokens, temperature, top_k, top_p, state):
-        def step(tokens, lengths, current):
-            return self.recurrent.next_log_probs.python_function(tokens, current, lengths)
-
-        tokens, state = decode_loop(step, logits, state, seed, num_tokens, temperature, top_k, top_p)
-        return {"tokens": tokens}, state
+    def _generate(self, token_ids, padding_mask, seed, temperature, top_k, top_p):
+        return {"token_ids": self.generator.generate(token_ids, padding_mask, seed, temperature, top_k, top_p)}
 
     def _score(self, tokens, targets, state):
         checks = self._check_ids(tokens, "tokens") + self._check_ids(targets, "targets") + [

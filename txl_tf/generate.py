@@ -4,11 +4,13 @@
         --temperature=0.8 --top_p=0.9 --seed=7
     python -m txl_tf.generate --saved_model=exports/sample --prompt='The history of ' --prompt='In 1990, '
 
-Each --prompt is one row of a batch (prompts of different lengths are fine). The prompts are consumed in segments
-of EvalConfig.tgt_len; then each new token is one call of a single position over the keys/values cache
-(EvalConfig.mem_len long; nothing of the context is projected again). Sampling uses stateless RNG: the same
---seed and the same prompts give the same text, from the model_dir and from its SavedModel. Prints each
-continuation and tokens/s.
+Each --prompt is one row of a batch (prompts of different lengths are fine). Both sources run one function,
+`txl_tf.generation.Generator` (the SavedModel's `generate` signature is that function, traced at export): the
+prompts consumed in segments of EvalConfig.tgt_len, then keras-hub's sampler loop, each new token one position
+over the keys/values of the last EvalConfig.mem_len positions (nothing of the context is projected again):
+--temperature=0 is keras-hub's greedy sampler, anything else its top-p sampler among the --top_k likeliest
+tokens. The same --seed, settings and prompts give the same text, from the model_dir and from its SavedModel.
+Prints each continuation and tokens/s.
 
 Settings are checked against the vocabulary before the model is loaded: --temperature >= 0 (0 is greedy
 decoding, not an error: the most likely token each time), 0 <= --top_k <= vocabulary size, 0 < --top_p <= 1,
@@ -93,10 +95,7 @@ def _from_saved_model():
         raise ConfigError(f"--saved_model={FLAGS.saved_model} has no initial_state signature (an export of an "
                           "older txl_tf); export the model again with `python -m txl_tf.export`")
     ragged = loaded.tokenizer.tf_encode(tf.constant(FLAGS.prompt))  # the SavedModel's own tokenizer
-    ids = ragged.to_list()
-    step, initial_state, max_len = generation.saved_model_step(loaded)
-    result = generation.generate(step, ids, initial_state(len(ids)), segment_len=max_len,
-                                 decoder=generation.saved_model_decoder(loaded), **_sampling())
+    result = generation.generate_with(loaded.signatures["generate"], ragged.to_list(), **_sampling())
     return FLAGS.saved_model, vocab, result
 
 
@@ -111,8 +110,8 @@ def main(argv):
           f"top_p {FLAGS.top_p}")
     for prompt, row in zip(FLAGS.prompt, result.tokens, strict=True):
         print(generation.with_prompt(vocab, prompt, vocab.decode(row.tolist())))
-    print(f"# {result.tokens.size} tokens in {result.decode_seconds:.2f} s: {result.tokens_per_second:.1f} tokens/s "
-          f"(prompt: {result.prompt_seconds:.2f} s)")
+    print(f"# {result.tokens.size} tokens in {result.seconds:.2f} s: {result.tokens_per_second:.1f} tokens/s "
+          "(the prompt and the first call's compilation included)")
 
 
 if __name__ == "__main__":

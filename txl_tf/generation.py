@@ -1,16 +1,14 @@
-"""Autoregressive sampling with the recurrent state: a batch of prompts of different lengths, temperature, top-k
-and nucleus (top-p) sampling.
+"""Text generation with txl_tf's settings (temperature, top_k, top_p, seed), through keras-hub's loop.
 
-The prompts are consumed in segments (`txl_tf.inference.run_segments`, the loop evaluation uses), right-padded to
-the longest: each call carries every row's own token count, so a short row's padding never enters its state and
-its continuation is the one it would get alone. Then every new token costs one call of a single position over
-the state (the keys/values cache: the context is never projected again). The decode loop is one `tf.function` (a
-`tf.while_loop` with the state as a loop variable), sampling with stateless RNG seeded by (seed, step): the same
-seed gives the same text, from the Python model and from an exported SavedModel alike.
-
-The model is reached through a `StepFn(tokens [B, L] int32, lengths [B] int32 or None, state) -> (log_probs
-[B, V] float32 of the token after each row's last one, new state)`: `model_step` for a Python `TransformerXL`,
-`saved_model_step` for a SavedModel written by `txl_tf.export`.
+One path: `python -m txl_tf.generate`, the trainer's samples, `txl_tf.TransformerXLCausalLM.generate` and the
+SavedModel's `generate` signature (`txl_tf.export`) all run `Generator.generate`, a tf.function around
+`txl_tf.hub.TransformerXLCausalLM.generate_step`: the prompts consumed in segments, then keras-hub's sampler loop
+over the recurrent state (each new token writes one slot of a ring of keys/values where the encoding allows it).
+The settings choose keras-hub's samplers: temperature 0 is its `GreedySampler`, any other its `TopPSampler`
+(`Sampling`: top_p of the probabilities at `temperature`, among the top_k likeliest tokens). They are variables
+of the function, not constants traced into it, so one trace serves every setting, and the SavedModel takes them
+per call: the same prompts, settings and seed give the same tokens in Python, from the command line and from the
+SavedModel. (`txl_tf.hub.TransformerXLCausalLM.compile(sampler=...)` takes any keras-hub sampler besides.)
 """
 
 from __future__ import annotations
@@ -18,242 +16,168 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
+import keras_hub
 import numpy as np
 import tensorflow as tf
 
-from txl_tf.configs import check_inference_size
+from txl_tf.configs import EvalConfig, check_inference_size
 from txl_tf.errors import ConfigError, one_line
-from txl_tf.inference import Recurrent, run_segments
 from txl_tf.protocol import Protocol
-from txl_tf.state import from_named
-
-StepFn = Callable[[tf.Tensor, tf.Tensor | None, object], tuple]
 
 
 @dataclasses.dataclass
 class GenerationResult:
-    """Generated tokens and speed.
-
-    Attributes:
-      tokens: [B, max_tokens] int32 sampled tokens (the prompts excluded).
-      state: the recurrent state after the prompts and all generated tokens (to continue generating).
-      prompt_seconds: time to consume the prompts (tracing included); decode_seconds: time of the sampling loop
-        (traced and run once beforehand).
-    """
+    """tokens: int32 [B, max_tokens], each row's continuation; seconds: the wall time of the call (the prompt and
+    the new tokens; a first call traces and compiles the function too)."""
 
     tokens: np.ndarray
-    state: object
-    prompt_seconds: float
-    decode_seconds: float
+    seconds: float
 
     @property
     def tokens_per_second(self) -> float:
-        return self.tokens.size / self.decode_seconds if self.decode_seconds > 0 else float("nan")
+        return self.tokens.size / self.seconds if self.seconds > 0 else float("inf")
 
 
-def model_step(recurrent: Recurrent) -> StepFn:
-    """`StepFn` of a Python model bound to a protocol and a state form (`txl_tf.inference.Recurrent`)."""
+class Sampling(keras_hub.samplers.TopPSampler):
+    """keras-hub's TopPSampler (the likeliest tokens that make up `top_p` of the probability at `temperature`),
+    among the `top_k` likeliest tokens (0: all). The settings and the seed are variables: `set` them before a call.
 
-    def step(tokens, lengths, state):
-        # Inside a graph (the decode loop) the uncompiled form is traced in: one flat graph, no nested call.
-        call = recurrent.next_log_probs.python_function if tf.inside_function() else recurrent.next_log_probs
-        return call(tokens, state, lengths)
+    top_k is a mask on the probabilities (renormalised), not a slice: no shape depends on it (XLA)."""
 
-    return step
+    def __init__(self):
+        super().__init__(p=1.0, k=None, seed=0)
+        self.temperature = tf.Variable(1.0, trainable=False, name="temperature")
+        self.p = tf.Variable(1.0, trainable=False, name="top_p")
+        self.top_k = tf.Variable(0, trainable=False, name="top_k")
 
+    @property
+    def variables(self) -> list:
+        """What a SavedModel holding this sampler must track: the settings and the random state."""
+        return [self.temperature, self.p, self.top_k, self.seed_generator.state]
 
-def state_outputs(outputs, state):
-    """The new state among a SavedModel signature's `outputs`, of the type and shapes of `state` (the one passed
-    in: its named tensors went in as the signature's inputs)."""
-    new_state = from_named({name: outputs[name] for name in state.named()})
-    return tf.nest.map_structure(lambda new, old: tf.ensure_shape(new, old.shape), new_state, state)
+    def set(self, temperature, top_k, top_p, seed):
+        """The settings of the next call; the random state restarts from `seed` (keras' SeedGenerator(seed))."""
+        self.temperature.assign(temperature)
+        self.top_k.assign(top_k)
+        self.p.assign(top_p)
+        state = self.seed_generator.state
+        state.assign(tf.cast(tf.stack([seed, 0]), state.dtype))
 
-
-def saved_model_step(loaded) -> tuple[StepFn, Callable, int]:
-    """(`StepFn`, initial_state(batch_size), max segment length) of a SavedModel written by `txl_tf.export`; the
-    state is a `txl_tf.state` value, passed to the signatures as its named tensors."""
-    next_token = loaded.signatures["next_token_logits"]
-
-    def step(tokens, lengths, state):
-        if lengths is None:
-            lengths = tf.fill(tf.shape(tokens)[:1], tf.shape(tokens)[1])
-            out = next_token(tokens=tokens, lengths=lengths, **state.named())
-            return out["logits"], state_outputs(out, state)
-        # The signature refuses a row of no tokens (lengths 0: a prompt that ended in an earlier segment): such a
-        # row is passed its first (padding) token and gets its state back; its log-probabilities are not read.
-        idle = tf.equal(lengths, 0)  # [B]
-        out = next_token(tokens=tokens, lengths=tf.maximum(lengths, 1), **state.named())
-        return out["logits"], state.where_rows(idle, state_outputs(out, state))
-
-    def initial_state(batch_size):
-        return from_named(loaded.signatures["initial_state"](batch_size=tf.constant(batch_size, tf.int32)))
-
-    return step, initial_state, int(loaded.max_len.numpy())
+    def compute_probabilities(self, logits):
+        probabilities = super().compute_probabilities(logits)  # softmax(logits / temperature), float32 [B, V]
+        vocab = tf.shape(probabilities)[-1]
+        k = tf.where(self.top_k > 0, tf.minimum(self.top_k, vocab), vocab)
+        kth = tf.gather(tf.sort(probabilities, direction="DESCENDING"), k - 1, axis=-1)  # [B]
+        kept = tf.where(probabilities >= kth[:, None], probabilities, tf.zeros_like(probabilities))
+        return kept / tf.reduce_sum(kept, axis=-1, keepdims=True)
 
 
-def sample_next(logits: tf.Tensor, seed: tf.Tensor, temperature, top_k=0, top_p=1.0) -> tf.Tensor:
-    """Samples one token per row of `logits` [B, V]; temperature 0 is greedy. Returns [B] int32.
+class Generator(tf.Module):
+    """The generation function of a `TransformerXL` (its weights, not a copy) under `protocol`, prompts consumed
+    in segments of `segment_len`.
 
-    The settings may be Python numbers or scalar tensors (the SavedModel's `generate` signature takes them as
-    inputs), with the same result either way.
-
-    Args:
-      seed: [2] int32 stateless seed.
-      temperature: softmax temperature; <= 0 picks the most likely token.
-      top_k: keep only the k most likely tokens (0 = all).
-      top_p: nucleus sampling: keep the most likely tokens whose probabilities (after temperature and top-k)
-        first reach `top_p` in total, the token that crosses it included (1 = all).
+    `generate(token_ids [B, T] int32, padding_mask [B, T] int32, seed, temperature, top_k, top_p)` -> token_ids
+    [B, T]: each row's prompt (its first padding_mask.sum() tokens, right-padded) followed by sampled tokens up to T.
     """
-    logits = tf.cast(logits, tf.float32)
-    temperature = tf.convert_to_tensor(temperature, tf.float32)
-    top_k = tf.convert_to_tensor(top_k, tf.int32)
-    top_p = tf.convert_to_tensor(top_p, tf.float32)
-    blocked = tf.fill(tf.shape(logits), -1e30)
 
-    def keep_top_k(scaled):
-        kth = tf.math.top_k(scaled, k=top_k).values[:, -1:]  # [B, 1]
-        return tf.where(scaled < kth, blocked, scaled)
+    def __init__(self, model, protocol: Protocol, segment_len: int):
+        super().__init__(name="generator")
+        from txl_tf.hub import TransformerXLBackbone, TransformerXLCausalLM  # keras-hub's classes
 
-    def keep_nucleus(scaled):
-        ordered = tf.sort(scaled, axis=-1, direction="DESCENDING")  # [B, V]
-        before = tf.cumsum(tf.nn.softmax(ordered, axis=-1), axis=-1, exclusive=True)  # mass of the likelier ones
-        kept = tf.reduce_sum(tf.cast(before < top_p, tf.int32), axis=-1, keepdims=True)  # [B, 1] >= 1
-        threshold = tf.gather(ordered, kept - 1, batch_dims=1)  # [B, 1]: the least likely kept logit
-        return tf.where(scaled < threshold, blocked, scaled)
+        eval_config = EvalConfig(tgt_len=int(segment_len), mem_len=protocol.mem_len, clamp_len=protocol.clamp_len,
+                                 same_length=False)
+        backbone = TransformerXLBackbone(None, eval_config, transformer_xl=model)
+        lm = TransformerXLCausalLM(backbone)
+        object.__setattr__(self, "_lm", lm)  # untracked: the model's weights are its holder's to save
+        self.sampling = Sampling()
+        self.sampling_variables = self.sampling.variables
+        self.greedy = keras_hub.samplers.GreedySampler()
+        self.n_token = model.n_token
+        ring = lm._decodes_in_a_ring()
+        self._loop = tf.function(self._decode, jit_compile=not model.encoding.absolute)  # as lm.generate compiles
+        self._ring = ring
+        self.generate = tf.function(self._checked)
 
-    def sample():
-        scaled = logits / temperature
-        scaled = tf.cond(top_k > 0, lambda: keep_top_k(scaled), lambda: scaled)
-        scaled = tf.cond(top_p < 1.0, lambda: keep_nucleus(scaled), lambda: scaled)
-        return tf.cast(tf.random.stateless_categorical(scaled, 1, seed=seed)[:, 0], tf.int32)
+    def _decode(self, token_ids, padding_mask, sample):
+        inputs = {"token_ids": token_ids, "padding_mask": padding_mask}
 
-    return tf.cond(temperature > 0, sample, lambda: tf.argmax(logits, axis=-1, output_type=tf.int32))
+        def run(sampler):
+            return self._lm.generate_step(inputs, ring=self._ring, sampler=sampler)["token_ids"]
 
+        return tf.cond(sample, lambda: run(self.sampling), lambda: run(self.greedy))
 
-def pad_prompts(prompts: Sequence[Sequence[int]] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Right-pads token sequences to one [B, P] int32 array (P = the longest); returns it and the lengths [B]."""
-    rows = [np.asarray(row, np.int32).reshape(-1) for row in prompts]
-    if not rows or any(row.size == 0 for row in rows):
-        raise ValueError("every prompt needs at least one token")
-    lengths = np.array([row.size for row in rows], np.int32)
-    padded = np.zeros([len(rows), lengths.max()], np.int32)
-    for index, row in enumerate(rows):
-        padded[index, :row.size] = row
-    return padded, lengths
-
-
-def consume_prompts(step: StepFn, prompts, state, segment_len: int):
-    """Feeds prompts (token sequences of any lengths) in segments of `segment_len`.
-
-    Returns (log_probs [B, V] of the token after each prompt, state).
-    """
-    tokens, lengths = pad_prompts(prompts)
-    last = {}
-
-    def keep_last_rows(output):
-        log_probs, counts = output
-        active = (counts > 0)[:, None]  # rows with tokens in this segment
-        last["log_probs"] = log_probs if not last else tf.where(active, log_probs, last["log_probs"])
-
-    def prompt_step(segment, counts, current):
-        log_probs, current = step(segment, counts, current)
-        return (log_probs, counts), current
-
-    _, state = run_segments(prompt_step, state, tokens, segment_len, lengths=lengths, on_output=keep_last_rows)
-    return last["log_probs"], state
+    def _checked(self, token_ids, padding_mask, seed, temperature, top_k, top_p):
+        n_token = self.n_token
+        ids = f"token_ids: every token id must be in [0, n_token) = [0, {n_token})"
+        same_shape = tf.debugging.assert_equal(tf.shape(padding_mask), tf.shape(token_ids),
+                                               message="padding_mask: must have the shape of token_ids [B, T]")
+        with tf.control_dependencies([same_shape]):  # before the checks that compare them element by element
+            padding_mask = tf.identity(padding_mask)
+        lengths = tf.reduce_sum(tf.cast(padding_mask, tf.int32), axis=1)
+        temperature_range = "temperature must be finite and >= 0 (0: greedy)"
+        top_k_range = f"top_k must be between 0 (all) and the vocabulary size {n_token}"
+        top_p_range = "top_p must be in (0, 1] (1: all)"
+        checks = [
+            tf.debugging.assert_non_negative(token_ids, message=ids),
+            tf.debugging.assert_less(token_ids, n_token, message=ids),
+            tf.debugging.assert_positive(lengths, message="padding_mask: every row needs a prompt of >= 1 token"),
+            tf.debugging.assert_equal(tf.cast(padding_mask, tf.int32),
+                                      tf.sequence_mask(lengths, tf.shape(token_ids)[1], tf.int32),
+                                      message="padding_mask: 1 over the prompt of each row, then 0 for right padding"),
+            # NaN fails every comparison: refused by the first of each pair.
+            tf.debugging.assert_greater_equal(temperature, 0.0, message=temperature_range),
+            tf.debugging.assert_less_equal(temperature, np.finfo(np.float32).max, message=temperature_range),
+            tf.debugging.assert_non_negative(top_k, message=top_k_range),
+            tf.debugging.assert_less_equal(top_k, n_token, message=top_k_range),
+            tf.debugging.assert_greater(top_p, 0.0, message=top_p_range),
+            tf.debugging.assert_less_equal(top_p, 1.0, message=top_p_range)]
+        with tf.control_dependencies(checks):  # nothing reads the inputs before every check has passed
+            self.sampling.set(tf.where(temperature > 0, temperature, 1.0), top_k, top_p, seed)
+            return self._loop(tf.identity(token_ids), tf.cast(padding_mask, tf.bool), temperature > 0)
 
 
-def sampling_checks(vocab_size, num_tokens, temperature, top_k, top_p) -> list:
-    """Graph assertions of the sampling settings, with the rules of `check_settings` (the SavedModel's `generate`
-    signature takes whatever a client sends): an InvalidArgumentError names the argument and its range.
-
-    XLA compiles tf.Assert to nothing: a jit-compiled caller does not check.
-    """
-    temperature = tf.convert_to_tensor(temperature, tf.float32)
-    top_k = tf.convert_to_tensor(top_k, tf.int32)
-    top_p = tf.convert_to_tensor(top_p, tf.float32)
-    num_tokens = tf.convert_to_tensor(num_tokens, tf.int32)
-    return [
-        tf.debugging.Assert(tf.math.is_finite(temperature) & (temperature >= 0), [
-            "temperature must be finite and >= 0 (0 = greedy, 1 = the distribution of the model); got", temperature]),
-        tf.debugging.Assert((top_k >= 0) & (top_k <= vocab_size), [
-            "top_k must be between 0 (all tokens) and the vocabulary size", vocab_size, "; got", top_k]),
-        tf.debugging.Assert((top_p > 0) & (top_p <= 1), [  # NaN fails both
-            "top_p must be in (0, 1] (1 = off); got", top_p]),
-        tf.debugging.Assert(num_tokens >= 1, ["num_tokens must be >= 1; got", num_tokens]),
-    ]
+def generator(model, protocol: Protocol | None = None, segment_len: int = 64) -> Generator:
+    """The `Generator` of `model` (default protocol: `generation_protocol(model)`), made once per protocol and
+    segment length and kept on the model (outside Keras's tracking): a later call traces nothing again (the
+    trainer samples every few hundred steps)."""
+    protocol = generation_protocol(model, protocol)
+    made = model.__dict__.setdefault("_txl_tf_generators", {})
+    key = (protocol, int(segment_len))
+    if key not in made:
+        made[key] = Generator(model, protocol, segment_len)
+    return made[key]
 
 
-def decode_loop(step: StepFn, first_log_probs, state, seed, num_tokens, temperature, top_k, top_p):
-    """Samples `num_tokens` tokens in one `tf.while_loop` (trace it inside a tf.function): (tokens [B, T], state).
-
-    The Python path (`make_decoder`) and the SavedModel's `generate` signature trace this same function, so they
-    run the same graph and sample the same tokens. The settings are checked first (`sampling_checks`).
-    """
-    checks = sampling_checks(tf.shape(first_log_probs)[1], num_tokens, temperature, top_k, top_p)
-    with tf.control_dependencies(checks):  # before the ops that would fail (or not) in TensorFlow's words
-        first_log_probs, num_tokens = tf.identity(first_log_probs), tf.identity(num_tokens)
-    generated = tf.TensorArray(tf.int32, size=num_tokens, element_shape=tf.TensorShape([None]))
-    log_probs = first_log_probs
-    for i in tf.range(num_tokens):
-        token = sample_next(log_probs, tf.stack([seed, i]), temperature, top_k, top_p)  # [B]
-        generated = generated.write(i, token)
-        log_probs, state = step(token[:, None], None, state)  # one position attends to the state
-    return tf.transpose(generated.stack()), state  # [B, T]
+def padded(prompts: Sequence[Sequence[int]], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(token_ids [B, width] right-padded with 0, padding_mask [B, width] int32) of token prompts."""
+    token_ids = np.zeros([len(prompts), width], np.int32)
+    mask = np.zeros([len(prompts), width], np.int32)
+    for row, prompt in enumerate(prompts):
+        token_ids[row, :len(prompt)] = prompt
+        mask[row, :len(prompt)] = 1
+    return token_ids, mask
 
 
-def make_decoder(step: StepFn):
-    """A tf.function (first_log_probs [B, V], state, seed, num_tokens, temperature, top_k, top_p) -> (tokens
-    [B, T], state), all scalars as tensors."""
-    return tf.function(lambda *args: decode_loop(step, *args))
-
-
-def saved_model_decoder(loaded):
-    """The decoder of a SavedModel written by `txl_tf.export`: its `generate` signature (the loop in its graph)."""
-    signature = loaded.signatures["generate"]
-
-    def decode(first_log_probs, state, seed, num_tokens, temperature, top_k, top_p):
-        out = signature(logits=first_log_probs, seed=seed, num_tokens=num_tokens, temperature=temperature,
-                        top_k=top_k, top_p=top_p, **state.named())
-        return out["tokens"], from_named({name: out[name] for name in state.named()})
-
-    return decode
-
-
-def generate(step: StepFn, prompts, initial_state, *, max_tokens: int, temperature: float = 1.0, top_k: int = 0,
-             top_p: float = 1.0, seed: int = 0, segment_len: int = 64, decoder=None) -> GenerationResult:
-    """Samples `max_tokens` tokens after each prompt, starting from `initial_state`.
-
-    Args:
-      step: see the module docstring (`model_step` / `saved_model_step`).
-      prompts: B token sequences (any lengths >= 1) or a [B, P] array.
-      initial_state: the state for B rows (a zero memory: `Recurrent.initial_state(B)`).
-      temperature: softmax temperature; 0 = greedy.
-      top_k: sample among the k most likely tokens (0 = all).
-      top_p: nucleus sampling (1 = off).
-      seed: stateless RNG seed; the same seed gives the same tokens.
-      segment_len: prompt segment length (at most the state's max_len).
-      decoder: the sampling loop (default `make_decoder(step)`; a SavedModel's: `saved_model_decoder`).
-    """
+def generate_with(generate, prompts: Sequence[Sequence[int]], *, max_tokens: int, temperature: float = 1.0,
+                  top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> GenerationResult:
+    """`max_tokens` tokens after each of `prompts` (token id lists of any lengths >= 1) from `generate`
+    (`Generator.generate`, or a SavedModel's `generate` signature: the same function)."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be positive; got {max_tokens}")
+    lengths = [len(prompt) for prompt in prompts]
+    if not prompts or min(lengths) < 1:
+        raise ValueError("every prompt needs at least one token")
+    token_ids, mask = padded(prompts, max(lengths) + max_tokens)
     start = time.perf_counter()
-    log_probs, state = consume_prompts(step, prompts, initial_state, segment_len)
-    log_probs.numpy()  # wait for the prompt
-    prompt_seconds = time.perf_counter() - start
-    decode = decoder or make_decoder(step)
-    settings = (tf.constant(temperature, tf.float32), tf.constant(top_k, tf.int32), tf.constant(top_p, tf.float32))
-    seed = tf.constant(seed, tf.int32)
-    # Run once first: TF instantiates and optimises a function's graph at its first call, which would otherwise
-    # be timed as decoding.
-    decode(log_probs, state, seed, tf.constant(1, tf.int32), *settings)[0].numpy()
-    start = time.perf_counter()
-    tokens, state = decode(log_probs, state, seed, tf.constant(max_tokens, tf.int32), *settings)
-    tokens = tokens.numpy()
-    return GenerationResult(tokens=tokens, state=state, prompt_seconds=prompt_seconds,
-                            decode_seconds=time.perf_counter() - start)
+    out = generate(token_ids=tf.constant(token_ids), padding_mask=tf.constant(mask),
+                   seed=tf.constant(seed, tf.int32), temperature=tf.constant(temperature, tf.float32),
+                   top_k=tf.constant(top_k, tf.int32), top_p=tf.constant(top_p, tf.float32))
+    out = (out["token_ids"] if isinstance(out, dict) else out).numpy()
+    seconds = time.perf_counter() - start
+    tokens = np.stack([out[row, length:length + max_tokens] for row, length in enumerate(lengths)])
+    return GenerationResult(tokens=tokens.astype(np.int32), seconds=seconds)
 
 
 def generation_protocol(model, protocol: Protocol | None = None) -> Protocol:
@@ -264,32 +188,13 @@ def generation_protocol(model, protocol: Protocol | None = None) -> Protocol:
 
 def generate_from_model(model, prompts, *, max_tokens: int, protocol: Protocol | None = None,
                         temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                        segment_len: int = 64, use_cache: bool = True) -> GenerationResult:
-    """`generate` with a Python TransformerXL and `protocol` (default: `generation_protocol(model)`).
-
-    `use_cache` carries the keys/values cache (the same tokens as the hidden-state memory, without projecting the
-    memory again for every new token); `result.state` is in that form. A batch, segment or memory that would not
-    fit in the machine's memory is a ConfigError before any tensor is made (`configs.check_inference_size`).
-    """
+                        segment_len: int = 64) -> GenerationResult:
+    """`generate_with` the `generator` of a Python TransformerXL. A batch, segment or memory that would not fit in
+    the machine's memory is a ConfigError before any tensor is made (`configs.check_inference_size`)."""
     protocol = generation_protocol(model, protocol)
     check_inference_size(model, batch_size=len(prompts), tgt_len=segment_len, mem_len=protocol.mem_len)
-    recurrent, step, decoder = _decoding(model, protocol, segment_len, use_cache)
-    return generate(step, prompts, recurrent.initial_state(len(prompts)), max_tokens=max_tokens,
-                    temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, segment_len=segment_len,
-                    decoder=decoder)
-
-
-def _decoding(model, protocol: Protocol, segment_len: int, use_cache: bool):
-    """(Recurrent, StepFn, decoder) of a model, made once per protocol, segment length and state form and kept on
-    the model (outside Keras's tracking): a later call traces nothing again. The trainer samples every few
-    hundred steps; building them afresh retraced both functions at every sample."""
-    made = model.__dict__.setdefault("_txl_tf_decoding", {})
-    key = (protocol, int(segment_len), bool(use_cache))
-    if key not in made:
-        recurrent = Recurrent(model, protocol, max_len=segment_len, use_cache=use_cache)
-        step = model_step(recurrent)
-        made[key] = (recurrent, step, make_decoder(step))
-    return made[key]
+    return generate_with(generator(model, protocol, segment_len).generate, [list(p) for p in prompts],
+                         max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
 
 
 def generate_text(model, vocab, prompt: str, *, max_tokens: int = 200, **kwargs) -> str:

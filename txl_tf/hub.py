@@ -64,6 +64,13 @@ def _config(kind, fields, what: str):
     return kind(**fields)  # validated: types, ranges, the model's size against this machine's memory
 
 
+def model_config_of(model: TransformerXL) -> ModelConfig:
+    """The ModelConfig of a built `TransformerXL` (its architecture, from its Keras config)."""
+    fields = {field.name for field in dataclasses.fields(ModelConfig)}
+    return _config(ModelConfig, {key: value for key, value in model.get_config().items() if key in fields},
+                   "the model's config")
+
+
 def _projections(layer) -> bool:
     """Keras' quantize() filter: the model's dense projections."""
     return type(layer) is keras.layers.Dense
@@ -85,15 +92,18 @@ class TransformerXLBackbone(keras_hub.models.Backbone):
     `txl_tf.TransformerXL`).
     """
 
-    def __init__(self, model_config, eval_config=None, dtype=None, **kwargs):
+    def __init__(self, model_config, eval_config=None, dtype=None, *, transformer_xl=None, **kwargs):
+        if transformer_xl is not None:  # around a built model: its weights, not a copy (`wrapping`)
+            model_config = model_config or model_config_of(transformer_xl)
+            dtype = dtype or transformer_xl.dtype_policy.name
         model_config = _config(ModelConfig, model_config, "the backbone's model_config")
         eval_config = _config(EvalConfig, eval_config if eval_config is not None else {}, "the backbone's eval_config")
         if model_config.n_token is None:
             raise ConfigError("the backbone's model_config has no n_token; set it to the vocabulary's size")
         check_inference_size(model_config, batch_size=1, tgt_len=eval_config.tgt_len, mem_len=eval_config.mem_len)
         quantized = dtype if isinstance(dtype, keras.dtype_policies.DTypePolicyMap) else None
-        self.transformer_xl = TransformerXL(**model_config.model_kwargs(), name="transformer_xl",
-                                            dtype=quantized.default_policy if quantized else dtype)
+        self.transformer_xl = transformer_xl or TransformerXL(**model_config.model_kwargs(), name="transformer_xl",
+                                                              dtype=quantized.default_policy if quantized else dtype)
         super().__init__(dtype=dtype, **kwargs)
         self.model_config = model_config
         self.eval_config = eval_config
@@ -392,15 +402,16 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
 
         return next, (keys, values, pointer, last_logits, last_hidden, lengths)
 
-    def generate_step(self, inputs, stop_token_ids=None, ring=None):
-        """keras-hub's generation step; `ring`: decode with `_ring_loop` (None: `_decodes_in_a_ring()`)."""
+    def generate_step(self, inputs, stop_token_ids=None, ring=None, sampler=None):
+        """keras-hub's generation step; `ring`: decode with `_ring_loop` (None: `_decodes_in_a_ring()`);
+        `sampler`: a keras-hub sampler instead of compile()'s."""
         token_ids, padding_mask = inputs["token_ids"], inputs["padding_mask"]
         padding_mask = tf.cast(padding_mask, tf.bool)
         lengths = tf.reduce_sum(tf.cast(padding_mask, tf.int32), axis=1)  # prompts: right-padded
         hidden_states, cache, position_keys = self._build_cache(token_ids, lengths)
         if self._decodes_in_a_ring() if ring is None else ring:
             return self._finish(token_ids, padding_mask, stop_token_ids, hidden_states,
-                                *self._ring_loop(cache, position_keys))
+                                *self._ring_loop(cache, position_keys), sampler=sampler)
 
         def next(prompt, cache, index):
             *state, last_logits, last_hidden, lengths = cache
@@ -412,13 +423,13 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             hidden = tf.where(fresh[:, None], hidden[:, 0], last_hidden)
             return logits, hidden, (*state, last_logits, last_hidden, lengths)
 
-        return self._finish(token_ids, padding_mask, stop_token_ids, hidden_states, next, cache)
+        return self._finish(token_ids, padding_mask, stop_token_ids, hidden_states, next, cache, sampler=sampler)
 
-    def _finish(self, token_ids, padding_mask, stop_token_ids, hidden_states, next, cache):
+    def _finish(self, token_ids, padding_mask, stop_token_ids, hidden_states, next, cache, sampler=None):
         """The sampler's loop from `cache` with `next`, and the padding mask of what it generated."""
         lengths = tf.reduce_sum(tf.cast(padding_mask, tf.int32), axis=1)
         index = tf.maximum(tf.reduce_min(lengths), 1)
-        token_ids = self.sampler(next=next, prompt=token_ids, cache=cache, index=index, mask=padding_mask,
+        token_ids = (sampler or self.sampler)(next=next, prompt=token_ids, cache=cache, index=index, mask=padding_mask,
                                  stop_token_ids=stop_token_ids, hidden_states=hidden_states, model=self)
         if stop_token_ids is None:
             return {"token_ids": token_ids, "padding_mask": tf.ones_like(token_ids, tf.bool)}
@@ -545,11 +556,12 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
 
     @classmethod
     def from_txl(cls, path, *, sequence_length=256, **kwargs):
-        """The keras-hub model of what `txl_tf.TransformerXLCausalLM.from_preset(path, **kwargs)` loads."""
-        from txl_tf.causal_lm import TransformerXLCausalLM as Legacy
+        """The keras-hub model of what `txl_tf.presets.load(path, **kwargs)` loads (as
+        `txl_tf.TransformerXLCausalLM.from_preset` does)."""
+        from txl_tf import presets
 
-        legacy = Legacy.from_preset(path, **kwargs)
-        return cls.from_parts(legacy.model, legacy.model_config, legacy.eval_config, legacy.vocab,
+        loaded = presets.load(path, **kwargs)
+        return cls.from_parts(loaded.model, loaded.model_config, loaded.eval_config, loaded.vocab,
                               sequence_length=sequence_length)
 
     @classmethod
