@@ -78,36 +78,34 @@ def test_other_encodings_generate_as_txl_tf_does(attn_type):
 
 @pytest.mark.parametrize("attn_type", ["xl", "shaw"])
 def test_the_ring_of_keys_and_values_gives_the_cached_calls_log_probabilities(attn_type):
-    """Token by token past three memories: `decode_ring` (one slot written per token) against the model's cached
-    call (the memory's keys/values moved each step), rows at different slots."""
+    """Token by token past three memories in the ring (`_ring_loop`: position p of a row in slot p mod (M + 1),
+    one slot written per token) against the model's cached call one row at a time (the memory's keys/values moved
+    each step), after the prompt read in the loop's segments. The rows' prompts are shorter and longer than the
+    memory: their kept positions are rolled into the ring differently, and one row goes on reading its prompt
+    while the other generates."""
     lm = make_lm(attn_type=attn_type)
-    model, protocol = lm.backbone.transformer_xl, lm.backbone.protocol
-    mem_len, batch, steps = protocol.mem_len, 2, 3 * protocol.mem_len
-    tokens = np.random.default_rng(5).integers(0, len(VOCAB), [batch, steps]).astype(np.int32)
-    cache = model.initial_cache(batch, protocol, max_len=1)
-    ring = mem_len + 1
-    keys = tf.concat([tf.transpose(cache.keys, [2, 0, 1, 3, 4]), tf.zeros([batch, 2, 2, 1, 16])], axis=3)
-    values = tf.concat([tf.transpose(cache.values, [2, 0, 1, 3, 4]), tf.zeros([batch, 2, 2, 1, 16])], axis=3)
-    pointer = tf.constant([ring - 1, ring - 1])
-    write = tf.constant([True, True])
-    for t in range(steps):
-        write = tf.constant([True, t % 5 != 2])  # row 1 skips some steps: its slot falls behind row 0's
-        expected, new_cache = model(tokens[:, t:t + 1], cache, protocol=protocol, lengths=tf.cast(write, tf.int32))
-        h = model.embedding(tokens[:, t:t + 1])
-        new_keys, new_values = [], []
-        for i, block in enumerate(model.blocks):
-            u, v = model.encoding.layer_biases(model, i)
-            h, layer_keys, layer_values = block.attention.decode_ring(h, keys[:, i], values[:, i], pointer, write,
-                                                                      cache.position_keys[i], u, v)
-            h = block.feed_forward(h)
-            new_keys.append(layer_keys)
-            new_values.append(layer_values)
-        keys, values = tf.stack(new_keys, 1), tf.stack(new_values, 1)
-        pointer = tf.where(write, (pointer + 1) % ring, pointer)
-        for row in range(batch):
-            if write[row]:
-                np.testing.assert_allclose(model.log_probs(h)[row], model.log_probs(expected)[row], atol=1e-5)
-        cache = new_cache
+    model, protocol, segment = lm.backbone.transformer_xl, lm.backbone.protocol, lm.backbone.segment_len
+    mem_len = protocol.mem_len
+    steps, lengths = 3 * mem_len, [2, mem_len + 3]
+    tokens = np.random.default_rng(5).integers(0, len(VOCAB), [2, steps]).astype(np.int32)
+    expected = []  # per row: the log-probs after each of its tokens from its prompt on
+    for row, length in enumerate(lengths):
+        state, row_log_probs = model.initial_cache(1, protocol, max_len=segment), {}
+        starts = list(range(0, length, segment)) + list(range(length, steps))  # the prompt's segments, then tokens
+        for start, end in zip(starts, starts[1:] + [steps], strict=True):
+            hidden, state = model(tokens[row:row + 1, start:end], state, protocol=protocol)
+            row_log_probs[end - 1] = model.log_probs(hidden[:, -1:])[0, 0].numpy()
+        expected.append(row_log_probs)
+    _, cache, position_keys = lm._build_cache(tf.constant(tokens), tf.constant(lengths))
+    next, cache = lm._ring_loop(cache, position_keys)
+    checked = 0
+    for index in range(min(lengths), steps + 1):  # the step that reads the token at index - 1
+        log_probs, _, cache = next(tf.constant(tokens), cache, tf.constant(index))
+        for row in range(2):
+            if index >= lengths[row]:  # the row's prompt is read: the log-probs after its token at index - 1
+                np.testing.assert_allclose(log_probs[row], expected[row][index - 1], atol=1e-5)
+                checked += 1
+    assert checked == 2 * steps - sum(lengths) + 2
 
 
 @pytest.mark.slow  # ~20 s: six samplers traced; CI's slow phase

@@ -369,38 +369,47 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
     def _ring_loop(self, cache, position_keys):
         """(`next`, its cache) of the ring decoding step, from the prompt's cache (`_build_cache`).
 
-        The ring cache is (per layer keys [B, N, M + 1, D], per layer values, pointer [B], last log-probs, last
-        hidden, prompt lengths): the prompt's M kept positions in order, then a free slot, which the next token
-        writes. One tensor per layer: a step writes one slot of each and copies none.
+        The ring cache is (per layer keys [B, N, M + 1, D], per layer values, last log-probs, last hidden, prompt
+        lengths), position p of each row in slot p mod (M + 1) (`RelativeMultiHeadAttention.decode_ring`): each
+        row's M kept positions rolled there once, the free slot the one its first new token writes. One tensor
+        per layer: a step writes one slot of each and copies none.
         """
         model = self.backbone.transformer_xl
         keys, values, last_logits, last_hidden, lengths = cache
+        memory = keys.shape[3]
+        ring = memory + 1
+        # Row b keeps positions lengths[b] - M .. lengths[b] - 1 in order, then the free slot: roll each row by
+        # (lengths[b] - M) mod R so that every position p sits in slot p mod R.
+        order = tf.math.floormod(tf.range(ring)[None, :] - (lengths[:, None] - memory), ring)  # [B, R]
         spare = tf.zeros_like(keys[:, 0, :, :1])  # [B, N, 1, D]
-        keys = tuple(tf.concat([keys[:, i], spare], axis=2) for i in range(model.n_layer))  # [B, N, M + 1, D] each
-        values = tuple(tf.concat([values[:, i], spare], axis=2) for i in range(model.n_layer))
-        ring = keys[0].shape[2]
-        pointer = tf.fill(tf.shape(lengths), ring - 1)
+
+        def in_ring(x):  # [B, N, M, D] in order -> [B, N, R, D] by slot
+            return tf.gather(tf.concat([x, spare], axis=2), order, axis=2, batch_dims=1)
+
+        keys = tuple(in_ring(keys[:, i]) for i in range(model.n_layer))
+        values = tuple(in_ring(values[:, i]) for i in range(model.n_layer))
+        rows = tf.unstack(position_keys[:, :, -ring:])  # per layer [N, R, D]: distances R - 1 .. 0
 
         def next(prompt, cache, index):
-            keys, values, pointer, last_logits, last_hidden, lengths = cache
+            keys, values, last_logits, last_hidden, lengths = cache
             token = tf.slice(prompt, [0, index - 1], [-1, 1])
             fresh = index - 1 >= lengths  # [B]: the token at index - 1 is not in the ring yet (not the prompt's)
+            slot = tf.math.floormod(index - 1, ring)
             h = model.embedding(token)  # [B, 1, d]
             new_keys, new_values = [], []
             for i, block in enumerate(model.blocks):
                 u, v = model.encoding.layer_biases(model, i)
                 h, layer_keys, layer_values = block.attention.decode_ring(
-                    h, keys[i], values[i], pointer, fresh, position_keys[i], u, v)
+                    h, keys[i], values[i], slot, fresh, rows[i], u, v)
                 h = block.feed_forward(h)
                 new_keys.append(layer_keys)
                 new_values.append(layer_values)
             logits = tf.cast(model.log_probs(h)[:, 0], tf.float32)
             logits = tf.where(fresh[:, None], logits, last_logits)
             hidden = tf.where(fresh[:, None], h[:, 0], last_hidden)
-            pointer = tf.where(fresh, (pointer + 1) % ring, pointer)
-            return logits, hidden, (tuple(new_keys), tuple(new_values), pointer, last_logits, last_hidden, lengths)
+            return logits, hidden, (tuple(new_keys), tuple(new_values), last_logits, last_hidden, lengths)
 
-        return next, (keys, values, pointer, last_logits, last_hidden, lengths)
+        return next, (keys, values, last_logits, last_hidden, lengths)
 
     def generate_step(self, inputs, stop_token_ids=None, ring=None, sampler=None):
         """keras-hub's generation step; `ring`: decode with `_ring_loop` (None: `_decodes_in_a_ring()`);
