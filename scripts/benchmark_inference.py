@@ -16,7 +16,9 @@ For every path, batch and context (a random prompt of that many tokens, consumed
     graph) minus that of one token, so that the prompt cancels; the fastest of --repeats after a warm-up, the two
     paths taking turns: the Python model's generator, the SavedModel's `generate` signature (the same function,
     traced at export).
-Then per-segment scoring latency: --segments calls of `score` with max_len tokens and the state carried.
+Then the bound the machine's memory reads put on decoding (the ring's bytes per step over the read bandwidth
+measured in the same run), and per-segment scoring latency: --segments calls of `score` with max_len tokens and
+the state carried.
 Timings are wall times of this process on this machine; only figures from one run compare.
 """
 
@@ -148,6 +150,35 @@ def decode_speeds(generators: dict, prompt, tokens: int, repeats: int) -> dict:
             for name, (one, many) in best.items()}
 
 
+def read_bandwidth(megabytes: int = 400, repeats: int = 5) -> float:
+    """GB/s at which this machine reads memory in this run: the fastest of `repeats` passes over a float32 array
+    of `megabytes` (more than any CPU cache here) by two XLA kernels, a sum along rows and a matrix-vector product
+    (both cores read)."""
+    import tensorflow as tf
+
+    values = tf.ones([megabytes * 2**20 // 4], tf.float32)
+    kernels = [tf.function(lambda x: tf.reduce_sum(tf.reshape(x, [16, -1]), axis=1), jit_compile=True),
+               tf.function(lambda x: tf.linalg.matvec(tf.reshape(x, [-1, 1024]), tf.ones([1024])), jit_compile=True)]
+    best = float("inf")
+    for kernel in kernels:
+        kernel(values).numpy()
+        for _ in range(repeats):
+            start = time.perf_counter()
+            kernel(values).numpy()
+            best = min(best, time.perf_counter() - start)
+    return megabytes * 2**20 / best / 1e9
+
+
+def ring_bytes(model, protocol, batch: int) -> int | None:
+    """Bytes a decoding step reads at the least: each layer's keys and values of the ring (batch x (mem_len + 1)
+    positions) and its position keys (shared by the rows), in the compute dtype. None where the loop does not
+    decode in a ring (encodings without cached position keys)."""
+    if not (model.encoding.position_keys_cached and model.supports_cache(protocol) and protocol.mem_len > 0):
+        return None
+    width = model.n_head * model.d_head * (2 if "16" in model.compute_dtype else 4)
+    return model.n_layer * (protocol.mem_len + 1) * width * (2 * batch + 1)
+
+
 def score_latency(score, state, batch, max_len, segments, n_token):
     """p50/p90/p99 ms of `score` calls of [batch, max_len] tokens with the state carried (one warm-up)."""
     import numpy as np
@@ -241,6 +272,16 @@ def main(argv):
         for batch in batches:
             ratio = p50[name, batch, contexts[-1]] / p50[name, batch, contexts[0]]
             print(f"{name} batch {batch}: p50 at context {contexts[-1]} / at {contexts[0]} = {ratio:.2f}")
+    bandwidth = read_bandwidth()
+    print(f"\nDecoding bound by memory reads: a step reads at least the ring's keys and values (and the position "
+          f"keys) of every layer once; this machine read {bandwidth:.1f} GB/s in this run (XLA kernels over 400 MB). "
+          "A ring that fits in the CPU's last-level cache is read faster than this.\n")
+    print("| batch | MB read per step | bound tokens/s |")
+    print("|---:|---:|---:|")
+    for batch in batches:
+        size = ring_bytes(model, protocol, batch)
+        if size is not None:
+            print(f"| {batch} | {size / 1e6:,.3f} | {batch * bandwidth * 1e9 / size:,.0f} |")
     print(f"\nScoring a segment of {max_len} tokens with the state carried:\n")
     print("| path | batch | p50 ms | p90 ms | p99 ms | tokens/s at p50 |")
     print("|---|---:|---:|---:|---:|---:|")

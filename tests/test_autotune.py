@@ -183,7 +183,7 @@ def _cache_warnings(caplog) -> list:
     return [r.getMessage() for r in caplog.records if "autotune cache" in r.getMessage()]
 
 
-@pytest.mark.parametrize("tampered", ["name", "rate", "type"])
+@pytest.mark.parametrize("tampered", ["name", *(pytest.param(t, marks=pytest.mark.slow) for t in ("rate", "type"))])
 def test_a_tampered_cache_entry_writes_none_of_its_text_into_config_gin(char_data, cache, caplog, tampered):
     auto = dict(mixed_precision="auto")  # two candidates: float32 and mixed_bfloat16 (no XLA, TensorFlow's ops)
     first = tiny_trainer(char_data, **auto)

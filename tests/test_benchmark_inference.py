@@ -29,3 +29,9 @@ def test_tiny_benchmark_prints_latencies():
         p50, p90, p99, speed = float(cells[3]), float(cells[4]), float(cells[5]), float(cells[6].replace(",", ""))
         assert 0 < p50 <= p90 <= p99 and speed > 0
     assert "SavedModel / Python tokens/s" in proc.stdout and "p50 at context 24 / at 5" in proc.stdout
+    table = proc.stdout.split("| batch | MB read per step | bound tokens/s |")[1].split("\n\n")[0]
+    bounds = [[float(c.replace(",", "")) for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    # The ring's 2 layers x 25 positions x 16 floats, keys and values of each row and the shared position keys:
+    # (2 x batch + 1) x 3,200 bytes a step.
+    assert [(batch, megabytes) for batch, megabytes, _ in bounds] == [(1, 0.010), (3, 0.022)], table
+    assert all(bound > 0 for *_, bound in bounds)

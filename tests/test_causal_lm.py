@@ -102,6 +102,7 @@ def test_streaming_in_pieces_equals_one_call(converted, protocol):
     np.testing.assert_allclose(stream.score(text[:20]).log_probs, lm.score(text[:20]).log_probs, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow  # ~17 s: the golden model's generation traced; CI's slow phase
 def test_generate_text_in_text_out(golden_lm):
     prompts = ["\x01\x02\x03", "\x04"]
     out = golden_lm.generate(prompts, max_length=7, seed=5, temperature=0.8, top_k=10)
@@ -270,7 +271,8 @@ def test_an_infinite_number_in_a_preset_is_refused(tiny_preset, tmp_path):
         TransformerXLCausalLM.from_preset(edited)
 
 
-@pytest.mark.parametrize("call", ["generate", "generate_list", "score", "encode", "stream", "generate_ids"])
+@pytest.mark.parametrize("call", ["generate", "generate_list", "score", "generate_ids",
+                                  *(pytest.param(c, marks=pytest.mark.slow) for c in ("encode", "stream"))])
 def test_text_must_be_str_and_anything_else_is_refused_by_type(tiny_preset, call):
     lm = TransformerXLCausalLM.from_preset(tiny_preset)
     run, message = {

@@ -87,7 +87,7 @@ def _data_file(run, step):
     return run / [f for f in _files(run, step) if ".data-" in f][0]
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate"])
+@pytest.mark.parametrize("damage", ["flip", pytest.param("truncate", marks=pytest.mark.slow)])  # ~7 s each
 def test_corrupt_latest_checkpoint_falls_back_in_train_and_evaluate(char_data, tmp_path, capsys, damage):
     run = tmp_path / "run"
     _train(run, char_data)
@@ -212,6 +212,7 @@ def test_generate_cli_checks_before_loading_the_model(char_data, tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # ~15 s: three exports; CI's slow phase
 def test_export_refuses_an_existing_directory_unless_it_holds_an_export_and_overwrite(tmp_path):
     from txl_tf.export import check_export_dir, export_model, write_export
 

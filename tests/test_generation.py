@@ -57,6 +57,7 @@ def test_greedy_matches_step_by_step_oracle(model):
     np.testing.assert_array_equal(_generate(model, top_p=1e-6, seed=5).tokens, result.tokens)
 
 
+@pytest.mark.slow  # ~26 s: each prompt generated alone and in the batch; CI's slow phase
 def test_prompts_of_different_lengths_continue_as_alone(model):
     """Each prompt of a batch (7, 2 and 4 tokens, right-padded) gets the greedy continuation it gets alone."""
     prompts = [[1, 4, 2, 7, 3, 8, 8], [5, 0], [9, 9, 6, 2]]

@@ -60,6 +60,7 @@ def legacy_greedy(lm, prompts, max_length):
     return texts
 
 
+@pytest.mark.slow  # ~10 s; the ring test above checks the same step against the cached call in the fast suite
 def test_greedy_generation_through_keras_hub_equals_txl_tf_decoding_past_the_memory(lm):
     """60 positions with a memory of 16: the continuation runs past every window; rows of different lengths."""
     lm.compile(sampler="greedy")
@@ -292,6 +293,7 @@ def test_enable_lora_reaches_the_attentions_projections_and_fit_trains_only_lora
     assert changed == set(trainable), sorted(changed)
 
 
+@pytest.mark.slow  # ~44 s: quantizes, saves and loads a preset, two XLA generations; CI's slow phase
 def test_int8_quantizes_every_projection_and_survives_a_preset(tmp_path):
     lm = make_lm()
     model = lm.backbone.transformer_xl

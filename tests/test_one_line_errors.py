@@ -94,6 +94,7 @@ def test_prepare_into_a_full_disk_says_which_and_how_much_is_free(full_disk, tmp
     assert _says_full(line, full_disk) and str(full_disk / "data") in line, line
 
 
+@pytest.mark.slow  # ~8 s: a training run; CI's slow phase
 def test_training_that_cannot_save_a_checkpoint_on_a_full_disk_says_which(char_data, full_disk):
     line = _one_line(_run(*train_command(str(full_disk / "run"), tiny_params(char_data))[1:]))
     assert _says_full(line, full_disk) and str(full_disk / "run" / "ckpt-") in line, line
@@ -197,6 +198,7 @@ def read_only():
         step()
 
 
+@pytest.mark.slow  # ~8 s: two CLI runs; CI's slow phase
 def test_a_read_only_run_folder_is_one_line_for_train_and_average(char_data, tmp_path, read_only):
     from train_utils import make_run
 

@@ -60,7 +60,8 @@ def _assert_steps_equal(plain, recomputed, atol=1e-6):
     np.testing.assert_array_equal(memory_b, memory_a)
 
 
-@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
+@pytest.mark.parametrize("jit_compile", [False, pytest.param(True, marks=pytest.mark.slow)],  # xla: ~10 s
+                         ids=["graph", "xla"])
 def test_gradients_memory_and_dropout_streams_equal_the_plain_step(jit_compile):
     tokens, memory = _inputs()
     models = {name: _model() for name in ("none", "block")}

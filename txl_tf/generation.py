@@ -95,9 +95,8 @@ class Generator(tf.Module):
         self.sampling_variables = self.sampling.variables
         self.greedy = keras_hub.samplers.GreedySampler()
         self.n_token = model.n_token
-        ring = lm._decodes_in_a_ring()
+        self._ring = lm._decodes_in_a_ring()
         self._loop = tf.function(self._decode, jit_compile=not model.encoding.absolute)  # as lm.generate compiles
-        self._ring = ring
         self.generate = tf.function(self._checked)
 
     def _decode(self, token_ids, padding_mask, sample):

@@ -85,15 +85,16 @@ class TransformerXLBackbone(keras_hub.models.Backbone):
       eval_config: the evaluation protocol (segment, memory and clamp lengths, same_length), an `EvalConfig` or
         its dict; generation and scoring use it.
       dtype: the Keras dtype policy of the layers (e.g. "mixed_bfloat16").
+      transformer_xl: a built `txl_tf.TransformerXL` to wrap (its weights, not a copy; model_config and dtype
+        default to its own), as `txl_tf.generation.Generator` serves a trained model; None: a new one.
 
     `backbone(inputs)` takes {"token_ids": [B, L], "padding_mask": [B, L]} or token ids [B, L] alone, without a
-    memory. The memory is a call
-    argument and a return value of `call_with_state` (and of every layer: `self.transformer_xl`, a
-    `txl_tf.TransformerXL`).
+    memory. The memory is a call argument and a return value of `call_with_state` (and of every layer:
+    `self.transformer_xl`, a `txl_tf.TransformerXL`).
     """
 
     def __init__(self, model_config, eval_config=None, dtype=None, *, transformer_xl=None, **kwargs):
-        if transformer_xl is not None:  # around a built model: its weights, not a copy (`wrapping`)
+        if transformer_xl is not None:  # around a built model: its weights, not a copy
             model_config = model_config or model_config_of(transformer_xl)
             dtype = dtype or transformer_xl.dtype_policy.name
         model_config = _config(ModelConfig, model_config, "the backbone's model_config")
@@ -438,8 +439,9 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         """The sampler's loop from `cache` with `next`, and the padding mask of what it generated."""
         lengths = tf.reduce_sum(tf.cast(padding_mask, tf.int32), axis=1)
         index = tf.maximum(tf.reduce_min(lengths), 1)
-        token_ids = (sampler or self.sampler)(next=next, prompt=token_ids, cache=cache, index=index, mask=padding_mask,
-                                 stop_token_ids=stop_token_ids, hidden_states=hidden_states, model=self)
+        sampler = sampler or self.sampler
+        token_ids = sampler(next=next, prompt=token_ids, cache=cache, index=index, mask=padding_mask,
+                            stop_token_ids=stop_token_ids, hidden_states=hidden_states, model=self)
         if stop_token_ids is None:
             return {"token_ids": token_ids, "padding_mask": tf.ones_like(token_ids, tf.bool)}
         ends = tf.reduce_any(tf.equal(token_ids[..., None], tf.constant(list(stop_token_ids), token_ids.dtype)),

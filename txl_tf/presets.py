@@ -28,6 +28,7 @@ _EXPECTED = ("a preset directory (config.json from save_to_preset), a run direct
              "best/ with which='best', or the averaged/ of `python -m txl_tf.average`), or a converted checkpoint "
              "directory (ckpt-1 and model.gin from `python -m txl_tf.convert`)")
 
+
 class Loaded(NamedTuple):
     """A loaded model (`txl_tf.TransformerXL`, weights restored), its vocabulary and configs."""
 
@@ -40,7 +41,8 @@ class Loaded(NamedTuple):
 def load(path, *, which: str = "latest", gin_file: str | Sequence[str] = (), gin_param: str | Sequence[str] = (),
          dtype: str | None = None) -> Loaded:
     """The model of a preset directory, a run directory or a converted checkpoint directory, with its vocabulary
-    and configs (what `txl_tf.TransformerXLCausalLM.from_preset` and `txl_tf.hub`'s load).
+    and configs (what `txl_tf.TransformerXLCausalLM.from_preset` and `txl_tf.hub.TransformerXLCausalLM.from_txl`
+    load).
 
     Args:
       path: a directory written by `save_to_preset`; a run directory of `python -m txl_tf.train` (its newest
