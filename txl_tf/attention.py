@@ -461,8 +461,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
           h: the token's input [B, 1, d].
           keys, values: [B, N, R, D] in the compute dtype.
           slot: int32 scalar, the slot of this step's position (the position mod R).
-          write: [B] bool, the rows whose token enters the ring (the others keep the slot's position, which they
-            already hold, and their output is not used).
+          write: [B] bool, the rows whose token enters the ring; the others (still reading a prompt the ring
+            already holds) keep the slot as it is, and their output is not used.
           position_rows: [N, R, D], the position keys of distances R - 1 .. 0 (the last R of the cache's
             `position_keys`, sliced once before the loop: a slice in the step is a copy at every token).
           content_bias, position_bias: u, v [N, D] (xl) or None.
