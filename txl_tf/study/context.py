@@ -1,17 +1,25 @@
-"""Study `context`: the paper's title claim measured the way the paper measures it (Tables 5 and 6, appendix C).
+"""Study `context`: the paper's title claim measured the way the paper measures it (Tables 5 and 6, appendix C),
+and the encodings that came after it on the same protocol.
 
-Four models at the size of the `make run` model (gin/study/context_<name>.gin), trained with a memory of 128 and
+Six models at the size of the `make run` model (gin/study/context_<name>.gin), trained with a memory of 128 and
 128-token segments (training span 256), with parameter counts within 5%:
 
     xl             Transformer-XL: relative encoding + recurrence (checkpoints at 1/3 and 2/3 scored too)
     shaw           Shaw et al. (2018) learned relative encoding + recurrence
     no_recurrence  Transformer-XL trained without memory (256-token segments), scored with a memory
     al_rfou        the vanilla model of Al-Rfou et al. (2018): learned absolute positions, a 256-token window
+    rope           RoPE (Su et al., 2021) + recurrence: queries and keys rotated by their positions in the window
+    alibi          ALiBi (Press et al., 2022) + recurrence: a per-head penalty linear in the distance
 
-The length axis is the paper's attention length at evaluation: the memory (64 ... 640: half the training memory
-to 5x it), "init" being the training memory (128), with one segment length (128) and same_length for every
-memory, relative distances unclamped and clamped at the training span side by side. The vanilla model's axis is
-its window, min(memory, 256): like the paper's Transformer row it cannot look further than it was trained to.
+on each corpus of CORPORA: `enwik8_sample` (studies `context`, `context_<model>`; results.json section `context`)
+and `networkx_code`, Python source where strings recur thousands of characters apart (`context_code`,
+`context_code_<model>`; section `context_code`).
+
+The length axis is the paper's attention length at evaluation: the memory (64 ... 1,024: half the training memory
+to 8x it), "init" being the training memory (128), with one segment length (128) and same_length for every
+memory, relative distances unclamped and clamped at the training span side by side for the encodings where
+clamp_len means something (Transformer-XL's sinusoids, ALiBi's penalty). The vanilla model's axis is its window,
+min(memory, 256): like the paper's Transformer row it cannot look further than it was trained to.
 
 Scoring: the whole split in 10 streams through the cached state, every stream's first n_layer x 640 predictions
 dropped (txl_tf.study.scoring), so every cell scores the same tokens with a full context. Each model's best
@@ -21,7 +29,7 @@ forward pass per token) and compared with the others on that subset.
 
 Also: RECL (appendix C) of the four-model group at contexts 64, 128, ..., 640 (each model scored at exactly c,
 the vanilla model at its window up to 256), and the copy probe (txl_tf.study.probe) per model and memory.
-Each model is its own study (`context_xl`, ...) so that each fits an hour; every study re-assembles the section
+Each model is its own study (`context_xl`, `context_code_rope`, ...) so that each fits well under an hour; every study re-assembles the section
 from the runs and cached scores there are (`txl_tf.study.context_results.run`, which computes the section of
 results.json from what this module trains and scores).
 """
@@ -42,30 +50,70 @@ UNCLAMPED = -1
 
 @dataclasses.dataclass(frozen=True)
 class Model:
+    """One model of the study.
+
+    Attributes:
+      name, label: the run's name (gin/study/context_NAME.gin) and the report's.
+      vanilla: a sliding-window model without memory (scored one forward pass per token).
+      clamped: clamp_len changes its scores (else the clamped cells would repeat the unclamped ones).
+      recurrent: trains with a memory (the quick study's sizes follow).
+      quick_params: gin bindings of the quick study that keep its parameter count near Transformer-XL's.
+    """
+
     name: str
     label: str
     vanilla: bool = False
+    clamped: bool = True
+    recurrent: bool = True
+    quick_params: tuple = ()
 
 
+# The encodings without position weights get the quick model's 2 x 32 x 32 weights of W_R back in the feed-forward.
+_NO_POSITION_WEIGHTS = ("ModelConfig.d_inner = 80",)
 MODELS = (
     Model("xl", "Transformer-XL (ours + recurrence)"),
-    Model("shaw", "Shaw et al. encoding + recurrence"),
-    Model("no_recurrence", "w/o recurrence"),
-    Model("al_rfou", "Al-Rfou et al. vanilla (sliding window)", vanilla=True),
+    Model("shaw", "Shaw et al. encoding + recurrence", clamped=False),
+    Model("no_recurrence", "w/o recurrence", recurrent=False),
+    Model("al_rfou", "Al-Rfou et al. vanilla (sliding window)", vanilla=True, clamped=False, recurrent=False),
+    Model("rope", "RoPE + recurrence", clamped=False, quick_params=_NO_POSITION_WEIGHTS),
+    Model("alibi", "ALiBi + recurrence", quick_params=_NO_POSITION_WEIGHTS),
 )
 BASELINE = "xl"
 PARAMETER_TOLERANCE = 0.05
-STUDY_PREFIX = "context_"  # study `context_xl` trains and scores model `xl`
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    """A corpus of the study: `key` names its results.json section, its studies (KEY, KEY_<model>) and runs."""
+
+    key: str
+    dataset: str
+    title: str
+
+
+CORPORA = (
+    Corpus("context", "enwik8_sample", "Wikipedia XML (`enwik8_sample`)"),
+    Corpus("context_code", "networkx_code", "Python source (`networkx_code`)"),
+)
+
+
+def studies() -> dict:
+    """{study name: (corpus, model names or None for all)}: `context`, `context_xl`, `context_code_rope`, ..."""
+    out = {}
+    for corpus in CORPORA:
+        out[corpus.key] = (corpus, None)
+        out.update({f"{corpus.key}_{m.name}": (corpus, (m.name,)) for m in MODELS})
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """The study's axes and sizes; `quick` shrinks everything so the pipeline runs in the test suite."""
 
-    memories: tuple = (64, 128, 192, 256, 384, 512, 640)
+    memories: tuple = (64, 128, 192, 256, 384, 512, 768, 1024)
     train_memory: int = 128
     train_span: int = 256
-    recl_contexts: tuple = tuple(range(64, 641, 64))
+    recl_contexts: tuple = (64, 128, 192, 256, 384, 512, 768, 1024)  # the memories: their scores are shared
     eval_tgt_len: int = 128
     eval_batch: int = 10
     n_layer: int = 4
@@ -110,12 +158,15 @@ def settings_for(quick: bool) -> Settings:
     return QUICK if quick else FULL
 
 
-def run_spec(model: Model, settings: Settings, data_dir: str, quick: bool) -> runs.RunSpec:
+def run_spec(model: Model, settings: Settings, data_dir: str, quick: bool, corpus: Corpus = CORPORA[0]
+             ) -> runs.RunSpec:
     params = [f"DATA_DIR = '{data_dir}'", *settings.train_params]
+    if corpus.dataset != CORPORA[0].dataset:  # the gin files name enwik8_sample
+        params.append(f"DataConfig.dataset = '{corpus.dataset}'")
     if quick:
-        recurrent = model.name in ("xl", "shaw")
-        params += settings.recurrent_params if recurrent else settings.nonrecurrent_params
-    return runs.RunSpec(name="context_" + model.name, gin_files=(f"study/context_{model.name}.gin",),
+        params += settings.recurrent_params if model.recurrent else settings.nonrecurrent_params
+        params += model.quick_params
+    return runs.RunSpec(name=f"{corpus.key}_{model.name}", gin_files=(f"study/context_{model.name}.gin",),
                         gin_params=tuple(params), label=model.label)
 
 
@@ -145,8 +196,9 @@ def splits(data_dir: str, settings: Settings) -> Splits:
 class Scorer:
     """Per-token losses of one model (a run's checkpoint), cached under the run's evals/ (runs.cached_eval)."""
 
-    def __init__(self, run_dir: str, model, vanilla: bool, settings: Settings, prefix: str = ""):
-        self.run_dir, self.model, self.vanilla, self.settings, self.prefix = run_dir, model, vanilla, settings, prefix
+    def __init__(self, run_dir: str, model, spec: Model, settings: Settings, prefix: str = ""):
+        self.run_dir, self.model, self.settings, self.prefix = run_dir, model, settings, prefix
+        self.vanilla, self.clamped = spec.vanilla, spec.clamped and not spec.vanilla
 
     def _key(self, split: str, scored: scoring.ScoredTokens, length: int, clamp: int) -> str:
         where = f"b{scored.batch_size}_d{scored.drop}_n{scored.tokens.shape[0]}"
@@ -157,8 +209,8 @@ class Scorer:
     def losses(self, split: str, scored: scoring.ScoredTokens, memory: int, clamp: int = UNCLAMPED) -> np.ndarray:
         """Kept losses [count] (recurrent) or [subset] (vanilla, window min(memory, span)) in nats."""
         s = self.settings
-        if not self.vanilla and clamp != UNCLAMPED and not s.clamp_matters(memory):
-            clamp = UNCLAMPED  # no distance reaches the clamp: the same numbers
+        if clamp != UNCLAMPED and not (self.clamped and s.clamp_matters(memory)):
+            clamp = UNCLAMPED  # no distance reaches the clamp, or clamp_len does not apply: the same numbers
         length = s.window(memory) if self.vanilla else memory
 
         def compute():
@@ -216,7 +268,7 @@ class Scorer:
 def _grid(scorer: Scorer, data: Splits, settings: Settings, *, memories=None, clamps=None, recl: bool = True) -> dict:
     """{(split, memory, clamp): losses}: both splits at every memory and clamp, and the RECL contexts on test."""
     memories = memories or settings.memories
-    clamps = clamps or ((UNCLAMPED,) if scorer.vanilla else settings.clamps)
+    clamps = clamps or (settings.clamps if scorer.clamped else (UNCLAMPED,))
     cells = {}
     for split, scored in (("valid", data.valid), ("test", data.test)):
         for memory in memories:
@@ -236,7 +288,7 @@ def _checkpoint_steps(train_steps: int, settings: Settings) -> list[int]:
 
 
 def train_and_score(model: Model, output_dir: str, data_dir: str, data: Splits, settings: Settings,
-                    quick: bool) -> tuple[dict, dict]:
+                    quick: bool, corpus: Corpus = CORPORA[0]) -> tuple[dict, dict]:
     """Trains one model (or finds it finished) and computes (or reads back) every score the section needs.
 
     Returns (record with parameters and training tokens, scores: {"cells": {(split, memory, clamp): losses},
@@ -244,24 +296,24 @@ def train_and_score(model: Model, output_dir: str, data_dir: str, data: Splits, 
     """
     import keras
 
-    spec = run_spec(model, settings, data_dir, quick)
+    spec = run_spec(model, settings, data_dir, quick, corpus)
     run_dir = os.path.join(output_dir, "runs", spec.name)
-    runs.log(f"[context] {model.name}: training ({', '.join(spec.gin_files)}) in {run_dir}")
+    runs.log(f"[{corpus.key}] {model.name}: training ({', '.join(spec.gin_files)}) in {run_dir}")
     record = dict(runs.train_run(spec, run_dir))
-    runs.log(f"[context] {model.name}: trained {record['steps']} steps in {record['wall_seconds'] / 60:.1f} min; "
+    runs.log(f"[{corpus.key}] {model.name}: trained {record['steps']} steps in {record['wall_seconds'] / 60:.1f} min; "
              "scoring")
     loaded, configs = runs.load_run_model(run_dir)
     tokens_per_step = configs.train.batch_size * configs.train.tgt_len
     record["parameters"] = runs.num_parameters(loaded)
     record["train_tokens"] = record["steps"] * tokens_per_step
-    scorer = Scorer(run_dir, loaded, model.vanilla, settings)
+    scorer = Scorer(run_dir, loaded, model, settings)
     scores = {"cells": _grid(scorer, data, settings),
               "probe": {m: scorer.probe(data.test_tokens, m) for m in settings.memories}}
     if model.name == BASELINE:
         scores["checkpoints"], scores["checkpoint_tokens"] = {}, {}
         for step in _checkpoint_steps(record["steps"], settings):
             early, _ = runs.load_run_model(run_dir, checkpoint=os.path.join(run_dir, f"ckpt-{step}"))
-            scores["checkpoints"][step] = _grid(Scorer(run_dir, early, False, settings, prefix=f"ckpt{step}_"),
+            scores["checkpoints"][step] = _grid(Scorer(run_dir, early, model, settings, prefix=f"ckpt{step}_"),
                                                 data, settings, clamps=(UNCLAMPED,), recl=False)
             scores["checkpoint_tokens"][step] = step * tokens_per_step
     keras.backend.clear_session()

@@ -18,7 +18,7 @@ import numpy as np
 
 from txl_tf.study import context, runs, scoring
 from txl_tf.study import probe as probe_lib
-from txl_tf.study.context import BASELINE, MODELS, PARAMETER_TOLERANCE, UNCLAMPED, Settings
+from txl_tf.study.context import BASELINE, MODELS, PARAMETER_TOLERANCE, UNCLAMPED, Corpus, Settings
 from txl_tf.study.tables import PAPER_GROUP
 
 LN2 = math.log(2.0)
@@ -95,7 +95,7 @@ def _recl(scores: dict, names: list, settings: Settings, pick) -> dict:
     return out
 
 
-def section(records: dict, scores: dict, data, settings: Settings, *, quick: bool, dataset: str) -> dict:
+def section(records: dict, scores: dict, data, settings: Settings, *, quick: bool, corpus: Corpus) -> dict:
     """The study's section of results.json from the models there are (`records`, `scores` of
     context.train_and_score)."""
     names = [m.name for m in MODELS if m.name in records]
@@ -134,7 +134,7 @@ def section(records: dict, scores: dict, data, settings: Settings, *, quick: boo
     out = {
         "quick": quick,
         "machine": runs.machine(),
-        "setup": {"dataset": dataset, "memories": list(settings.memories), "train_memory": settings.train_memory,
+        "setup": {"dataset": corpus.dataset, "corpus": corpus.title, "memories": list(settings.memories), "train_memory": settings.train_memory,
                   "train_span": settings.train_span, "eval_tgt_len": settings.eval_tgt_len,
                   "streams": settings.eval_batch, "dropped_per_stream": settings.drop,
                   "kept_tokens": {"valid": data.valid.count, "test": data.test.count},
@@ -161,20 +161,23 @@ def section(records: dict, scores: dict, data, settings: Settings, *, quick: boo
     return out
 
 
-def _finished(output_dir: str, model: context.Model, settings: Settings, data_dir: str, quick: bool) -> bool:
-    spec = context.run_spec(model, settings, data_dir, quick)
+def _finished(output_dir: str, model: context.Model, settings: Settings, data_dir: str, quick: bool,
+              corpus: Corpus) -> bool:
+    spec = context.run_spec(model, settings, data_dir, quick, corpus)
     record = runs.read_record(os.path.join(output_dir, "runs", spec.name))
     return record is not None and record["digest"] == spec.digest()
 
 
-def run(output_dir: str, data_dir: str, *, models=None, quick: bool = False) -> dict:
-    """Trains and scores `models` (names; default all four), then assembles the section from every model whose
-    run is finished here (scores read back from the cache, or computed now)."""
+def run(output_dir: str, data_dir: str, *, models=None, quick: bool = False, corpus: Corpus = context.CORPORA[0]) -> dict:
+    """Trains and scores `models` (names; default all six) on `corpus` (prepared in `data_dir`), then assembles
+    the corpus' section from every model whose run is finished here (scores read back from the cache, or computed
+    now)."""
     settings = context.settings_for(quick)
     data = context.splits(data_dir, settings)
     records, scores = {}, {}
     for model in MODELS:
-        if (models is None or model.name in models) or _finished(output_dir, model, settings, data_dir, quick):
+        if (models is None or model.name in models) or _finished(output_dir, model, settings, data_dir, quick,
+                                                                 corpus):
             records[model.name], scores[model.name] = context.train_and_score(model, output_dir, data_dir, data,
-                                                                              settings, quick)
-    return section(records, scores, data, settings, quick=quick, dataset=os.path.basename(os.path.normpath(data_dir)))
+                                                                              settings, quick, corpus)
+    return section(records, scores, data, settings, quick=quick, corpus=corpus)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 
-CONTEXT_STUDIES = ("context_xl", "context_shaw", "context_no_recurrence", "context_al_rfou")
-STUDIES = ("ablation", "recl", "context", *CONTEXT_STUDIES, "ptb", "report")
+from txl_tf.study import context
+
+CONTEXT_STUDIES = tuple(context.studies())  # context, context_xl, ..., context_code, context_code_xl, ...
+STUDIES = ("ablation", "recl", *CONTEXT_STUDIES, "ptb", "report")
 
 
 def prepared_data(data_root: str, dataset: str) -> str:
@@ -44,13 +46,13 @@ def run(studies, output_dir: str, *, quick: bool = False, data_root: str = "data
             data_dir = prepared_data(data_root, "enwik8_sample")
             section = ablation.run(output_dir, data_dir, quick=quick, with_recl=with_recl)
             runs.write_results(output_dir, "ablation", section)
-        elif study == "context" or study in CONTEXT_STUDIES:
-            from txl_tf.study import context, context_results
+        elif study in CONTEXT_STUDIES:
+            from txl_tf.study import context_results
 
-            models = None if study == "context" else (study[len(context.STUDY_PREFIX):],)
-            section = context_results.run(output_dir, prepared_data(data_root, "enwik8_sample"), models=models,
-                                          quick=quick)
-            runs.write_results(output_dir, "context", section)
+            corpus, models = context.studies()[study]
+            section = context_results.run(output_dir, prepared_data(data_root, corpus.dataset), models=models,
+                                          quick=quick, corpus=corpus)
+            runs.write_results(output_dir, corpus.key, section)
         elif study == "ptb":
             from txl_tf.study import ptb
 
