@@ -137,10 +137,12 @@ def test_published_report_is_what_the_generator_renders():
                              source=f"{report.PUBLISHED_NAME}/results.json")
     assert (docs / f"{report.PUBLISHED_NAME}.md").read_text() == expected
     pngs = ["ablation_bpc.png", "recl_gains.png"]
-    if "context" in document["studies"]:  # every plot the context section's text links to
-        pngs += ["context_bpc.png", "context_probe.png"]
-        pngs += ["context_gain.png"] if "gain_curve" in document["studies"]["context"] else []
-        pngs += ["context_recl.png"] if "recl" in document["studies"]["context"] else []
+    for key in report.CONTEXT_SECTIONS:  # every plot each context section's text links to
+        if key in document["studies"]:
+            section = document["studies"][key]
+            pngs += [f"{key}_bpc.png", f"{key}_probe.png"]
+            pngs += [f"{key}_gain.png"] if "gain_curve" in section else []
+            pngs += [f"{key}_recl.png"] if "recl" in section else []
     for png in pngs:
         assert (docs / report.PUBLISHED_NAME / png).exists() and f"({report.PUBLISHED_NAME}/{png})" in expected
     readme = (root / "README.md").read_text()
@@ -153,12 +155,23 @@ def test_published_report_is_what_the_generator_renders():
 
 @pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
 def test_context_quick_end_to_end(tmp_path, data_root):
-    """Study `context` (--quick): four runs, the memory axis on the same kept tokens, RECL, the probe, the report;
-    a second study call trains and scores nothing again."""
+    """Studies `corpora`, `context` and `context_code` (--quick): what each corpus repeats, then six runs on each
+    corpus, the memory axis on the same kept tokens, RECL, the probe, the report with both corpora; a second study
+    call trains and scores nothing again."""
     from txl_tf.study import context
 
     out = str(tmp_path / "study")
-    section = studies.run(["context"], out, quick=True, data_root=data_root)["studies"]["context"]
+    document = studies.run(["corpora", "context", "context_code"], out, quick=True, data_root=data_root)
+    assert [r["dataset"] for r in document["studies"]["corpora"]["corpora"]] == ["enwik8_sample", "networkx_code"]
+    for row in document["studies"]["corpora"]["corpora"]:
+        fractions = [f for _, f in sorted((int(w), f) for w, f in row["recurrence"]["fraction"].items())]
+        assert fractions == sorted(fractions) and 0 < fractions[-1] < 1  # a wider window finds more copies
+        assert row["bits"]["short_range_bits"] > 0
+    code = document["studies"]["context_code"]
+    assert code["setup"]["dataset"] == "networkx_code" and code["key"] == "context_code"
+    assert set(code["runs"]) == {m.name for m in context.MODELS}
+    assert all(r["name"] == f"context_code_{n}" for n, r in code["runs"].items())
+    section = document["studies"]["context"]
     settings = context.QUICK
     names = [m.name for m in context.MODELS]
     assert list(section["runs"]) == sorted(names)
@@ -174,9 +187,15 @@ def test_context_quick_end_to_end(tmp_path, data_root):
     # The vanilla model's window stops at its training span: every longer memory scores the same.
     vanilla = section["runs"]["al_rfou"]["test"][str(context.UNCLAMPED)]
     assert len({vanilla[str(m)] for m in settings.memories if m >= settings.train_span}) == 1
-    # Clamping at the training span changes nothing where no distance reaches it, and is kept apart elsewhere.
-    clamped = section["runs"]["xl"]["test"][str(settings.train_span)]
-    assert set(clamped) == {str(m) for m in settings.memories if settings.clamp_matters(m)}
+    # Clamping at the training span changes nothing where no distance reaches it, and is kept apart elsewhere;
+    # the encodings that clamp_len does not touch are scored unclamped only.
+    for model in context.MODELS:
+        by_clamp = section["runs"][model.name]["test"]
+        if model.clamped and not model.vanilla:
+            assert set(by_clamp[str(settings.train_span)]) == {str(m) for m in settings.memories
+                                                               if settings.clamp_matters(m)}
+        else:
+            assert list(by_clamp) == [str(context.UNCLAMPED)]
     assert [p["step"] for p in section["gain_curve"]] == [10, 20, 30]
     assert section["recl"]["paper_group"]["models"] == list(tables.PAPER_GROUP)
     assert section["recl"]["paper_group"]["tokens"] == section["setup"]["vanilla_subset_tokens"]
@@ -188,13 +207,23 @@ def test_context_quick_end_to_end(tmp_path, data_root):
 
     text = open(os.path.join(out, "report.md")).read()
     assert text == report.render(runs.read_results(os.path.join(out, "results.json")))
-    claims = [row[0] for row in report.claims(runs.read_results(os.path.join(out, "results.json")))]
+    assert "## A corpus where long context pays" in text and "| networkx_code | 200,000 |" in text
+    rows = report.claims(runs.read_results(os.path.join(out, "results.json")))
+    claims = [row[0] for row in rows]
     assert claims[0].startswith("A longer memory at evaluation")
-    recl_rows = [c for c in claims if c.startswith("Transformer-XL has the longest RECL")]
-    assert recl_rows == ["Transformer-XL has the longest RECL (appendix C, the paper's group)"]
-    for png in ("context_bpc.png", "context_gain.png", "context_recl.png", "context_probe.png"):
-        with open(os.path.join(out, png), "rb") as f:
-            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    recl_rows = [c for c in claims if "Transformer-XL has the longest RECL" in c]
+    assert recl_rows == ["Transformer-XL has the longest RECL (appendix C, the paper's group)",
+                         "[networkx_code] Transformer-XL has the longest RECL (appendix C, the paper's group)"]
+    for prefix in ("", "[networkx_code] "):  # RoPE and ALiBi against the paper's encoding, stated either way
+        for name in ("RoPE", "ALiBi"):
+            row = next(r for r in rows if r[0].startswith(f"{prefix}{name} + recurrence vs. the paper's"))
+            assert row[3] in (f"{name.lower()} beats XL", f"{name.lower()} loses to XL",
+                              f"{name.lower()} matches XL (within noise)")
+        assert any(c.startswith(f"{prefix}Which recurrent encoding copies from furthest back") for c in claims)
+    for key in ("context", "context_code"):
+        for png in ("bpc", "gain", "recl", "probe"):
+            with open(os.path.join(out, f"{key}_{png}.png"), "rb") as f:
+                assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
     evals = os.path.join(out, "runs", "context_xl", runs.EVAL_DIR)
     before = sorted(os.listdir(evals))

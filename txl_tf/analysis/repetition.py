@@ -299,7 +299,7 @@ def _window(w: int) -> str:
 
 def format_tables(results: Sequence[dict]) -> str:
     """Two markdown tables: recurrence within each window, and bits per token with the match model's saving."""
-    windows = list(results[0]["recurrence"]["fraction"])
+    windows = sorted(int(w) for w in results[0]["recurrence"]["fraction"])  # int keys, or strings from JSON
     first = results[0]
     lines = [f"Recurrence: a {first['recurrence']['length']}-token string whose earlier copy lies within the previous "
              f"W tokens, at {first['recurrence']['positions']:,} random positions (seed {first['recurrence']['seed']})",
@@ -309,7 +309,8 @@ def format_tables(results: Sequence[dict]) -> str:
     for r in results:
         quartiles = r["recurrence"]["distance_quartiles"]
         median = _window(quartiles[1]) if quartiles else "-"
-        cells = " | ".join(f"{100 * r['recurrence']['fraction'][w]:.1f}%" for w in windows)
+        fraction = {int(w): v for w, v in r["recurrence"]["fraction"].items()}
+        cells = " | ".join(f"{100 * fraction[w]:.1f}%" for w in windows)
         lines.append(f"| {_name(r)} | {r['tokens']:,} | {cells} | {median} |")
     bits = first["bits"]
     lines += ["", f"Bits per token: an order-{bits['order']} context model alone, and mixed with a match model "
@@ -319,7 +320,7 @@ def format_tables(results: Sequence[dict]) -> str:
               + " | " + " | ".join(f"saving @ {_window(w)}" for w in windows) + " |",
               "|---" * (2 * len(windows) + 2) + "|"]
     for r in results:
-        per = r["bits"]["windows"]
+        per = {int(w): v for w, v in r["bits"]["windows"].items()}
         cells = " | ".join(f"{per[w]['bits_per_token']:.3f}" for w in windows)
         savings = " | ".join(f"{per[w]['saving']:.3f}" for w in windows)
         lines.append(f"| {_name(r)} | {r['bits']['short_range_bits']:.3f} | {cells} | {savings} |")

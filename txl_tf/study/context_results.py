@@ -132,6 +132,7 @@ def section(records: dict, scores: dict, data, settings: Settings, *, quick: boo
             comparisons[f"xl_gain_vs_{name}"] = _compare(xl_best - xl_init + other_init, other_best, block) | \
                 {"subset": on_subset}  # (xl_best - xl_init) - (other_best - other_init)
     out = {
+        "key": corpus.key,
         "quick": quick,
         "machine": runs.machine(),
         "setup": {"dataset": corpus.dataset, "corpus": corpus.title, "memories": list(settings.memories), "train_memory": settings.train_memory,

@@ -1,6 +1,6 @@
-"""The report's part for study `context` (txl_tf.study.context): claims, tables and plots, from its section of
-results.json only. txl_tf.study.report calls it when the section is there; a document without it renders as
-before."""
+"""The report's part for study `context` (txl_tf.study.context): claims, tables and plots, from its sections of
+results.json only (one per corpus: `context`, `context_code`). txl_tf.study.report calls it for each section
+there is; a document without them renders as before."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from txl_tf.study.tables import PAPER, interval, label, markdown_table, verdict
 REPLACED_CLAIMS = ("A longer attention at evaluation helps", "... and only with the relative encoding",
                    "Transformer-XL has the longest RECL")
 LONGEST_SHARE = 0.95  # RECL: the share of bootstrap resamples in which a model must be strictly the longest
+LATER_ENCODINGS = ("rope", "alibi")  # compared with the paper's relative encoding, all with recurrence
 
 
 def _copy(cell: dict) -> dict:
@@ -40,8 +41,14 @@ def _vanilla(section: dict) -> set:
     return {m["name"] for m in section["setup"]["models"] if m["vanilla"]}
 
 
+def _prefix(section: dict) -> str:
+    """The claims' corpus tag: none on enwik8_sample (the paper's kind of text), else "[dataset] "."""
+    dataset = section["setup"]["dataset"]
+    return "" if dataset == "enwik8_sample" else f"[{dataset}] "
+
+
 def claims(section: dict) -> list[tuple[str, str, str, str]]:
-    """(claim, paper, ours, verdict) rows of the context study (those its models allow)."""
+    """(claim, paper, ours, verdict) rows of one corpus' context study (those its models allow)."""
     runs, comparisons, rows = section["runs"], section["comparisons"], []
     if "xl" not in runs:
         return rows
@@ -51,7 +58,7 @@ def claims(section: dict) -> list[tuple[str, str, str, str]]:
                  PAPER["longer_memory_xl"],
                  f"{interval(c)} from memory {setup['train_memory']} to the validation's best "
                  f"({_cell(runs['xl']['best'])})", verdict(c)))
-    others = [m["name"] for m in setup["models"] if m["name"] != "xl" and not m["vanilla"]]
+    others = [n for n in ("shaw", "no_recurrence") if n in runs]
     if others:
         gains = {n: comparisons[f"xl_gain_vs_{n}"] for n in others}
         if all(g["high"] < 0 for g in gains.values()):
@@ -98,6 +105,7 @@ def claims(section: dict) -> list[tuple[str, str, str, str]]:
             ours += f"; {n}: {interval(_copy(section['probe'][n][memory][distance]))}"
         rows.append(("Transformer-XL copies text from beyond its training span (copy probe)", PAPER["probe"], ours,
                      verdict(c)))
+    rows += _later_encodings(section)
     curve = section.get("gain_curve")
     if curve and len(curve) > 1:
         means = [p["mean"] for p in curve]
@@ -105,7 +113,59 @@ def claims(section: dict) -> list[tuple[str, str, str, str]]:
         ours = ", ".join(f"{p['mean']:+.4f} after {p['tokens'] / 1e6:.1f}M" for p in curve)
         rows.append(("(finding) Transformer-XL's gain from a longer memory grows with training", "(not in the paper)",
                      ours + " characters", "grows" if grows else "does not grow steadily"))
+    prefix = _prefix(section)
+    return [(prefix + claim, *rest) for claim, *rest in rows]
+
+
+def _furthest_copy(cells: dict, distances: list) -> int:
+    """The longest probe distance at which the second copy is significantly cheaper than the control (0: none)."""
+    return max([d for d in distances if cells[str(d)]["copy_high"] < 0], default=0)
+
+
+def _later_encodings(section: dict) -> list[tuple[str, str, str, str]]:
+    """RoPE / ALiBi with recurrence against the paper's relative encoding: each at its best memory, each's gain from
+    a longer memory, and which recurrent model reaches furthest (RECL, copy probe)."""
+    runs, comparisons, setup, rows = section["runs"], section["comparisons"], section["setup"], []
+    later = [n for n in LATER_ENCODINGS if n in runs]
+    for name in later:
+        c = comparisons[f"xl_vs_{name}"]  # Transformer-XL minus the other: positive = the other is better
+        result = "beats XL" if c["low"] > 0 else "loses to XL" if c["high"] < 0 else "matches XL (within noise)"
+        rows.append((f"{label(section, name)} vs. the paper's relative encoding + recurrence (each at its best "
+                     "memory; XL minus it)", "(not in the paper)", interval(c), f"{name} {result}"))
+        gain = comparisons[f"{name}_longer"]
+        rows.append((f"A longer memory at evaluation helps {label(section, name)}", "(not in the paper)",
+                     f"{interval(gain)} from memory {setup['train_memory']} to the validation's best "
+                     f"({_cell(runs[name]['best'])}); XL's gain minus its: {interval(comparisons[f'xl_gain_vs_{name}'])}",
+                     verdict(gain)))
+    if not later:
+        return rows
+    recl = section.get("recl", {}).get("recurrent")
+    if recl:
+        r = recl["ratios"]["0.1"]
+        values = dict(zip(recl["models"], r["recl"], strict=True))
+        share = dict(zip(recl["models"], r["longest"], strict=True))
+        top = max(values, key=lambda n: (values[n], share[n]))
+        ours = ", ".join(f"{n} {'>=' if t else ''}{v} [{lo}, {hi}]" for n, v, t, lo, hi in
+                         zip(recl["models"], r["recl"], r["truncated"], r["low"], r["high"], strict=True))
+        result = f"{top} ({share[top]:.0%} of resamples)" if share[top] >= LONGEST_SHARE else "no model clearly"
+        rows.append(("Which recurrent encoding has the longest RECL (r = 0.1, every kept character)",
+                     "(not in the paper)", ours, result))
+    memory, distances = str(max(setup["memories"])), setup["probe"]["distances"]
+    recurrent = [m["name"] for m in setup["models"] if not m["vanilla"]]
+    reach = {n: _furthest_copy(section["probe"][n][memory], distances) for n in recurrent}
+    furthest = max(reach.values())
+    leaders = [n for n in recurrent if reach[n] == furthest]
+    rows.append((f"Which recurrent encoding copies from furthest back (copy probe, memory {memory})",
+                 "(not in the paper)",
+                 "longest distance with a significant saving: " + ", ".join(f"{n} {reach[n] or 'none'}"
+                                                                             for n in recurrent),
+                 " = ".join(leaders) if furthest else "none copies"))
     return rows
+
+
+def _image(section: dict, name: str) -> str:
+    """The PNG of a section's plot: context_bpc.png on enwik8_sample, context_code_bpc.png on networkx_code, ..."""
+    return f"{section.get('key', 'context')}_{name}.png"
 
 
 def section_lines(section: dict, images: str, machine: str) -> list[str]:
@@ -113,7 +173,8 @@ def section_lines(section: dict, images: str, machine: str) -> list[str]:
     memories = setup["memories"]
     names = _names(section)
     vanilla = _vanilla(section)
-    out = ["## Evaluation memory, RECL and a copy probe (Tables 5 and 6 at the `make run` size)", "", machine, "",
+    out = [f"## Evaluation memory, RECL and a copy probe on {setup.get('corpus', setup['dataset'])} (Tables 5 and 6 "
+           "at the `make run` size)", "", machine, "",
            f"{len(names)} models on `{setup['dataset']}` ({', '.join(f'`gin/study/context_{n}.gin`' for n in names)}): "
            f"the `make run` model's size, trained with memory {setup['train_memory']} and segments of "
            f"{setup['train_span'] - setup['train_memory']} (training span {setup['train_span']}), parameter counts "
@@ -154,14 +215,14 @@ def section_lines(section: dict, images: str, machine: str) -> list[str]:
             name = label(section, n) + (f", clamp {clamp}" if int(clamp) > 0 else "")
             rows.append([name + (f" (window = min(memory, {setup['train_span']}))" if n in vanilla else ""), *cells])
     out += markdown_table(["model", *[str(m) for m in memories]], rows)
-    out += ["", f"![test bpc against the memory at evaluation]({images}context_bpc.png)", ""]
+    out += ["", f"![test bpc against the memory at evaluation]({images}{_image(section, 'bpc')})", ""]
     curve = section.get("gain_curve")
     if curve:
         out += ["Transformer-XL's gain (best memory on validation minus init, on test) as training goes on:", ""]
         out += markdown_table(["step", "training characters", "init bpc", "best memory", "best bpc", "best - init"],
                               [[p["step"], f"{p['tokens']:,}", f"{p['init_bpc']:.4f}", p["best_memory"],
                                 f"{p['best_bpc']:.4f}", interval(p)] for p in curve])
-        out += ["", f"![gain against training characters]({images}context_gain.png)", ""]
+        out += ["", f"![gain against training characters]({images}{_image(section, 'gain')})", ""]
     out += _recl_lines(section, images) + _probe_lines(section, images)
     return out
 
@@ -175,8 +236,10 @@ def _training_lines(section: dict) -> list[str]:
                               "characters per step as Transformer-XL (so twice its backpropagation length, like the "
                               "paper's memory-matched Table 8 rather than Table 5), and is scored with a memory like "
                               "the others",
-             "al_rfou": f"the vanilla model trains on windows of {span} with learned absolute positions"}
-    chosen = [text for name, text in parts.items() if name in names]
+             "al_rfou": f"the vanilla model trains on windows of {span} with learned absolute positions",
+             "rope": "RoPE and ALiBi train exactly like Transformer-XL (no position weights: a wider feed-forward "
+                     "keeps the parameter count)"}
+    chosen = [text for name, text in parts.items() if name in names or (name == "rope" and "alibi" in names)]
     return [f"{'; '.join(chosen)}.", ""] if chosen else []
 
 
@@ -212,7 +275,7 @@ def _recl_lines(section: dict, images: str) -> list[str]:
     out += ["RECL counts only a token's improvements over the group's best loss at the shorter context "
             "(min(b, l) in appendix C), so a model whose per-token losses move most as the context grows gains "
             "RECL even where its mean loss rises; read the RECL table together with the mean bpc above.", "",
-            f"![RECL gain curves]({images}context_recl.png)", ""]
+            f"![RECL gain curves]({images}{_image(section, 'recl')})", ""]
     return out
 
 
@@ -249,7 +312,7 @@ def _probe_lines(section: dict, images: str) -> list[str]:
             "the first continues its own text, so it is positive wherever copying saves less than the cut costs.",
             ""]
     out += markdown_table(header, versus_first)
-    return out + ["", f"![copy probe]({images}context_probe.png)", ""]
+    return out + ["", f"![copy probe]({images}{_image(section, 'probe')})", ""]
 
 
 def plot(section: dict, directory: str, plt) -> list[str]:
@@ -274,7 +337,7 @@ def plot(section: dict, directory: str, plt) -> list[str]:
         ax.set_ylabel("test bpc (same characters in every cell" + (", vanilla subset)" if vanilla else ")"))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    written.append(save_figure(fig, directory, "context_bpc.png", plt))
+    written.append(save_figure(fig, directory, _image(section, "bpc"), plt))
     if section.get("gain_curve"):
         curve = section["gain_curve"]
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -286,7 +349,7 @@ def plot(section: dict, directory: str, plt) -> list[str]:
         ax.set_ylabel("best - init test bpc (95% interval)")
         ax.set_title("Transformer-XL: gain from a longer memory")
         ax.grid(alpha=0.3)
-        written.append(save_figure(fig, directory, "context_gain.png", plt))
+        written.append(save_figure(fig, directory, _image(section, "gain"), plt))
     recl = section.get("recl")
     if recl:
         group = recl.get("paper_group") or recl["recurrent"]
@@ -298,7 +361,7 @@ def plot(section: dict, directory: str, plt) -> list[str]:
         ax.set_ylabel("relative gain at r = 0.1")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-        written.append(save_figure(fig, directory, "context_recl.png", plt))
+        written.append(save_figure(fig, directory, _image(section, "recl"), plt))
     distances = setup["probe"]["distances"]
     names = _names(section)
     fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.8), sharey=True, squeeze=False)
@@ -313,7 +376,7 @@ def plot(section: dict, directory: str, plt) -> list[str]:
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("second copy - control, bpc")
     axes[0][-1].legend(title="memory", fontsize=6)
-    written.append(save_figure(fig, directory, "context_probe.png", plt))
+    written.append(save_figure(fig, directory, _image(section, "probe"), plt))
     return written
 
 
@@ -327,9 +390,8 @@ def save_figure(fig, directory: str, name: str, plt) -> str:
     return path
 
 
-def commands() -> list[str]:
-    return ["python -m txl_tf.study --study=context_xl --output_dir=studies/cpu   # Transformer-XL + its checkpoints",
-            "python -m txl_tf.study --study=context_shaw --output_dir=studies/cpu",
-            "python -m txl_tf.study --study=context_no_recurrence --output_dir=studies/cpu",
-            "python -m txl_tf.study --study=context_al_rfou --output_dir=studies/cpu   # the vanilla model, then RECL"]
+def commands(section: dict) -> list[str]:
+    """The study commands of one corpus' section, a model each (each resumes and re-assembles the section)."""
+    key = section.get("key", "context")
+    return [f"python -m txl_tf.study --study={key}_{n} --output_dir=studies/cpu" for n in _names(section)]
 

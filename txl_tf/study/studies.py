@@ -8,7 +8,7 @@ import os
 from txl_tf.study import context
 
 CONTEXT_STUDIES = tuple(context.studies())  # context, context_xl, ..., context_code, context_code_xl, ...
-STUDIES = ("ablation", "recl", *CONTEXT_STUDIES, "ptb", "report")
+STUDIES = ("ablation", "recl", "corpora", *CONTEXT_STUDIES, "ptb", "report")
 
 
 def prepared_data(data_root: str, dataset: str) -> str:
@@ -46,6 +46,11 @@ def run(studies, output_dir: str, *, quick: bool = False, data_root: str = "data
             data_dir = prepared_data(data_root, "enwik8_sample")
             section = ablation.run(output_dir, data_dir, quick=quick, with_recl=with_recl)
             runs.write_results(output_dir, "ablation", section)
+        elif study == "corpora":
+            from txl_tf.study import corpus_choice
+
+            data_dirs = {c.dataset: prepared_data(data_root, c.dataset) for c in context.CORPORA}
+            runs.write_results(output_dir, "corpora", corpus_choice.run(data_dirs, quick=quick))
         elif study in CONTEXT_STUDIES:
             from txl_tf.study import context_results
 
