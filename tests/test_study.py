@@ -45,6 +45,14 @@ def test_ablation_quick_end_to_end_and_resume(tmp_path, data_root):
         assert all(math.isfinite(run["evals"][str(length)]["bpc"]) for length in ablation.QUICK.lengths)
     assert section["setup"]["parameter_deviation"] <= ablation.PARAMETER_TOLERANCE
     assert section["recl"]["models"] == names and set(section["recl"]["ratios"]) == {"0.1", "0.5", "1.0"}
+    # Table 5 scores every kept token of the split (the vanilla model its subset), the same tokens in every cell.
+    setup, quick = section["setup"], ablation.QUICK
+    stream = (quick.max_tokens - 1) // quick.eval_batch
+    assert setup["kept_tokens"] == quick.eval_batch * (stream - quick.n_layer * 256) and "eval_tokens" not in setup
+    for name in names:
+        expected = setup["vanilla_subset_tokens"] if name == "al_rfou" else setup["kept_tokens"]
+        assert {e["tokens"] for e in section["runs"][name]["evals"].values()} == {expected}, name
+    assert section["recl"]["tokens"] == setup["vanilla_subset_tokens"]
 
     text = open(os.path.join(out, "report.md")).read()
     bpc_rows = _table_rows(text, "| variant | 32 (1x)")
@@ -54,6 +62,8 @@ def test_ablation_quick_end_to_end_and_resume(tmp_path, data_root):
         assert len(row) == 1 + len(ablation.QUICK.lengths)
         assert all(math.isfinite(float(re.match(r"[0-9.]+", cell).group())) for cell in row[1:])
     assert len(_table_rows(text, "| model | r = 0.1")) == len(names)
+    assert f"The first {quick.max_tokens:,} characters of the test split are scored in {quick.eval_batch} streams" \
+        in text and "warm-up" not in text
     for png in ("ablation_bpc.png", "recl_gains.png"):
         with open(os.path.join(out, png), "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"

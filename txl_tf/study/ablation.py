@@ -10,8 +10,11 @@ attention length and the same number of training tokens:
     al_rfou        the vanilla model of Al-Rfou et al. (2018): learned absolute positions, no memory
     half_loss      Transformer-XL trained with the loss over the recent half of each segment
 
-Every model is scored on the same span of the test split: a warm-up prefix as long as the longest attention
-length, then `eval_tokens` scored tokens, so every scored token has its whole attention length of real context.
+Every model is scored on the whole test split, as the context study scores it (txl_tf.study.scoring): the split in
+`eval_batch` streams through the cached state, the first n_layer x the longest attention length predictions of
+every stream dropped, so every length scores the same kept tokens (~260,000 characters) with a full context. The
+vanilla model costs a forward pass per token, so it is scored on evenly spaced blocks of those tokens
+(`vanilla_blocks` x `block`), and every comparison or RECL group that includes it pairs the others' losses there.
 The attention length A at evaluation is the memory length of the recurrent protocol (EvalConfig.tgt_len-token
 segments, same_length: every query attends A previous positions and itself) and the window of the vanilla one
 (shifted by one token per prediction). Training attends up to `train_attention` positions (64-token segments +
@@ -63,10 +66,13 @@ class Settings:
     train_attention: int = 128
     lengths: tuple = (128, 256, 512, 1024)  # evaluation attention lengths of the table: 1x, 2x, 4x, 8x
     recl_contexts: tuple = (128, 256, 384, 512, 640, 768)  # evenly spaced (appendix C's step), up to 6x
-    eval_tokens: int = 5000
     eval_tgt_len: int = 64
+    eval_batch: int = 10  # streams of the split
+    n_layer: int = 4  # the dropped predictions per stream are n_layer x the longest attention length
+    vanilla_blocks: int = 200  # 20,000 tokens
     vanilla_batch: int = 10
     bootstrap_block: int = 100
+    max_tokens: int = 0  # 0 = the whole split
     train_params: tuple = ()
     recurrent_params: tuple = ()
     nonrecurrent_params: tuple = ()
@@ -74,8 +80,8 @@ class Settings:
 
 FULL = Settings()
 QUICK = Settings(
-    train_attention=32, lengths=(32, 64, 128, 256), recl_contexts=(32, 64, 128, 192, 256), eval_tokens=400,
-    eval_tgt_len=16, bootstrap_block=20,
+    train_attention=32, lengths=(32, 64, 128, 256), recl_contexts=(32, 64, 128, 192, 256), eval_tgt_len=16,
+    eval_batch=4, n_layer=2, vanilla_blocks=4, bootstrap_block=20, max_tokens=6001,
     train_params=("ModelConfig.n_layer = 2", "ModelConfig.d_model = 32", "ModelConfig.n_head = 2",
                   "ModelConfig.d_head = 16", "ModelConfig.d_inner = 64", "ModelConfig.max_position = 32",
                   "TrainConfig.train_steps = 30", "TrainConfig.warmup_steps = 5", "TrainConfig.steps_per_loop = 10",
@@ -84,6 +90,26 @@ QUICK = Settings(
     recurrent_params=("ModelConfig.mem_len = 16", "TrainConfig.batch_size = 4", "TrainConfig.tgt_len = 16"),
     nonrecurrent_params=("ModelConfig.mem_len = 0", "TrainConfig.batch_size = 2", "TrainConfig.tgt_len = 32"),
 )
+
+
+def _drop(settings: Settings) -> int:
+    return settings.n_layer * max(max(settings.lengths), max(settings.recl_contexts))
+
+
+def scored_tokens(tokens: np.ndarray, settings: Settings):
+    """The kept tokens of the test split (txl_tf.study.scoring.ScoredTokens), checked to leave some."""
+    from txl_tf.study import scoring
+
+    if settings.max_tokens:
+        tokens = tokens[:settings.max_tokens]
+    scored = scoring.ScoredTokens(tokens, settings.eval_batch, _drop(settings), settings.bootstrap_block,
+                                  settings.vanilla_blocks)
+    try:
+        scored.check()
+        scored.subset()
+    except ValueError as e:
+        raise runs.StudyError(f"the test split is too short for the ablation: {e}") from None
+    return scored
 
 
 def settings_for(quick: bool) -> Settings:
@@ -103,33 +129,36 @@ def run_spec(variant: Variant, settings: Settings, data_dir: str, quick: bool, s
                         label=variant.label)
 
 
-def _evaluate(run_dir: str, model, configs, tokens: np.ndarray, length: int, settings: Settings,
-              clamp_len: int = -1):
-    """Per-token losses [eval_tokens] (nats) of the scored span at attention length `length`."""
-    from txl_tf import evaluation
+def _evaluate(run_dir: str, model, configs, scored, length: int, settings: Settings, clamp_len: int = -1):
+    """Per-token losses (nats) at attention length `length`: [count] kept tokens (recurrent), [subset] (vanilla)."""
+    import time
 
-    prefix, count = max(max(settings.lengths), max(settings.recl_contexts)), settings.eval_tokens
+    from txl_tf.study import scoring
+
     vanilla = configs.eval.protocol == "vanilla"
     clamp = f"_clamp{clamp_len}" if clamp_len > 0 else ""
-    key = f"{'window' if vanilla else 'mem'}{length}{clamp}_p{prefix}_n{count}"
+    where = f"b{scored.batch_size}_d{scored.drop}_n{scored.tokens.shape[0]}"
+    key = (f"window{length}_{where}_blocks{scored.subset_blocks}x{scored.block}" if vanilla
+           else f"mem{length}{clamp}_t{settings.eval_tgt_len}_{where}")
 
     def compute():
         if vanilla:
-            result = evaluation.evaluate_vanilla(model, tokens[prefix - length: prefix + count + 1], window=length,
-                                                 batch_size=settings.vanilla_batch, return_token_losses=True)
+            start = time.perf_counter()
+            losses = scoring.score_windows(model, scored.tokens, scored.positions()[scored.subset()], window=length,
+                                           batch_size=settings.vanilla_batch)
+            seconds, protocol = time.perf_counter() - start, {"protocol": "vanilla", "window": length}
         else:
-            result = evaluation.evaluate_tokens(
-                model, tokens[: prefix + count + 1], tgt_len=settings.eval_tgt_len,
-                protocol=Protocol(mem_len=length, clamp_len=clamp_len, same_length=True), batch_size=1,
-                return_token_losses=True)
-        losses = result.token_losses[-count:]
-        return losses, {"protocol": result.protocol, "seconds": round(result.seconds, 2), "tokens": count,
-                        "bpc": float(np.mean(losses, dtype=np.float64) / LN2)}
+            losses, result = scoring.score_recurrent(
+                model, scored, tgt_len=settings.eval_tgt_len,
+                protocol=Protocol(mem_len=length, clamp_len=clamp_len, same_length=True))
+            seconds, protocol = result.seconds, result.protocol
+        return losses, {"protocol": protocol, "seconds": round(seconds, 2), "tokens": int(losses.size),
+                        "bpc": scoring.bits(losses)}
 
     return runs.cached_eval(run_dir, key, compute)
 
 
-def _train_and_score(spec: runs.RunSpec, output_dir: str, tokens: np.ndarray, settings: Settings,
+def _train_and_score(spec: runs.RunSpec, output_dir: str, scored, settings: Settings,
                      contexts: tuple, position: str) -> tuple[dict, dict]:
     """Trains one run (or finds it finished) and scores it at `contexts`; returns (record, {length: losses})."""
     run_dir = os.path.join(output_dir, "runs", spec.name)
@@ -143,7 +172,7 @@ def _train_and_score(spec: runs.RunSpec, output_dir: str, tokens: np.ndarray, se
     record["protocol"] = configs.eval.protocol
     losses, record["evals"] = {}, {}
     for length in contexts:
-        losses[length], info = _evaluate(run_dir, model, configs, tokens, length, settings)
+        losses[length], info = _evaluate(run_dir, model, configs, scored, length, settings)
         record["evals"][str(length)] = info
         runs.log(f"{position} {spec.name}: attention {length}: {info['bpc']:.4f} bpc "
                  f"({info['tokens']:,} tokens, {info['seconds']:.1f} s)")
@@ -154,13 +183,26 @@ def _train_and_score(spec: runs.RunSpec, output_dir: str, tokens: np.ndarray, se
     return record, losses
 
 
-def _compare(losses: dict, a: tuple, b: tuple, settings: Settings) -> dict:
-    """a - b in bits per token with a 95% block-bootstrap interval; a and b are (run, length)."""
-    stats = runs.paired_bootstrap(losses[a[0]][a[1]], losses[b[0]][b[1]], block=settings.bootstrap_block)
+def _paired(losses: dict, names, subset: np.ndarray) -> dict:
+    """{name: {length: losses}} on common tokens: every kept token, or the vanilla subset when a vanilla run (whose
+    losses cover the subset only) is among `names`."""
+    sizes = {losses[n][next(iter(losses[n]))].shape[0] for n in names}
+    if len(sizes) == 1:
+        return {n: losses[n] for n in names}
+    return {n: {length: (x if x.shape[0] == subset.shape[0] else x[subset]) for length, x in losses[n].items()}
+            for n in names}
+
+
+def _compare(losses: dict, a: tuple, b: tuple, settings: Settings, subset: np.ndarray) -> dict:
+    """a - b in bits per token with a 95% block-bootstrap interval; a and b are (run, length), paired on the
+    vanilla subset when either side is the vanilla run."""
+    paired = _paired(losses, {a[0], b[0]}, subset)
+    stats = runs.paired_bootstrap(paired[a[0]][a[1]], paired[b[0]][b[1]], block=settings.bootstrap_block)
     return {"a": list(a), "b": list(b), **{k: v / LN2 for k, v in stats.items()}}
 
 
 def _best_length(losses: dict, name: str, lengths) -> int:
+    """The length of `name`'s lowest mean loss (on its own tokens: every length of a run scores the same ones)."""
     return min(lengths, key=lambda length: float(np.mean(losses[name][length], dtype=np.float64)))
 
 
@@ -173,24 +215,22 @@ def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool 
     from txl_tf.data import pipeline
 
     settings = settings_for(quick)
-    tokens = pipeline.read_split(data_dir, "test")
-    prefix = max(max(settings.lengths), max(settings.recl_contexts))
-    if tokens.shape[0] < prefix + settings.eval_tokens + 1:
-        raise runs.StudyError(f"the test split of {data_dir} has {tokens.shape[0]:,} tokens; the study scores "
-                              f"{prefix + settings.eval_tokens + 1:,}")
+    scored = scored_tokens(pipeline.read_split(data_dir, "test"), settings)
+    subset = scored.subset()
     contexts = tuple(sorted(set(settings.lengths) | (set(settings.recl_contexts) if with_recl else set())))
     records, losses = {}, {}
     for index, variant in enumerate(VARIANTS):
         spec = run_spec(variant, settings, data_dir, quick)
         records[spec.name], losses[spec.name] = _train_and_score(
-            spec, output_dir, tokens, settings, contexts, f"[{index + 1}/{len(VARIANTS)}]")
+            spec, output_dir, scored, settings, contexts, f"[{index + 1}/{len(VARIANTS)}]")
         records[spec.name]["variant"] = variant.name
     deviation = _check_parameters(records)
 
     # The two best variants (each at its best length): a second seed when their gap is within the noise.
     best = {v.name: _best_length(losses, v.name, settings.lengths) for v in VARIANTS}
-    ranked = sorted(best, key=lambda n: float(np.mean(losses[n][best[n]], dtype=np.float64)))
-    top = _compare(losses, (ranked[0], best[ranked[0]]), (ranked[1], best[ranked[1]]), settings)
+    on_subset = _paired(losses, list(best), subset)  # ranked on the tokens every variant is scored on
+    ranked = sorted(best, key=lambda n: float(np.mean(on_subset[n][best[n]], dtype=np.float64)))
+    top = _compare(losses, (ranked[0], best[ranked[0]]), (ranked[1], best[ranked[1]]), settings, subset)
     second_seed = top["low"] <= 0.0 <= top["high"]
     seeds = {}
     if second_seed:
@@ -199,31 +239,34 @@ def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool 
         for name in ranked[:2]:
             variant = next(v for v in VARIANTS if v.name == name)
             spec = run_spec(variant, settings, data_dir, quick, seed=2)
-            record, seed_losses = _train_and_score(spec, output_dir, tokens, settings, tuple(settings.lengths),
+            record, seed_losses = _train_and_score(spec, output_dir, scored, settings, tuple(settings.lengths),
                                                    "[seed 2]")
             record["variant"] = name
             records[spec.name] = record
             losses[spec.name] = seed_losses
             seeds[name] = [name, spec.name]
 
-    tried = {"xl_clamp": _clamped(output_dir, tokens, settings)}
+    tried = {"xl_clamp": _clamped(output_dir, scored, settings)}
 
     comparisons = {"top_two": top}
     for variant in VARIANTS[1:]:
         n = variant.name
-        comparisons[f"{BASELINE}_vs_{n}"] = _compare(losses, (BASELINE, best[BASELINE]), (n, best[n]), settings)
+        comparisons[f"{BASELINE}_vs_{n}"] = _compare(losses, (BASELINE, best[BASELINE]), (n, best[n]), settings,
+                                                     subset)
         comparisons[f"{BASELINE}_vs_{n}_init"] = _compare(
-            losses, (BASELINE, settings.train_attention), (n, settings.train_attention), settings)
+            losses, (BASELINE, settings.train_attention), (n, settings.train_attention), settings, subset)
     for variant in VARIANTS:  # does a longer attention at evaluation help? (best length against the training one)
         n = variant.name
-        comparisons[f"{n}_longer"] = _compare(losses, (n, best[n]), (n, settings.train_attention), settings)
+        comparisons[f"{n}_longer"] = _compare(losses, (n, best[n]), (n, settings.train_attention), settings, subset)
 
     section = {
         "quick": quick,
         "machine": runs.machine(),
         "setup": {"dataset": os.path.basename(os.path.normpath(data_dir)), "split": "test",
                   "train_attention": settings.train_attention, "lengths": list(settings.lengths),
-                  "eval_tokens": settings.eval_tokens, "warmup_prefix": prefix,
+                  "split_tokens": int(scored.tokens.shape[0]), "whole_split": not settings.max_tokens, "streams": scored.batch_size,
+                  "dropped_per_stream": scored.drop, "kept_tokens": scored.count,
+                  "vanilla_subset_tokens": int(subset.shape[0]), "bootstrap_block": settings.bootstrap_block,
                   "eval_tgt_len": settings.eval_tgt_len, "parameter_deviation": deviation,
                   "variants": [dataclasses.asdict(v) | {"quick_params": list(v.quick_params)} for v in VARIANTS]},
         "runs": records,
@@ -234,11 +277,12 @@ def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool 
         "tried": tried,
     }
     if with_recl:
-        section["recl"] = recl_section(losses, settings)
+        section["recl"] = recl_section(_paired(losses, [v.name for v in VARIANTS], subset), settings)
+        section["recl"]["tokens"] = int(subset.shape[0])
     return section
 
 
-def _clamped(output_dir: str, tokens: np.ndarray, settings: Settings) -> dict:
+def _clamped(output_dir: str, scored, settings: Settings) -> dict:
     """Also tried: Transformer-XL at the longer lengths with clamp_len = the training attention length, so that
     no relative distance at evaluation is longer than one seen in training (the authors clamp at evaluation)."""
     run_dir = os.path.join(output_dir, "runs", BASELINE)
@@ -247,7 +291,7 @@ def _clamped(output_dir: str, tokens: np.ndarray, settings: Settings) -> dict:
     bpc = {}
     for length in settings.lengths:
         if length > clamp:
-            _, info = _evaluate(run_dir, model, configs, tokens, length, settings, clamp_len=clamp)
+            _, info = _evaluate(run_dir, model, configs, scored, length, settings, clamp_len=clamp)
             bpc[str(length)] = info["bpc"]
             runs.log(f"{BASELINE}: attention {length}, clamp_len {clamp}: {info['bpc']:.4f} bpc")
     return {"run": BASELINE, "clamp_len": clamp, "bpc": bpc}

@@ -135,6 +135,27 @@ SUPERSEDED = ("Its table by attention length and its RECL section below are kept
               "test split, a larger model).")
 
 
+def _ablation_scoring(setup: dict) -> str:
+    """Which characters the ablation scores: the whole split in streams (kept_tokens), or, in results written
+    before the whole split was scored, a span after a warm-up prefix (eval_tokens)."""
+    if "kept_tokens" not in setup:
+        return (f"Every model is scored on the same {setup['eval_tokens']:,} characters of the {setup['split']} "
+                f"split, after a warm-up prefix of {setup['warmup_prefix']:,} characters so that every scored "
+                "character has its whole attention length of context.")
+    what = (f"The whole {setup['split_tokens']:,}-character {setup['split']} split is" if setup["whole_split"]
+            else f"The first {setup['split_tokens']:,} characters of the {setup['split']} split are")
+    return (f"{what} scored in {setup['streams']} streams through the cached state; the first {setup['dropped_per_stream']:,} predictions of every "
+            "stream (n_layer x the longest attention length) are dropped, so every cell scores the same "
+            f"{setup['kept_tokens']:,} characters with a full context. The vanilla model costs a forward pass per "
+            f"character, so it is scored on {setup['vanilla_subset_tokens']:,} of those characters (evenly spaced "
+            f"blocks of {setup['bootstrap_block']}), and every comparison with it, and RECL, pairs the others' "
+            "losses there.")
+
+
+def _scored(setup: dict) -> str:
+    return f"{setup.get('kept_tokens', setup.get('eval_tokens')):,} characters"
+
+
 def _ablation_section(section: dict, images: str, superseded: bool = False) -> list[str]:
     """The ablation's tables; `superseded`: the context study's section carries the attention-length claims."""
     setup, lengths = section["setup"], section["setup"]["lengths"]
@@ -143,10 +164,8 @@ def _ablation_section(section: dict, images: str, superseded: bool = False) -> l
            _machine(section), "",
            f"Six variants on `{setup['dataset']}` ({', '.join(f'`gin/study/ablation_{v}.gin`' for v in variants)}) "
            f"with the same parameter count (largest deviation {setup['parameter_deviation']:.2%}), the same number "
-           f"of training tokens and a training attention length of {setup['train_attention']}. Every model is scored "
-           f"on the same {setup['eval_tokens']:,} characters of the {setup['split']} split, after a warm-up prefix "
-           f"of {setup['warmup_prefix']:,} characters so that every scored character has its whole attention "
-           f"length of context. Attention length at evaluation: the memory length (segments of "
+           f"of training tokens and a training attention length of {setup['train_attention']}. "
+           f"{_ablation_scoring(setup)} Attention length at evaluation: the memory length (segments of "
            f"{setup['eval_tgt_len']}, same_length) for the recurrent protocol, the window (shifted by one "
            "character) for the vanilla model." + (f" {SUPERSEDED}" if superseded else ""), ""]
     rows = []
@@ -212,7 +231,8 @@ def _recl_section(section: dict, images: str, superseded: bool = False) -> list[
     out = ["## Relative effective context length (the paper's Table 6)", "",
            f"Contexts {', '.join(map(str, recl['contexts']))} (the attention length at evaluation, as above), "
            "threshold 0.01 (appendix C); `>=` marks a model still gaining at the longest context. The six models "
-           "above as one group, each scored at exactly each context as appendix C reads:", ""]
+           "above as one group" + (f", on the vanilla model's {recl['tokens']:,} characters" if "tokens" in recl else "")
+           + ", each scored at exactly each context as appendix C reads:", ""]
     out += _recl_table(section, recl)
     if "paper_group" in recl:
         group = recl["paper_group"]
@@ -366,7 +386,7 @@ def plot(document: dict, directory: str) -> list[str]:
             ax.set_ylim(low - 0.02, low + 0.6)
             ax.set_title("the same, zoomed")
         else:
-            ax.set_ylabel(f"test bpc ({section['setup']['eval_tokens']:,} characters)")
+            ax.set_ylabel(f"test bpc ({_scored(section['setup'])}; vanilla: its subset)")
             ax.set_title(f"Ablation (training attention length {section['setup']['train_attention']})")
     axes[1].legend(fontsize=7)
     written.append(report_context.save_figure(fig, directory, "ablation_bpc.png", plt))
