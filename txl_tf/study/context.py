@@ -21,17 +21,18 @@ memory, relative distances unclamped and clamped at the training span side by si
 clamp_len means something (Transformer-XL's sinusoids, ALiBi's penalty). The vanilla model's axis is its window,
 min(memory, 256): like the paper's Transformer row it cannot look further than it was trained to.
 
-Scoring: the whole split in 10 streams through the cached state, every stream's first n_layer x 640 predictions
+Scoring: the whole split in 10 streams through the cached state, every stream's first n_layer x 1,024 predictions
 dropped (txl_tf.study.scoring), so every cell scores the same tokens with a full context. Each model's best
 (memory, clamp) is chosen on the validation split and then reported on the test split; intervals are paired block
 bootstraps (runs.paired_bootstrap). The vanilla model is scored on a fixed subset of blocks of those tokens (one
 forward pass per token) and compared with the others on that subset.
 
-Also: RECL (appendix C) of the four-model group at contexts 64, 128, ..., 640 (each model scored at exactly c,
-the vanilla model at its window up to 256), and the copy probe (txl_tf.study.probe) per model and memory.
-Each model is its own study (`context_xl`, `context_code_rope`, ...) so that each fits well under an hour; every study re-assembles the section
-from the runs and cached scores there are (`txl_tf.study.context_results.run`, which computes the section of
-results.json from what this module trains and scores).
+Also: RECL (appendix C) at the memories as contexts, of the paper's four-model group (on the vanilla subset, the
+vanilla model at its window up to 256) and of the five recurrent models (on every kept token), each model scored
+at exactly c, and the copy probe (txl_tf.study.probe) per model and memory. Each model is its own study
+(`context_xl`, `context_code_rope`, ...) so that each fits well under an hour; every study re-assembles its
+corpus' section from the runs and cached scores there are (`txl_tf.study.context_results.run`, which computes the
+section of results.json from what this module trains and scores).
 """
 
 from __future__ import annotations

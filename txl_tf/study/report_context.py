@@ -182,7 +182,7 @@ def section_lines(section: dict, images: str, machine: str) -> list[str]:
            "smaller size of the ablation above.", "", *_training_lines(section),
            f"The length axis is the memory at evaluation (init = the training memory {setup['train_memory']}), with "
            f"segments of {setup['eval_tgt_len']} and same_length for every memory, distances unclamped and clamped "
-           f"at the training span ({setup['train_span']}). The whole {setup['split_tokens']['test']:,}-character test "
+           f"at the training span ({setup['train_span']}){_clamped_models(section)}. The whole {setup['split_tokens']['test']:,}-character test "
            f"split is scored in {setup['streams']} streams through the cached state; the first "
            f"{setup['dropped_per_stream']:,} predictions of every stream (n_layer x the longest memory) are dropped, "
            f"so every cell scores the same {setup['kept_tokens']['test']:,} characters with a full context. Each "
@@ -225,6 +225,15 @@ def section_lines(section: dict, images: str, machine: str) -> list[str]:
         out += ["", f"![gain against training characters]({images}{_image(section, 'gain')})", ""]
     out += _recl_lines(section, images) + _probe_lines(section, images)
     return out
+
+
+def _clamped_models(section: dict) -> str:
+    """Which models the clamped cells are for, where clamp_len does not touch them all (results since study v3)."""
+    models = [m for m in section["setup"]["models"] if not m["vanilla"]]
+    if all(m.get("clamped", True) for m in models):
+        return ""
+    return " for the encodings clamp_len changes (" + ", ".join(label(section, m["name"]) for m in models
+                                                               if m["clamped"]) + ")"
 
 
 def _training_lines(section: dict) -> list[str]:
