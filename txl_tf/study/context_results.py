@@ -135,8 +135,9 @@ def section(records: dict, scores: dict, data, settings: Settings, *, quick: boo
         "key": corpus.key,
         "quick": quick,
         "machine": runs.machine(),
-        "setup": {"dataset": corpus.dataset, "corpus": corpus.title, "memories": list(settings.memories), "train_memory": settings.train_memory,
-                  "train_span": settings.train_span, "eval_tgt_len": settings.eval_tgt_len,
+        "setup": {"dataset": corpus.dataset, "corpus": corpus.title, "memories": list(settings.memories),
+                  "train_memory": settings.train_memory, "train_span": settings.train_span,
+                  "eval_tgt_len": settings.eval_tgt_len,
                   "streams": settings.eval_batch, "dropped_per_stream": settings.drop,
                   "kept_tokens": {"valid": data.valid.count, "test": data.test.count},
                   "split_tokens": {"valid": int(data.valid.tokens.shape[0]), "test": int(data.test.tokens.shape[0])},
@@ -169,7 +170,8 @@ def _finished(output_dir: str, model: context.Model, settings: Settings, data_di
     return record is not None and record["digest"] == spec.digest()
 
 
-def run(output_dir: str, data_dir: str, *, models=None, quick: bool = False, corpus: Corpus = context.CORPORA[0]) -> dict:
+def run(output_dir: str, data_dir: str, *, models=None, quick: bool = False,
+        corpus: Corpus = context.CORPORA[0]) -> dict:
     """Trains and scores `models` (names; default all six) on `corpus` (prepared in `data_dir`), then assembles
     the corpus' section from every model whose run is finished here (scores read back from the cache, or computed
     now)."""

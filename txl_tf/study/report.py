@@ -144,7 +144,8 @@ def _ablation_scoring(setup: dict) -> str:
                 "character has its whole attention length of context.")
     what = (f"The whole {setup['split_tokens']:,}-character {setup['split']} split is" if setup["whole_split"]
             else f"The first {setup['split_tokens']:,} characters of the {setup['split']} split are")
-    return (f"{what} scored in {setup['streams']} streams through the cached state; the first {setup['dropped_per_stream']:,} predictions of every "
+    return (f"{what} scored in {setup['streams']} streams through the cached state; the first "
+            f"{setup['dropped_per_stream']:,} predictions of every "
             "stream (n_layer x the longest attention length) are dropped, so every cell scores the same "
             f"{setup['kept_tokens']:,} characters with a full context. The vanilla model costs a forward pass per "
             f"character, so it is scored on {setup['vanilla_subset_tokens']:,} of those characters (evenly spaced "
@@ -231,7 +232,8 @@ def _recl_section(section: dict, images: str, superseded: bool = False) -> list[
     out = ["## Relative effective context length (the paper's Table 6)", "",
            f"Contexts {', '.join(map(str, recl['contexts']))} (the attention length at evaluation, as above), "
            "threshold 0.01 (appendix C); `>=` marks a model still gaining at the longest context. The six models "
-           "above as one group" + (f", on the vanilla model's {recl['tokens']:,} characters" if "tokens" in recl else "")
+           "above as one group"
+           + (f", on the vanilla model's {recl['tokens']:,} characters" if "tokens" in recl else "")
            + ", each scored at exactly each context as appendix C reads:", ""]
     out += _recl_table(section, recl)
     if "paper_group" in recl:

@@ -135,7 +135,8 @@ def _later_encodings(section: dict) -> list[tuple[str, str, str, str]]:
         gain = comparisons[f"{name}_longer"]
         rows.append((f"A longer memory at evaluation helps {label(section, name)}", "(not in the paper)",
                      f"{interval(gain)} from memory {setup['train_memory']} to the validation's best "
-                     f"({_cell(runs[name]['best'])}); XL's gain minus its: {interval(comparisons[f'xl_gain_vs_{name}'])}",
+                     f"({_cell(runs[name]['best'])}); XL's gain minus its: "
+                     f"{interval(comparisons[f'xl_gain_vs_{name}'])}",
                      verdict(gain)))
     if not later:
         return rows
@@ -182,7 +183,8 @@ def section_lines(section: dict, images: str, machine: str) -> list[str]:
            "smaller size of the ablation above.", "", *_training_lines(section),
            f"The length axis is the memory at evaluation (init = the training memory {setup['train_memory']}), with "
            f"segments of {setup['eval_tgt_len']} and same_length for every memory, distances unclamped and clamped "
-           f"at the training span ({setup['train_span']}){_clamped_models(section)}. The whole {setup['split_tokens']['test']:,}-character test "
+           f"at the training span ({setup['train_span']}){_clamped_models(section)}. The whole "
+           f"{setup['split_tokens']['test']:,}-character test "
            f"split is scored in {setup['streams']} streams through the cached state; the first "
            f"{setup['dropped_per_stream']:,} predictions of every stream (n_layer x the longest memory) are dropped, "
            f"so every cell scores the same {setup['kept_tokens']['test']:,} characters with a full context. Each "
