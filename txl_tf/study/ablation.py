@@ -183,20 +183,18 @@ def _train_and_score(spec: runs.RunSpec, output_dir: str, scored, settings: Sett
     return record, losses
 
 
-def _paired(losses: dict, names, subset: np.ndarray) -> dict:
-    """{name: {length: losses}} on common tokens: every kept token, or the vanilla subset when a vanilla run (whose
-    losses cover the subset only) is among `names`."""
-    sizes = {losses[n][next(iter(losses[n]))].shape[0] for n in names}
-    if len(sizes) == 1:
+def _paired(losses: dict, names, subset: np.ndarray, vanilla: frozenset) -> dict:
+    """{name: {length: losses}} on common tokens: every kept token, or the vanilla subset when a run of `vanilla`
+    (scored on that subset only) is among `names`."""
+    if vanilla.isdisjoint(names):
         return {n: losses[n] for n in names}
-    return {n: {length: (x if x.shape[0] == subset.shape[0] else x[subset]) for length, x in losses[n].items()}
-            for n in names}
+    return {n: {length: (x if n in vanilla else x[subset]) for length, x in losses[n].items()} for n in names}
 
 
-def _compare(losses: dict, a: tuple, b: tuple, settings: Settings, subset: np.ndarray) -> dict:
+def _compare(losses: dict, a: tuple, b: tuple, settings: Settings, subset: np.ndarray, vanilla: frozenset) -> dict:
     """a - b in bits per token with a 95% block-bootstrap interval; a and b are (run, length), paired on the
-    vanilla subset when either side is the vanilla run."""
-    paired = _paired(losses, {a[0], b[0]}, subset)
+    vanilla subset when either side is a vanilla run."""
+    paired = _paired(losses, {a[0], b[0]}, subset, vanilla)
     stats = runs.paired_bootstrap(paired[a[0]][a[1]], paired[b[0]][b[1]], block=settings.bootstrap_block)
     return {"a": list(a), "b": list(b), **{k: v / LN2 for k, v in stats.items()}}
 
@@ -225,12 +223,13 @@ def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool 
             spec, output_dir, scored, settings, contexts, f"[{index + 1}/{len(VARIANTS)}]")
         records[spec.name]["variant"] = variant.name
     deviation = _check_parameters(records)
+    vanilla = frozenset(name for name, record in records.items() if record["protocol"] == "vanilla")
 
     # The two best variants (each at its best length): a second seed when their gap is within the noise.
     best = {v.name: _best_length(losses, v.name, settings.lengths) for v in VARIANTS}
-    on_subset = _paired(losses, list(best), subset)  # ranked on the tokens every variant is scored on
+    on_subset = _paired(losses, list(best), subset, vanilla)  # ranked on the tokens every variant is scored on
     ranked = sorted(best, key=lambda n: float(np.mean(on_subset[n][best[n]], dtype=np.float64)))
-    top = _compare(losses, (ranked[0], best[ranked[0]]), (ranked[1], best[ranked[1]]), settings, subset)
+    top = _compare(losses, (ranked[0], best[ranked[0]]), (ranked[1], best[ranked[1]]), settings, subset, vanilla)
     second_seed = top["low"] <= 0.0 <= top["high"]
     seeds = {}
     if second_seed:
@@ -252,12 +251,13 @@ def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool 
     for variant in VARIANTS[1:]:
         n = variant.name
         comparisons[f"{BASELINE}_vs_{n}"] = _compare(losses, (BASELINE, best[BASELINE]), (n, best[n]), settings,
-                                                     subset)
+                                                     subset, vanilla)
         comparisons[f"{BASELINE}_vs_{n}_init"] = _compare(
-            losses, (BASELINE, settings.train_attention), (n, settings.train_attention), settings, subset)
+            losses, (BASELINE, settings.train_attention), (n, settings.train_attention), settings, subset, vanilla)
     for variant in VARIANTS:  # does a longer attention at evaluation help? (best length against the training one)
         n = variant.name
-        comparisons[f"{n}_longer"] = _compare(losses, (n, best[n]), (n, settings.train_attention), settings, subset)
+        comparisons[f"{n}_longer"] = _compare(losses, (n, best[n]), (n, settings.train_attention), settings, subset,
+                                              vanilla)
 
     section = {
         "quick": quick,
@@ -277,7 +277,7 @@ def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool 
         "tried": tried,
     }
     if with_recl:
-        section["recl"] = recl_section(_paired(losses, [v.name for v in VARIANTS], subset), settings)
+        section["recl"] = recl_section(_paired(losses, [v.name for v in VARIANTS], subset, vanilla), settings)
         section["recl"]["tokens"] = int(subset.shape[0])
     return section
 

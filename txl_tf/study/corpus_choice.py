@@ -36,7 +36,7 @@ def run(data_dirs: dict, *, quick: bool = False) -> dict:
         result["data_dir"] = dataset  # the table's row name; no path of this machine in results.json
         measured.append(result)
     return {"quick": quick, "machine": runs.machine(), "split": "train", "max_tokens": settings.max_tokens,
-            "command": "python -m txl_tf.study --study=corpora", "corpora": measured}
+            "corpora": measured}
 
 
 def section_lines(section: dict, machine: str) -> list[str]:
