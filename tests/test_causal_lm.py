@@ -286,4 +286,5 @@ def test_text_must_be_str_and_anything_else_is_refused_by_type(tiny_preset, call
     }[call]
     with pytest.raises(TypeError, match=message):
         run()
-    assert lm.generate(np.array(["\x01\x02"]), max_length=4, seed=1)[0].startswith("\x01\x02")  # str array: fine
+    if call == "generate":  # a str array is fine (one case: each generate traces keras-hub's loop, ~7 s)
+        assert lm.generate(np.array(["\x01\x02"]), max_length=4, seed=1)[0].startswith("\x01\x02")
