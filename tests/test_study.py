@@ -6,6 +6,7 @@ import math
 import os
 import pathlib
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -240,3 +241,12 @@ def test_context_quick_end_to_end(tmp_path, data_root):
     again = studies.run(["context_xl"], out, quick=True, data_root=data_root)["studies"]["context"]
     assert sorted(os.listdir(evals)) == before and again["runs"]["xl"]["test"] == section["runs"]["xl"]["test"]
     assert json.load(open(os.path.join(out, "runs", "context_xl", runs.ATTEMPTS_FILE)))["attempts"] == 1
+
+    # On another machine, with the archives (txl_tf.study.archive) but none of the runs: the same sections, and
+    # nothing trained.
+    shutil.rmtree(os.path.join(out, "runs"))
+    moved = studies.run(["context", "context_code"], str(tmp_path / "elsewhere"), quick=True, data_root=data_root,
+                        archive_dir=os.path.join(out, "archive"))
+    assert not os.path.exists(str(tmp_path / "elsewhere" / "runs"))
+    for key in ("context", "context_code"):
+        assert moved["studies"][key] == document["studies"][key] | {"machine": moved["studies"][key]["machine"]}

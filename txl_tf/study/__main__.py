@@ -4,11 +4,14 @@ r"""Reproduce the paper's findings at CPU scale: training runs, evaluations, res
     python -m txl_tf.study --study=recl --output_dir=studies/cpu              # the same runs + RECL
     python -m txl_tf.study --study=ptb --output_dir=studies/cpu               # Penn Treebank recipe + vanilla
     python -m txl_tf.study --study=report --output_dir=studies/cpu --publish=docs --readme=README.md
+    python -m txl_tf.study --study=context_code_rope --output_dir=studies/cpu --archive_dir=studies/archive
     python -m txl_tf.study --study=ablation --quick --output_dir=/tmp/q      # tiny: checks the pipeline (~2 min)
 
 Each study writes DIR/results.json (its own section, merged with the others'), DIR/report.md and PNG plots. Re-running
 skips finished runs and cached evaluations and resumes an interrupted run from its latest checkpoint. Corpora are
-prepared under --data_root when missing. `--publish=DOCS` also writes DOCS/reproduction.md and
+prepared under --data_root when missing. The context studies archive each scored model (--archive_dir, ~1 MB each:
+txl_tf.study.archive); the repository's studies/archive holds the published ones, so a study given it on another
+machine trains and scores only the models that are missing. `--publish=DOCS` also writes DOCS/reproduction.md and
 DOCS/reproduction/{results.json, *.png}, the report the README links to, and nothing outside DOCS; `--readme=FILE`
 rewrites the study summary block of FILE (between report.SUMMARY_BEGIN and report.SUMMARY_END). Both are checked
 before anything runs or is written: a folder that cannot be written or a README without the block is one error line.
@@ -36,6 +39,10 @@ def define_flags(flag_values) -> None:
                          flag_values=flag_values)
     flags.DEFINE_string("data_root", "data", "Prepared corpora live in DATA_ROOT/<dataset> (prepared when "
                         "missing).", flag_values=flag_values)
+    flags.DEFINE_string("archive_dir", None, "The context studies read finished models' scores from here and archive "
+                        "each model they score here (~1 MB each; default OUTPUT_DIR/archive). The repository's "
+                        "studies/archive holds the published models: a study given it trains only what is missing.",
+                        flag_values=flag_values)
     flags.DEFINE_string("publish", None, "Also write PUBLISH/reproduction.md and PUBLISH/reproduction/ (e.g. docs), "
                         "and nothing else.", flag_values=flag_values)
     flags.DEFINE_string("readme", None, "Also rewrite the study summary block of this file (e.g. README.md).",
@@ -49,7 +56,10 @@ def main(argv):
     paths.output_dir(FLAGS.output_dir, "--output_dir")
     paths.output_dir(FLAGS.data_root, "--data_root")
     report.check_publish(FLAGS.publish, FLAGS.readme)  # before any run: nothing is written when one is wrong
-    document = run(FLAGS.study, FLAGS.output_dir, quick=FLAGS.quick, data_root=FLAGS.data_root)
+    if FLAGS.archive_dir is not None:
+        paths.output_dir(FLAGS.archive_dir, "--archive_dir")
+    document = run(FLAGS.study, FLAGS.output_dir, quick=FLAGS.quick, data_root=FLAGS.data_root,
+                   archive_dir=FLAGS.archive_dir)
     if FLAGS.publish or FLAGS.readme:
         for path in report.publish(document, os.path.join(FLAGS.output_dir, "results.json"), FLAGS.publish,
                                    readme=FLAGS.readme):

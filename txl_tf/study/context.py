@@ -28,10 +28,12 @@ bootstraps (runs.paired_bootstrap). The vanilla model is scored on a fixed subse
 forward pass per token) and compared with the others on that subset.
 
 Also: RECL (appendix C) at the memories as contexts, of the paper's four-model group (on the vanilla subset, the
-vanilla model at its window up to 256) and of the five recurrent models (on every kept token), each model scored
-at exactly c, and the copy probe (txl_tf.study.probe) per model and memory. Each model is its own study
-(`context_xl`, `context_code_rope`, ...) so that each fits well under an hour; every study re-assembles its
-corpus' section from the runs and cached scores there are (`txl_tf.study.context_results.run`, which computes the
+vanilla model at its window up to 256) and of the five recurrent models (on the same subset: RECL takes per-token
+minima across models, and the subset's per-token losses are what a model's archive keeps), each model scored at
+exactly c, and the copy probe (txl_tf.study.probe) per model and memory. Each model is its own study
+(`context_xl`, `context_code_rope`, ...) so that each fits well under an hour; a scored model is archived
+(txl_tf.study.archive: ~1 MB, committed under studies/archive), and every study re-assembles its corpus' section
+from the archived models and the finished runs there are (`txl_tf.study.context_results.run`, which computes the
 section of results.json from what this module trains and scores).
 """
 
@@ -288,16 +290,52 @@ def _checkpoint_steps(train_steps: int, settings: Settings) -> list[int]:
     return [train_steps * k // denominator for k in range(1, limit)]
 
 
-def train_and_score(model: Model, output_dir: str, data_dir: str, data: Splits, settings: Settings,
-                    quick: bool, corpus: Corpus = CORPORA[0]) -> tuple[dict, dict]:
-    """Trains one model (or finds it finished) and computes (or reads back) every score the section needs.
+def archive_facts(data: Splits, settings: Settings, corpus: Corpus) -> dict:
+    """The settings a model's cells are scored under (txl_tf.study.archive): an archive is reused only where they
+    match, as JSON reads them back."""
+    import json
 
-    Returns (record with parameters and training tokens, scores: {"cells": {(split, memory, clamp): losses},
-    "probe": {memory: (first, second, control)}, and for the baseline "checkpoints": {step: cells}, "checkpoint_tokens"}).
+    facts = {"dataset": corpus.dataset, "memories": settings.memories, "recl_contexts": settings.recl_contexts,
+             "train_span": settings.train_span, "eval_tgt_len": settings.eval_tgt_len, "block": settings.block,
+             "streams": settings.eval_batch, "drop": settings.drop,
+             "split_tokens": {"valid": int(data.valid.tokens.shape[0]), "test": int(data.test.tokens.shape[0])},
+             "subset_tokens": int(data.test.subset().shape[0]), "probe": dataclasses.asdict(settings.probe)}
+    return json.loads(json.dumps(facts))
+
+
+def _cells(losses: dict, settings: Settings, data: Splits, vanilla: bool) -> dict:
+    """{(split, memory, clamp): archive.Cell}: the test cells keep their losses on the vanilla subset (a vanilla
+    model's test losses are that subset)."""
+    from txl_tf.study import archive
+
+    subset = data.test.subset()
+    out = {}
+    for key, x in losses.items():
+        keep = None if key[0] != "test" else np.arange(x.shape[0]) if vanilla else subset
+        out[key] = archive.Cell.of(x, settings.block, keep)
+    return out
+
+
+def train_and_score(model: Model, output_dir: str, data_dir: str, data: Splits, settings: Settings,
+                    quick: bool, corpus: Corpus = CORPORA[0], archive_dir: str | None = None) -> tuple[dict, dict]:
+    """Trains one model (or finds it finished) and computes (or reads back) every score the section needs; a
+    model in `archive_dir` (default OUTPUT_DIR/archive) is read from there without its run, and a model scored
+    here is archived there.
+
+    Returns (record with parameters and training tokens, scores: {"cells": {(split, memory, clamp): archive.Cell},
+    "probe": {memory: probe summary}, and for the baseline "checkpoints": {step: cells}, "checkpoint_tokens"}).
     """
     import keras
 
+    from txl_tf.study import archive
+
+    archive_dir = archive_dir or os.path.join(output_dir, "archive")
     spec = run_spec(model, settings, data_dir, quick, corpus)
+    facts = archive_facts(data, settings, corpus)
+    archived = archive.load(archive_dir, spec.name, facts, spec.digest(portable=True))
+    if archived is not None:
+        runs.log(f"[{corpus.key}] {model.name}: scores read from {archive.paths_of(archive_dir, spec.name)[0]}")
+        return archived
     run_dir = os.path.join(output_dir, "runs", spec.name)
     runs.log(f"[{corpus.key}] {model.name}: training ({', '.join(spec.gin_files)}) in {run_dir}")
     record = dict(runs.train_run(spec, run_dir))
@@ -308,14 +346,18 @@ def train_and_score(model: Model, output_dir: str, data_dir: str, data: Splits, 
     record["parameters"] = runs.num_parameters(loaded)
     record["train_tokens"] = record["steps"] * tokens_per_step
     scorer = Scorer(run_dir, loaded, model, settings)
-    scores = {"cells": _grid(scorer, data, settings),
-              "probe": {m: scorer.probe(data.test_tokens, m) for m in settings.memories}}
+    scores = {"cells": _cells(_grid(scorer, data, settings), settings, data, model.vanilla),
+              "probe": {m: probe_lib.summarize(*scorer.probe(data.test_tokens, m), settings.probe)
+                        for m in settings.memories}}
     if model.name == BASELINE:
         scores["checkpoints"], scores["checkpoint_tokens"] = {}, {}
         for step in _checkpoint_steps(record["steps"], settings):
             early, _ = runs.load_run_model(run_dir, checkpoint=os.path.join(run_dir, f"ckpt-{step}"))
-            scores["checkpoints"][step] = _grid(Scorer(run_dir, early, model, settings, prefix=f"ckpt{step}_"),
-                                                data, settings, clamps=(UNCLAMPED,), recl=False)
+            grid = _grid(Scorer(run_dir, early, model, settings, prefix=f"ckpt{step}_"), data, settings,
+                         clamps=(UNCLAMPED,), recl=False)
+            scores["checkpoints"][step] = {k: archive.Cell.of(x, settings.block) for k, x in grid.items()}
             scores["checkpoint_tokens"][step] = step * tokens_per_step
     keras.backend.clear_session()
+    path = archive.save(archive_dir, spec.name, spec.digest(portable=True), record, scores, facts)
+    runs.log(f"[{corpus.key}] {model.name}: archived in {path}")
     return record, scores

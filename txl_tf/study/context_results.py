@@ -4,30 +4,23 @@
 
 Every figure is in bits per token on the kept tokens of txl_tf.study.scoring; comparisons are paired block
 bootstraps (runs.paired_bootstrap) on the same tokens: all kept tokens between recurrent models, the vanilla
-subset when the vanilla model is one side. A model's best (memory, clamp) is chosen on the validation split;
-only then is the test split read for it.
+subset when the vanilla model is one side; RECL is computed on the vanilla subset (it takes per-token minima
+across models, and the subset's per-token losses are what a model's archive keeps: txl_tf.study.archive). A
+model's best (memory, clamp) is chosen on the validation split; only then is the test split read for it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 
 import numpy as np
 
-from txl_tf.study import context, runs, scoring
-from txl_tf.study import probe as probe_lib
+from txl_tf.study import archive, context, runs
 from txl_tf.study.context import BASELINE, MODELS, PARAMETER_TOLERANCE, UNCLAMPED, Corpus, Settings
 from txl_tf.study.tables import PAPER_GROUP
 
-LN2 = math.log(2.0)
 BOOTSTRAP_SAMPLES = 200
-
-
-def _compare(a: np.ndarray, b: np.ndarray, block: int) -> dict:
-    """mean(a - b) in bits with its 95% interval (a, b: per-token losses in nats on the same tokens)."""
-    return {k: v / LN2 for k, v in runs.paired_bootstrap(a, b, block=block).items()}
 
 
 def _init(name: str, settings: Settings) -> tuple[int, int]:
@@ -39,15 +32,15 @@ def _best(cells: dict, settings: Settings) -> tuple[int, int]:
     """(memory, clamp) with the lowest validation loss (the first such in the axis' order)."""
     options = [(m, c) for (split, m, c) in cells if split == "valid"]
     options.sort()
-    return min(options, key=lambda key: float(np.mean(cells[("valid", *key)], dtype=np.float64)))
+    return min(options, key=lambda key: cells[("valid", *key)].mean)
 
 
-def _table(cells: dict, split: str, settings: Settings, pick=None) -> dict:
-    """{clamp: {memory: bpc}} of one split (string keys)."""
+def _table(cells: dict, split: str, settings: Settings, on_subset: bool = False) -> dict:
+    """{clamp: {memory: bpc}} of one split (string keys), on every kept token or on the vanilla subset."""
     out = {}
-    for (s, memory, clamp), losses in sorted(cells.items()):
+    for (s, memory, clamp), cell in sorted(cells.items()):
         if s == split and memory in settings.memories:
-            out.setdefault(str(clamp), {})[str(memory)] = scoring.bits(losses if pick is None else losses[pick])
+            out.setdefault(str(clamp), {})[str(memory)] = cell.subset_bits() if on_subset else cell.bits()
     return out
 
 
@@ -68,22 +61,18 @@ def _gain_curve(scores: dict, final_steps: int, final_tokens: int, settings: Set
         best = _best(cells, settings)
         init = ("test", settings.train_memory, UNCLAMPED)
         curve.append({"step": step, "tokens": tokens, "best_memory": best[0],
-                      "init_bpc": scoring.bits(cells[init]), "best_bpc": scoring.bits(cells[("test", *best)]),
-                      **_compare(cells[("test", *best)], cells[init], settings.block)})
+                      "init_bpc": cells[init].bits(), "best_bpc": cells[("test", *best)].bits(),
+                      **archive.compare([cells[("test", *best)]], [cells[init]], settings.block)})
     return curve
 
 
-def _recl(scores: dict, names: list, settings: Settings, pick) -> dict:
-    """RECL (appendix C) of `names` at exactly each context (the vanilla model at its window up to the training
-    span); `pick` selects the tokens of the recurrent models (the vanilla subset, or None for all)."""
+def _recl(scores: dict, names: list, settings: Settings) -> dict:
+    """RECL (appendix C) of `names` on the vanilla subset, each at exactly each context (the vanilla model at its
+    window up to the training span)."""
     from txl_tf.analysis import recl
 
-    vanilla = {m.name for m in MODELS if m.vanilla}
     contexts = tuple(settings.recl_contexts)
-    rows = []
-    for n in names:
-        per_context = [scores[n]["cells"][("test", c, UNCLAMPED)] for c in contexts]
-        rows.append(np.stack([x if (n in vanilla or pick is None) else x[pick] for x in per_context]))
+    rows = [np.stack([scores[n]["cells"][("test", c, UNCLAMPED)].subset for c in contexts]) for n in names]
     group = np.stack(rows)  # [models, C, T]
     out = {"contexts": list(contexts), "models": list(names), "tokens": int(group.shape[2]), "ratios": {}}
     for r in recl.PAPER_RATIOS:
@@ -91,7 +80,8 @@ def _recl(scores: dict, names: list, settings: Settings, pick) -> dict:
         spread = recl.bootstrap_recl(group, contexts, r=r, samples=BOOTSTRAP_SAMPLES, block=settings.block)
         out["ratios"][str(r)] = {"recl": [int(x) for x in result.recl], "truncated": [bool(x) for x in result.truncated],
                                  "gains": np.round(result.gains, 6).tolist(), **spread}
-    out["bpc"] = {n: [scoring.bits(row[k]) for k in range(len(contexts))] for n, row in zip(names, rows, strict=True)}
+    out["bpc"] = {n: [float(np.mean(row[k], dtype=np.float64) / archive.LN2) for k in range(len(contexts))]
+                  for n, row in zip(names, rows, strict=True)}
     return out
 
 
@@ -103,9 +93,11 @@ def section(records: dict, scores: dict, data, settings: Settings, *, quick: boo
     subset = data.test.subset()
     block = settings.block
 
-    def test(name: str, key: tuple, on_subset: bool) -> np.ndarray:
-        losses = scores[name]["cells"][("test", *key)]
-        return losses[subset] if on_subset and name not in vanilla else losses
+    def test(name: str, key: tuple) -> archive.Cell:
+        return scores[name]["cells"][("test", *key)]
+
+    def compare(plus: list, minus: list, on_subset: bool) -> dict:
+        return (archive.compare_subset if on_subset else archive.compare)(plus, minus, block)
 
     out_runs, best, comparisons = {}, {}, {}
     for name in names:
@@ -113,23 +105,23 @@ def section(records: dict, scores: dict, data, settings: Settings, *, quick: boo
         best[name] = _best(cells, settings)
         record = dict(records[name])
         record.update(valid=_table(cells, "valid", settings), test=_table(cells, "test", settings),
-                      test_subset=_table(cells, "test", settings, None if name in vanilla else subset),
+                      test_subset=_table(cells, "test", settings, on_subset=True),
                       best={"memory": best[name][0], "clamp": best[name][1]},
                       init={"memory": _init(name, settings)[0], "clamp": UNCLAMPED})
         out_runs[name] = record
-        comparisons[f"{name}_longer"] = _compare(test(name, best[name], False), test(name, _init(name, settings), False),
-                                                 block) | {"a": [name, *best[name]], "b": [name, *_init(name, settings)]}
+        comparisons[f"{name}_longer"] = compare([test(name, best[name])], [test(name, _init(name, settings))],
+                                                name in vanilla) | {"a": [name, *best[name]],
+                                                                    "b": [name, *_init(name, settings)]}
     if BASELINE in names:
         for name in names:
             if name == BASELINE:
                 continue
             on_subset = name in vanilla
-            xl_best, xl_init = test(BASELINE, best[BASELINE], on_subset), test(BASELINE, _init(BASELINE, settings),
-                                                                                  on_subset)
-            other_best, other_init = test(name, best[name], on_subset), test(name, _init(name, settings), on_subset)
-            comparisons[f"xl_vs_{name}"] = _compare(xl_best, other_best, block) | {"subset": on_subset}
-            comparisons[f"xl_vs_{name}_init"] = _compare(xl_init, other_init, block) | {"subset": on_subset}
-            comparisons[f"xl_gain_vs_{name}"] = _compare(xl_best - xl_init + other_init, other_best, block) | \
+            xl_best, xl_init = test(BASELINE, best[BASELINE]), test(BASELINE, _init(BASELINE, settings))
+            other_best, other_init = test(name, best[name]), test(name, _init(name, settings))
+            comparisons[f"xl_vs_{name}"] = compare([xl_best], [other_best], on_subset) | {"subset": on_subset}
+            comparisons[f"xl_vs_{name}_init"] = compare([xl_init], [other_init], on_subset) | {"subset": on_subset}
+            comparisons[f"xl_gain_vs_{name}"] = compare([xl_best, other_init], [xl_init, other_best], on_subset) | \
                 {"subset": on_subset}  # (xl_best - xl_init) - (other_best - other_init)
     out = {
         "key": corpus.key,
@@ -148,39 +140,42 @@ def section(records: dict, scores: dict, data, settings: Settings, *, quick: boo
                   "models": [dataclasses.asdict(m) for m in MODELS if m.name in names]},
         "runs": out_runs,
         "comparisons": comparisons,
-        "probe": {n: {str(m): probe_lib.summarize(*scores[n]["probe"][m], settings.probe) for m in settings.memories}
-                  for n in names},
+        "probe": {n: {str(m): scores[n]["probe"][m] for m in settings.memories} for n in names},
     }
     if BASELINE in names:
         out["gain_curve"] = _gain_curve(scores[BASELINE], records[BASELINE]["steps"],
                                         records[BASELINE]["train_tokens"], settings)
     recurrent = [n for n in names if n not in vanilla]
     if len(recurrent) > 1:
-        out["recl"] = {"recurrent": _recl(scores, recurrent, settings, None)}
+        out["recl"] = {"recurrent": _recl(scores, recurrent, settings)}
         group = [n for n in PAPER_GROUP if n in names]
         if len(group) == len(PAPER_GROUP):
-            out["recl"]["paper_group"] = _recl(scores, group, settings, subset)
+            out["recl"]["paper_group"] = _recl(scores, group, settings)
     return out
 
 
-def _finished(output_dir: str, model: context.Model, settings: Settings, data_dir: str, quick: bool,
-              corpus: Corpus) -> bool:
+def _finished(output_dir: str, archive_dir: str, model: context.Model, settings: Settings, data_dir: str,
+              quick: bool, corpus: Corpus) -> bool:
+    """Whether `model` is archived (checked when it is read) or its run here is finished."""
     spec = context.run_spec(model, settings, data_dir, quick, corpus)
+    if os.path.lexists(archive.paths_of(archive_dir, spec.name)[0]):
+        return True
     record = runs.read_record(os.path.join(output_dir, "runs", spec.name))
     return record is not None and record["digest"] == spec.digest()
 
 
 def run(output_dir: str, data_dir: str, *, models=None, quick: bool = False,
-        corpus: Corpus = context.CORPORA[0]) -> dict:
+        corpus: Corpus = context.CORPORA[0], archive_dir: str | None = None) -> dict:
     """Trains and scores `models` (names; default all six) on `corpus` (prepared in `data_dir`), then assembles
-    the corpus' section from every model whose run is finished here (scores read back from the cache, or computed
-    now)."""
+    the corpus' section from every model that is archived in `archive_dir` (default OUTPUT_DIR/archive) or whose
+    run is finished here (scores read back from the archive or the cache, or computed now)."""
     settings = context.settings_for(quick)
     data = context.splits(data_dir, settings)
+    archive_dir = archive_dir or os.path.join(output_dir, "archive")
     records, scores = {}, {}
     for model in MODELS:
-        if (models is None or model.name in models) or _finished(output_dir, model, settings, data_dir, quick,
-                                                                 corpus):
-            records[model.name], scores[model.name] = context.train_and_score(model, output_dir, data_dir, data,
-                                                                              settings, quick, corpus)
+        if (models is None or model.name in models) or _finished(output_dir, archive_dir, model, settings,
+                                                                 data_dir, quick, corpus):
+            records[model.name], scores[model.name] = context.train_and_score(
+                model, output_dir, data_dir, data, settings, quick, corpus, archive_dir)
     return section(records, scores, data, settings, quick=quick, corpus=corpus)

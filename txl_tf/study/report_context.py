@@ -149,7 +149,7 @@ def _later_encodings(section: dict) -> list[tuple[str, str, str, str]]:
         ours = ", ".join(f"{n} {'>=' if t else ''}{v} [{lo}, {hi}]" for n, v, t, lo, hi in
                          zip(recl["models"], r["recl"], r["truncated"], r["low"], r["high"], strict=True))
         result = f"{top} ({share[top]:.0%} of resamples)" if share[top] >= LONGEST_SHARE else "no model clearly"
-        rows.append(("Which recurrent encoding has the longest RECL (r = 0.1, every kept character)",
+        rows.append((f"Which recurrent encoding has the longest RECL (r = 0.1, {_recl_tokens(section, recl)})",
                      "(not in the paper)", ours, result))
     memory, distances = str(max(setup["memories"])), setup["probe"]["distances"]
     recurrent = [m["name"] for m in setup["models"] if not m["vanilla"]]
@@ -254,16 +254,23 @@ def _training_lines(section: dict) -> list[str]:
     return [f"{'; '.join(chosen)}.", ""] if chosen else []
 
 
+def _recl_tokens(section: dict, group: dict) -> str:
+    """Which tokens a RECL group was computed on: the vanilla subset (what the models' archives keep per token) or,
+    in sections made before the archives, every kept character."""
+    return "the vanilla subset" if group["tokens"] == section["setup"]["vanilla_subset_tokens"] else \
+        "every kept character"
+
+
 def _recl_lines(section: dict, images: str) -> list[str]:
     recl = section.get("recl")
     if not recl:
         return []
     out = ["### RECL (appendix C)", ""]
-    for key, text in (("paper_group", "the paper's four-model group, on the vanilla subset"),
-                      ("recurrent", "the recurrent models, on every kept character")):
+    for key, text in (("paper_group", "the paper's four-model group"), ("recurrent", "the recurrent models")):
         if key not in recl:
             continue
         group = recl[key]
+        text = f"{text}, on {_recl_tokens(section, group)}"
         out += [f"Contexts {', '.join(map(str, group['contexts']))}, each model scored at exactly c (the vanilla "
                 f"model at its window, up to {section['setup']['train_span']}), threshold 0.01; {text} "
                 f"({group['tokens']:,} characters). "
@@ -404,5 +411,6 @@ def save_figure(fig, directory: str, name: str, plt) -> str:
 def commands(section: dict) -> list[str]:
     """The study commands of one corpus' section, a model each (each resumes and re-assembles the section)."""
     key = section.get("key", "context")
-    return [f"python -m txl_tf.study --study={key}_{n} --output_dir=studies/cpu" for n in _names(section)]
+    return [f"python -m txl_tf.study --study={key}_{n} --output_dir=studies/cpu --archive_dir=studies/archive"
+            for n in _names(section)]
 

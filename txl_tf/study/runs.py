@@ -64,8 +64,11 @@ class RunSpec:
     gin_params: tuple = ()
     label: str = ""
 
-    def digest(self) -> str:
-        text = json.dumps({"gin_files": list(self.gin_files), "gin_params": list(self.gin_params)})
+    def digest(self, portable: bool = False) -> str:
+        """A hash of the gin files and bindings; `portable` leaves out where the data lies (the DATA_DIR binding),
+        for what is compared across machines (txl_tf.study.archive)."""
+        params = [p for p in self.gin_params if not (portable and p.startswith("DATA_DIR ="))]
+        text = json.dumps({"gin_files": list(self.gin_files), "gin_params": params})
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -241,15 +244,21 @@ def paired_bootstrap(a: np.ndarray, b: np.ndarray, *, samples: int = 2000, seed:
                      block: int = 100) -> dict:
     """Mean of a - b (per-token losses on the same tokens) with a 95% interval from a block bootstrap.
 
-    Neighbouring tokens' losses are correlated, so blocks of `block` consecutive tokens are resampled.
+    Neighbouring tokens' losses are correlated, so blocks of `block` consecutive tokens are resampled (a tail
+    shorter than a block is left out of the resampling, not of the mean).
     """
     diff = np.asarray(a, np.float64) - np.asarray(b, np.float64)
     usable = (diff.shape[0] // block) * block
     blocks = diff[:usable].reshape(-1, block).mean(axis=1) if usable else diff[None]
+    return bootstrap_blocks(float(diff.mean()), blocks, samples=samples, seed=seed)
+
+
+def bootstrap_blocks(mean: float, blocks: np.ndarray, *, samples: int = 2000, seed: int = 0) -> dict:
+    """`mean` with the 95% interval of the means of `blocks` (per-block means of a difference) resampled."""
     rng = np.random.default_rng(seed)
     means = blocks[rng.integers(0, blocks.shape[0], size=(samples, blocks.shape[0]))].mean(axis=1)
     low, high = np.percentile(means, [2.5, 97.5])
-    return {"mean": float(diff.mean()), "low": float(low), "high": float(high)}
+    return {"mean": float(mean), "low": float(low), "high": float(high)}
 
 
 def write_results(output_dir: str, study: str, section: dict) -> dict:

@@ -24,13 +24,17 @@ def prepared_data(data_root: str, dataset: str) -> str:
     return data_dir
 
 
-def run(studies, output_dir: str, *, quick: bool = False, data_root: str = "data") -> dict:
-    """Runs the studies in order, then writes the report; returns the results document."""
+def run(studies, output_dir: str, *, quick: bool = False, data_root: str = "data", archive_dir: str | None = None
+        ) -> dict:
+    """Runs the studies in order, then writes the report; returns the results document. The context studies'
+    scored models are read from and written to `archive_dir` (default OUTPUT_DIR/archive: txl_tf.study.archive)."""
     from txl_tf import paths
     from txl_tf.study import report, runs
 
     paths.output_dir(output_dir, "--output_dir")
     paths.output_dir(data_root, "--data_root")
+    if archive_dir is not None:
+        paths.output_dir(archive_dir, "--archive_dir")
     unknown = [s for s in studies if s not in STUDIES]
     if unknown:
         raise runs.StudyError(f"unknown study {unknown[0]!r}; choose from {', '.join(STUDIES)}")
@@ -56,7 +60,7 @@ def run(studies, output_dir: str, *, quick: bool = False, data_root: str = "data
 
             corpus, models = context.studies()[study]
             section = context_results.run(output_dir, prepared_data(data_root, corpus.dataset), models=models,
-                                          quick=quick, corpus=corpus)
+                                          quick=quick, corpus=corpus, archive_dir=archive_dir)
             runs.write_results(output_dir, corpus.key, section)
         elif study == "ptb":
             from txl_tf.study import ptb
