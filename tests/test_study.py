@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from train_utils import REPO_ROOT
 
-from txl_tf.study import ablation, report, runs, studies, tables
+from txl_tf.study import ablation, archive, report, runs, studies, tables
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +70,11 @@ def test_ablation_quick_end_to_end_and_resume(tmp_path, data_root):
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert text == report.render(runs.read_results(os.path.join(out, "results.json")))
 
-    # Re-running trains nothing and re-scores nothing; a run whose record is gone resumes at its last checkpoint.
+    # Re-running trains nothing and re-scores nothing; a run whose record and archive are gone resumes at its last
+    # checkpoint.
     os.remove(os.path.join(out, "runs", "shaw", runs.RUN_RECORD))
+    for path in archive.paths_of(os.path.join(out, "archive"), "ablation_shaw"):
+        os.remove(path)
     again = studies.run(["ablation"], out, quick=True, data_root=data_root)["studies"]["ablation"]
     for name in names:
         attempts = json.load(open(os.path.join(out, "runs", name, runs.ATTEMPTS_FILE)))["attempts"]

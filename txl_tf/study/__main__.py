@@ -9,7 +9,7 @@ r"""Reproduce the paper's findings at CPU scale: training runs, evaluations, res
 
 Each study writes DIR/results.json (its own section, merged with the others'), DIR/report.md and PNG plots. Re-running
 skips finished runs and cached evaluations and resumes an interrupted run from its latest checkpoint. Corpora are
-prepared under --data_root when missing. The context studies archive each scored model (--archive_dir, ~1 MB each:
+prepared under --data_root when missing. The ablation and the context studies archive each scored model (--archive_dir, ~1 MB each:
 txl_tf.study.archive); the repository's studies/archive holds the published ones, so a study given it on another
 machine trains and scores only the models that are missing. `--publish=DOCS` also writes DOCS/reproduction.md and
 DOCS/reproduction/{results.json, *.png}, the report the README links to, and nothing outside DOCS; `--readme=FILE`
@@ -39,8 +39,8 @@ def define_flags(flag_values) -> None:
                          flag_values=flag_values)
     flags.DEFINE_string("data_root", "data", "Prepared corpora live in DATA_ROOT/<dataset> (prepared when "
                         "missing).", flag_values=flag_values)
-    flags.DEFINE_string("archive_dir", None, "The context studies read finished models' scores from here and archive "
-                        "each model they score here (~1 MB each; default OUTPUT_DIR/archive). The repository's "
+    flags.DEFINE_string("archive_dir", None, "The ablation and context studies read finished models' scores from "
+                        "here and archive each model they score here (~1 MB each; default OUTPUT_DIR/archive). The repository's "
                         "studies/archive holds the published models: a study given it trains only what is missing.",
                         flag_values=flag_values)
     flags.DEFINE_string("publish", None, "Also write PUBLISH/reproduction.md and PUBLISH/reproduction/ (e.g. docs), "

@@ -27,7 +27,6 @@ from per-token losses at the contexts of a grid (txl_tf.analysis.recl).
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 
 import numpy as np
@@ -35,8 +34,6 @@ import numpy as np
 from txl_tf.protocol import Protocol
 from txl_tf.study import runs
 from txl_tf.study.tables import PAPER_GROUP
-
-LN2 = math.log(2.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,9 +155,30 @@ def _evaluate(run_dir: str, model, configs, scored, length: int, settings: Setti
     return runs.cached_eval(run_dir, key, compute)
 
 
-def _train_and_score(spec: runs.RunSpec, output_dir: str, scored, settings: Settings,
-                     contexts: tuple, position: str) -> tuple[dict, dict]:
-    """Trains one run (or finds it finished) and scores it at `contexts`; returns (record, {length: losses})."""
+def _facts(scored, settings: Settings, contexts: tuple, clamped: tuple) -> dict:
+    """The settings a variant's cells are scored under (txl_tf.study.archive), as JSON reads them back."""
+    import json
+
+    facts = {"study": "ablation", "contexts": contexts, "clamped": clamped, "clamp_len": settings.train_attention,
+             "eval_tgt_len": settings.eval_tgt_len, "streams": scored.batch_size, "drop": scored.drop,
+             "block": settings.bootstrap_block, "split_tokens": int(scored.tokens.shape[0]),
+             "subset_tokens": int(scored.subset().shape[0])}
+    return json.loads(json.dumps(facts))
+
+
+def _train_and_score(spec: runs.RunSpec, output_dir: str, scored, settings: Settings, contexts: tuple,
+                     position: str, archive_dir: str, clamped: tuple = ()) -> tuple[dict, dict]:
+    """Trains one run (or finds it finished, or reads it from `archive_dir` as ablation_<run>) and scores it at
+    `contexts`, and at `clamped` with clamp_len = the training attention length; returns (record,
+    {(split, length, clamp): archive.Cell}), every cell with its losses on the vanilla subset."""
+    from txl_tf.study import archive
+
+    facts = _facts(scored, settings, contexts, clamped)
+    name = f"ablation_{spec.name}"
+    archived = archive.load(archive_dir, name, facts, spec.digest(portable=True))
+    if archived is not None:
+        runs.log(f"{position} {spec.name}: scores read from {archive.paths_of(archive_dir, name)[0]}")
+        return archived[0], archived[1]["cells"]
     run_dir = os.path.join(output_dir, "runs", spec.name)
     runs.log(f"{position} {spec.name}: training ({', '.join(spec.gin_files)}) in {run_dir}")
     record = dict(runs.train_run(spec, run_dir))
@@ -170,66 +188,84 @@ def _train_and_score(spec: runs.RunSpec, output_dir: str, scored, settings: Sett
     record["parameters"] = runs.num_parameters(model)
     record["train_tokens"] = record["steps"] * configs.train.batch_size * configs.train.tgt_len
     record["protocol"] = configs.eval.protocol
-    losses, record["evals"] = {}, {}
+    vanilla = configs.eval.protocol == "vanilla"
+    subset = np.arange(len(scored.subset())) if vanilla else scored.subset()
+    cells, record["evals"] = {}, {}
     for length in contexts:
-        losses[length], info = _evaluate(run_dir, model, configs, scored, length, settings)
+        losses, info = _evaluate(run_dir, model, configs, scored, length, settings)
+        cells[("test", length, -1)] = archive.Cell.of(losses, settings.bootstrap_block, subset)
         record["evals"][str(length)] = info
         runs.log(f"{position} {spec.name}: attention {length}: {info['bpc']:.4f} bpc "
                  f"({info['tokens']:,} tokens, {info['seconds']:.1f} s)")
+    clamp = settings.train_attention
+    for length in clamped:
+        losses, info = _evaluate(run_dir, model, configs, scored, length, settings, clamp_len=clamp)
+        cells[("test", length, clamp)] = archive.Cell.of(losses, settings.bootstrap_block, subset)
+        runs.log(f"{position} {spec.name}: attention {length}, clamp_len {clamp}: {info['bpc']:.4f} bpc")
     import keras
 
     del model
     keras.backend.clear_session()
-    return record, losses
+    path = archive.save(archive_dir, name, spec.digest(portable=True), record, {"cells": cells, "probe": {}}, facts)
+    runs.log(f"{position} {spec.name}: archived in {path}")
+    return record, cells
 
 
-def _paired(losses: dict, names, subset: np.ndarray, vanilla: frozenset) -> dict:
-    """{name: {length: losses}} on common tokens: every kept token, or the vanilla subset when a run of `vanilla`
-    (scored on that subset only) is among `names`."""
-    if vanilla.isdisjoint(names):
-        return {n: losses[n] for n in names}
-    return {n: {length: (x if n in vanilla else x[subset]) for length, x in losses[n].items()} for n in names}
+def _subset_losses(cells: dict, names) -> dict:
+    """{name: {length: losses on the vanilla subset}} (unclamped cells): the tokens every variant is scored on."""
+    return {n: {length: cell.subset for (_, length, clamp), cell in cells[n].items() if clamp == -1} for n in names}
 
 
-def _compare(losses: dict, a: tuple, b: tuple, settings: Settings, subset: np.ndarray, vanilla: frozenset) -> dict:
-    """a - b in bits per token with a 95% block-bootstrap interval; a and b are (run, length), paired on the
-    vanilla subset when either side is a vanilla run."""
-    paired = _paired(losses, {a[0], b[0]}, subset, vanilla)
-    stats = runs.paired_bootstrap(paired[a[0]][a[1]], paired[b[0]][b[1]], block=settings.bootstrap_block)
-    return {"a": list(a), "b": list(b), **{k: v / LN2 for k, v in stats.items()}}
+def _compare(cells: dict, a: tuple, b: tuple, settings: Settings, vanilla: frozenset) -> dict:
+    """a - b in bits per token with a 95% block-bootstrap interval; a and b are (run, length), on every kept
+    token, or on the vanilla subset when either side is a vanilla run (scored on that subset only)."""
+    from txl_tf.study import archive
+
+    both = [cells[a[0]][("test", a[1], -1)]], [cells[b[0]][("test", b[1], -1)]]
+    on_subset = not vanilla.isdisjoint({a[0], b[0]})
+    stats = (archive.compare_subset if on_subset else archive.compare)(*both, settings.bootstrap_block)
+    return {"a": list(a), "b": list(b), **stats}
 
 
-def _best_length(losses: dict, name: str, lengths) -> int:
+def _best_length(cells: dict, name: str, lengths) -> int:
     """The length of `name`'s lowest mean loss (on its own tokens: every length of a run scores the same ones)."""
-    return min(lengths, key=lambda length: float(np.mean(losses[name][length], dtype=np.float64)))
+    return min(lengths, key=lambda length: cells[name][("test", length, -1)].mean)
 
 
 def _check_parameters(records: dict) -> float:
     return runs.check_parameters(records, BASELINE, PARAMETER_TOLERANCE, "gin/study/ablation_*.gin")
 
 
-def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool = True) -> dict:
-    """Trains and scores the six variants (plus second seeds where needed); returns the study's section."""
+def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool = True,
+        archive_dir: str | None = None) -> dict:
+    """Trains and scores the six variants (plus second seeds where needed); returns the study's section. Each
+    scored variant is archived in `archive_dir` (default OUTPUT_DIR/archive) and read back from there.
+
+    Every variant is scored at the RECL contexts too (whether or not this call reports RECL), so that its archive
+    serves both studies."""
     from txl_tf.data import pipeline
 
     settings = settings_for(quick)
+    archive_dir = archive_dir or os.path.join(output_dir, "archive")
     scored = scored_tokens(pipeline.read_split(data_dir, "test"), settings)
     subset = scored.subset()
-    contexts = tuple(sorted(set(settings.lengths) | (set(settings.recl_contexts) if with_recl else set())))
+    contexts = tuple(sorted(set(settings.lengths) | set(settings.recl_contexts)))
+    clamped = tuple(length for length in settings.lengths if length > settings.train_attention)
     records, losses = {}, {}
     for index, variant in enumerate(VARIANTS):
         spec = run_spec(variant, settings, data_dir, quick)
         records[spec.name], losses[spec.name] = _train_and_score(
-            spec, output_dir, scored, settings, contexts, f"[{index + 1}/{len(VARIANTS)}]")
+            spec, output_dir, scored, settings, contexts, f"[{index + 1}/{len(VARIANTS)}]", archive_dir,
+            clamped if variant.name == BASELINE else ())
         records[spec.name]["variant"] = variant.name
     deviation = _check_parameters(records)
     vanilla = frozenset(name for name, record in records.items() if record["protocol"] == "vanilla")
 
     # The two best variants (each at its best length): a second seed when their gap is within the noise.
     best = {v.name: _best_length(losses, v.name, settings.lengths) for v in VARIANTS}
-    on_subset = _paired(losses, list(best), subset, vanilla)  # ranked on the tokens every variant is scored on
+    on_subset = _subset_losses(losses, list(best))  # ranked on the tokens every variant is scored on
     ranked = sorted(best, key=lambda n: float(np.mean(on_subset[n][best[n]], dtype=np.float64)))
-    top = _compare(losses, (ranked[0], best[ranked[0]]), (ranked[1], best[ranked[1]]), settings, subset, vanilla)
+    top = _compare(losses, (ranked[0], best[ranked[0]]), (ranked[1], best[ranked[1]]), settings, vanilla)
     second_seed = top["low"] <= 0.0 <= top["high"]
     seeds = {}
     if second_seed:
@@ -239,24 +275,26 @@ def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool 
             variant = next(v for v in VARIANTS if v.name == name)
             spec = run_spec(variant, settings, data_dir, quick, seed=2)
             record, seed_losses = _train_and_score(spec, output_dir, scored, settings, tuple(settings.lengths),
-                                                   "[seed 2]")
+                                                   "[seed 2]", archive_dir)
             record["variant"] = name
             records[spec.name] = record
             losses[spec.name] = seed_losses
             seeds[name] = [name, spec.name]
 
-    tried = {"xl_clamp": _clamped(output_dir, scored, settings)}
+    tried = {"xl_clamp": {"run": BASELINE, "clamp_len": settings.train_attention,
+                          "bpc": {str(length): losses[BASELINE][("test", length, settings.train_attention)].bits()
+                                  for length in clamped}}}
 
     comparisons = {"top_two": top}
     for variant in VARIANTS[1:]:
         n = variant.name
         comparisons[f"{BASELINE}_vs_{n}"] = _compare(losses, (BASELINE, best[BASELINE]), (n, best[n]), settings,
-                                                     subset, vanilla)
+                                                     vanilla)
         comparisons[f"{BASELINE}_vs_{n}_init"] = _compare(
-            losses, (BASELINE, settings.train_attention), (n, settings.train_attention), settings, subset, vanilla)
+            losses, (BASELINE, settings.train_attention), (n, settings.train_attention), settings, vanilla)
     for variant in VARIANTS:  # does a longer attention at evaluation help? (best length against the training one)
         n = variant.name
-        comparisons[f"{n}_longer"] = _compare(losses, (n, best[n]), (n, settings.train_attention), settings, subset,
+        comparisons[f"{n}_longer"] = _compare(losses, (n, best[n]), (n, settings.train_attention), settings,
                                               vanilla)
 
     section = {
@@ -277,24 +315,9 @@ def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool 
         "tried": tried,
     }
     if with_recl:
-        section["recl"] = recl_section(_paired(losses, [v.name for v in VARIANTS], subset, vanilla), settings)
+        section["recl"] = recl_section(_subset_losses(losses, [v.name for v in VARIANTS]), settings)
         section["recl"]["tokens"] = int(subset.shape[0])
     return section
-
-
-def _clamped(output_dir: str, scored, settings: Settings) -> dict:
-    """Also tried: Transformer-XL at the longer lengths with clamp_len = the training attention length, so that
-    no relative distance at evaluation is longer than one seen in training (the authors clamp at evaluation)."""
-    run_dir = os.path.join(output_dir, "runs", BASELINE)
-    model, configs = runs.load_run_model(run_dir)
-    clamp = settings.train_attention
-    bpc = {}
-    for length in settings.lengths:
-        if length > clamp:
-            _, info = _evaluate(run_dir, model, configs, scored, length, settings, clamp_len=clamp)
-            bpc[str(length)] = info["bpc"]
-            runs.log(f"{BASELINE}: attention {length}, clamp_len {clamp}: {info['bpc']:.4f} bpc")
-    return {"run": BASELINE, "clamp_len": clamp, "bpc": bpc}
 
 
 def _recl_group(losses: dict, names, contexts, best_up_to: bool) -> dict:

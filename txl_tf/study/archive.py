@@ -1,15 +1,16 @@
-"""A scored model of the context study, kept small enough to commit: the study resumes on a machine that has
-neither its checkpoints nor its cached per-token losses.
+"""A scored model of the ablation or a context study, kept small enough to commit: the study resumes on a machine
+that has neither its checkpoints nor its cached per-token losses.
 
 A study's runs (checkpoints, per-token losses under runs/<run>/evals) take ~50 MB per model and stay on the machine
-that trained them. What the section of results.json is computed from is much less (txl_tf.study.context_results):
+that trained them. What a section of results.json is computed from is much less (txl_tf.study.context_results,
+txl_tf.study.ablation):
 
     a cell's mean loss            the tables, each model's best memory (chosen on the validation split)
     its sums over blocks          the paired block bootstraps over every kept token (blocks of `block` tokens, the
                                   same blocks runs.paired_bootstrap resamples)
     its losses on the subset      the comparisons with the vanilla model and RECL (per token: RECL takes
                                   per-token minima across models), test cells only
-    the probe's summaries         per memory (txl_tf.study.probe.summarize)
+    the probe's summaries         per memory (txl_tf.study.probe.summarize; the context studies)
 
 so each finished model is written as ARCHIVE/<run>.json (the run's record, the settings it was scored under and
 the cells' means) and ARCHIVE/<run>.npz (the block sums and subset losses), ~1 MB. The JSON is written last: its

@@ -26,8 +26,9 @@ def prepared_data(data_root: str, dataset: str) -> str:
 
 def run(studies, output_dir: str, *, quick: bool = False, data_root: str = "data", archive_dir: str | None = None
         ) -> dict:
-    """Runs the studies in order, then writes the report; returns the results document. The context studies'
-    scored models are read from and written to `archive_dir` (default OUTPUT_DIR/archive: txl_tf.study.archive)."""
+    """Runs the studies in order, then writes the report; returns the results document. The ablation's and the
+    context studies' scored models are read from and written to `archive_dir` (default OUTPUT_DIR/archive:
+    txl_tf.study.archive)."""
     from txl_tf import paths
     from txl_tf.study import report, runs
 
@@ -48,7 +49,7 @@ def run(studies, output_dir: str, *, quick: bool = False, data_root: str = "data
                 if os.path.exists(results_path) else {}
             with_recl = study == "recl" or "recl" in previous
             data_dir = prepared_data(data_root, "enwik8_sample")
-            section = ablation.run(output_dir, data_dir, quick=quick, with_recl=with_recl)
+            section = ablation.run(output_dir, data_dir, quick=quick, with_recl=with_recl, archive_dir=archive_dir)
             runs.write_results(output_dir, "ablation", section)
         elif study == "corpora":
             from txl_tf.study import corpus_choice
