@@ -12,10 +12,10 @@ loaded back, so both paths serve the same weights with the same keys/values cach
 For every path, batch and context (a random prompt of that many tokens, consumed first):
   per-token latency: --tokens single-token calls, each from Python and waited for (the call, then a greedy pick
     on the host): p50 / p90 / p99 in ms. This is what a serving loop that returns every token sees.
-  tokens/s: generation of --tokens tokens (`txl_tf.generation.Generator`: keras-hub's loop, sampling in the
-    graph) minus that of one token, so that the prompt cancels; the fastest of --repeats after a warm-up, the two
-    paths taking turns: the Python model's generator, the SavedModel's `generate` signature (the same function,
-    traced at export).
+  tokens/s: rows over the seconds per new token of generation (`txl_tf.generation.Generator`: keras-hub's loop,
+    sampling in the graph), the slope of the time of 1, --tokens / 2 + 1 and --tokens new tokens, so that the
+    prompt cancels; each the fastest of --repeats after a warm-up, the two paths taking turns: the Python model's
+    generator, the SavedModel's `generate` signature (the same function, traced at export).
 Then the bound the machine's memory reads put on decoding (the ring's bytes per step over the read bandwidth
 measured in the same run), and per-segment scoring latency: --segments calls of `score` with max_len tokens and
 the state carried.
@@ -131,23 +131,31 @@ def token_latency(step, state, log_probs, tokens):
 
 
 def decode_speeds(generators: dict, prompt, tokens: int, repeats: int) -> dict:
-    """Tokens/s of each path's generation (temperature 1): (tokens - 1) new tokens per row over the time of
-    `tokens` new tokens minus that of one (the prompt cancels), the fastest of `repeats` runs after a warm-up,
-    the paths taking turns so that a slow moment of a shared machine hits both."""
+    """Tokens/s of each path's generation (temperature 1): rows over the seconds per new token, the least-squares
+    slope of the time of 1, tokens // 2 + 1 and `tokens` new tokens (the prompt, the same in each, is the
+    intercept; a slope over three lengths is steadier than the difference of two timings when the prompt takes
+    seconds), each time the fastest of `repeats` runs after a warm-up, the paths taking turns so that a slow moment
+    of a shared machine hits both."""
+    import numpy as np
+
     from txl_tf import generation
 
     rows = [list(row) for row in prompt]
-    for generate in generators.values():  # the first call traces and compiles
-        for new in (1, tokens):
+    lengths = sorted({1, tokens // 2 + 1, tokens})
+    for generate in generators.values():  # the first call of each length traces and compiles
+        for new in lengths:
             generation.generate_with(generate, rows, max_tokens=new)
-    best = {name: [float("inf"), float("inf")] for name in generators}
+    best = {name: [float("inf")] * len(lengths) for name in generators}
     for _ in range(repeats):
         for name, generate in generators.items():
-            for slot, new in enumerate((1, tokens)):
+            for slot, new in enumerate(lengths):
                 seconds = generation.generate_with(generate, rows, max_tokens=new).seconds
                 best[name][slot] = min(best[name][slot], seconds)
-    return {name: len(rows) * (tokens - 1) / (many - one) if many > one else float("nan")  # nan: lost in noise
-            for name, (one, many) in best.items()}
+    out = {}
+    for name, seconds in best.items():
+        slope = np.polyfit(lengths, seconds, 1)[0] if len(lengths) > 1 else float("nan")
+        out[name] = len(rows) / slope if slope > 0 else float("nan")  # nan: lost in noise
+    return out
 
 
 def read_bandwidth(megabytes: int = 400, repeats: int = 5) -> float:

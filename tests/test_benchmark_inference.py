@@ -10,13 +10,13 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# slow: ~150 s (500 tokens a cell, the generator compiled for two widths per cell); CI runs it in its slow phase
+# slow: ~150 s (500 tokens a cell, the generator compiled for three widths per cell); CI runs it in its slow phase
 @pytest.mark.slow
 def test_tiny_benchmark_prints_latencies():
     proc = subprocess.run(
         [sys.executable, os.path.join(REPO, "scripts", "benchmark_inference.py"), "--arch=2,16,2,8,24",
          "--n_token=11", "--mem_len=24", "--max_len=8", "--contexts=5,24", "--batches=1,3", "--tokens=500",
-         "--segments=2", "--repeats=3"],  # tokens/s: a difference of two timings, ~20 us a token here
+         "--segments=2", "--repeats=3"],  # tokens/s: a slope over three timings, ~20 us a token here
         cwd=REPO, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, capture_output=True, text=True,
         timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
