@@ -9,9 +9,9 @@ r"""Reproduce the paper's findings at CPU scale: training runs, evaluations, res
 
 Each study writes DIR/results.json (its own section, merged with the others'), DIR/report.md and PNG plots. Re-running
 skips finished runs and cached evaluations and resumes an interrupted run from its latest checkpoint. Corpora are
-prepared under --data_root when missing. The ablation and the context studies archive each scored model (--archive_dir, ~1 MB each:
-txl_tf.study.archive); the repository's studies/archive holds the published ones, so a study given it on another
-machine trains and scores only the models that are missing. `--publish=DOCS` also writes DOCS/reproduction.md and
+prepared under --data_root when missing. The ablation and the context studies archive each scored model
+(--archive_dir, 1-2 MB each: txl_tf.study.archive); the repository's studies/archive holds the published ones, so
+a study given it on another machine trains and scores only the models that are missing. `--publish=DOCS` also writes DOCS/reproduction.md and
 DOCS/reproduction/{results.json, *.png}, the report the README links to, and nothing outside DOCS; `--readme=FILE`
 rewrites the study summary block of FILE (between report.SUMMARY_BEGIN and report.SUMMARY_END). Both are checked
 before anything runs or is written: a folder that cannot be written or a README without the block is one error line.
@@ -40,8 +40,9 @@ def define_flags(flag_values) -> None:
     flags.DEFINE_string("data_root", "data", "Prepared corpora live in DATA_ROOT/<dataset> (prepared when "
                         "missing).", flag_values=flag_values)
     flags.DEFINE_string("archive_dir", None, "The ablation and context studies read finished models' scores from "
-                        "here and archive each model they score here (~1 MB each; default OUTPUT_DIR/archive). The repository's "
-                        "studies/archive holds the published models: a study given it trains only what is missing.",
+                        "here and archive each model they score here (1-2 MB each; default OUTPUT_DIR/archive). The "
+                        "repository's studies/archive holds the published models: a study given it trains only "
+                        "what is missing.",
                         flag_values=flag_values)
     flags.DEFINE_string("publish", None, "Also write PUBLISH/reproduction.md and PUBLISH/reproduction/ (e.g. docs), "
                         "and nothing else.", flag_values=flag_values)

@@ -13,7 +13,7 @@ txl_tf.study.ablation):
     the probe's summaries         per memory (txl_tf.study.probe.summarize; the context studies)
 
 so each finished model is written as ARCHIVE/<run>.json (the run's record, the settings it was scored under and
-the cells' means) and ARCHIVE/<run>.npz (the block sums and subset losses), ~1 MB. The JSON is written last: its
+the cells' means) and ARCHIVE/<run>.npz (the block sums and subset losses), 1-2 MB. The JSON is written last: its
 presence marks a complete archive. Reading one back treats both files as untrusted input: regular files, bounded
 sizes, the schema and every array's shape checked against the settings, finite numbers, no pickled objects.
 """

@@ -32,7 +32,7 @@ vanilla model at its window up to 256) and of the five recurrent models (on the 
 minima across models, and the subset's per-token losses are what a model's archive keeps), each model scored at
 exactly c, and the copy probe (txl_tf.study.probe) per model and memory. Each model is its own study
 (`context_xl`, `context_code_rope`, ...) so that each fits well under an hour; a scored model is archived
-(txl_tf.study.archive: ~1 MB, committed under studies/archive), and every study re-assembles its corpus' section
+(txl_tf.study.archive: 1-2 MB, committed under studies/archive), and every study re-assembles its corpus' section
 from the archived models and the finished runs there are (`txl_tf.study.context_results.run`, which computes the
 section of results.json from what this module trains and scores).
 """
