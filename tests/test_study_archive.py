@@ -2,8 +2,10 @@
 losses, it reads back what was written, and a file that is not what it claims is one StudyError naming it, never
 a crash or a pickled object run. The whole study from its archives alone is checked in tests/test_study.py."""
 
+import io
 import json
 import os
+import zipfile
 
 import numpy as np
 import pytest
@@ -84,12 +86,19 @@ def test_an_archive_of_other_settings_or_another_configuration_is_refused(tmp_pa
     assert "another configuration" in _refusal(tmp_path, digest="fedcba9876543210")
 
 
-@pytest.mark.parametrize("damage", ["garbage", "missing", "pickled", "shape", "nonfinite", "dtype"])
+@pytest.mark.parametrize("damage", ["garbage", "missing", "pickled", "shape", "nonfinite", "dtype", "huge"])
 def test_a_damaged_array_file_is_one_line_naming_it(tmp_path, damage):
     json_path, npz_path = _saved(tmp_path)
     with np.load(npz_path) as npz:
         arrays = {k: npz[k] for k in npz.files}
-    if damage == "garbage":
+    if damage == "huge":  # a header that claims 10^12 floats over a few bytes: refused before numpy allocates
+        name = next(k for k in sorted(arrays) if k.endswith("_subset"))
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False,
+                                                      "shape": (10**12,)})
+        with zipfile.ZipFile(npz_path, "a") as packed:
+            packed.writestr(name + "_extra.npy", header.getvalue() + b"\0" * 64)
+    elif damage == "garbage":
         with open(npz_path, "wb") as f:
             f.write(b"not an archive at all")
     elif damage == "missing":
@@ -104,6 +113,7 @@ def test_a_damaged_array_file_is_one_line_naming_it(tmp_path, damage):
         np.savez(npz_path, **arrays)
     message = _refusal(tmp_path)
     assert npz_path in message and "remove" in message
+    assert ("claims shape (1000000000000,)" in message) == (damage == "huge")
 
 
 def test_a_damaged_index_is_one_line_naming_it(tmp_path):

@@ -25,6 +25,7 @@ import io
 import json
 import math
 import os
+import zipfile
 
 import numpy as np
 
@@ -34,6 +35,7 @@ from txl_tf.study import runs
 SCHEMA = 1
 JSON_LIMIT = 4 * untrusted.MIB
 NPZ_LIMIT = 64 * untrusted.MIB
+UNPACKED_LIMIT = 256 * untrusted.MIB  # what the arrays of one archive may unpack to (a 2.2 MB archive: ~2.5 MB)
 LN2 = math.log(2.0)
 
 
@@ -101,6 +103,27 @@ def _parse_key(text: str, what: str) -> tuple:
                               "the model again") from None
 
 
+def _check_sizes(data: bytes, npz_path: str, fix: str) -> None:
+    """Bounds what the archive's arrays unpack to before any is built: the members' sizes in the zip directory
+    add up to at most UNPACKED_LIMIT, and each .npy header's shape fits its member (numpy allocates the shape a
+    header claims before it reads the data)."""
+    with zipfile.ZipFile(io.BytesIO(data)) as packed:
+        members = packed.infolist()
+        total = sum(m.file_size for m in members)
+        if total > UNPACKED_LIMIT:
+            raise runs.StudyError(f"{npz_path} unpacks to {untrusted.size_text(total)}, more than the "
+                                  f"{untrusted.size_text(UNPACKED_LIMIT)} an archive may hold; {fix}")
+        for member in members:
+            with packed.open(member) as f:
+                version = np.lib.format.read_magic(f)
+                header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                          else np.lib.format.read_array_header_2_0)(f)
+            shape, dtype = header[0], header[2]
+            if int(np.prod(shape, dtype=np.float64)) * dtype.itemsize > member.file_size:
+                raise runs.StudyError(f"{npz_path}: {member.filename} claims shape {shape} of {dtype}, more than "
+                                      f"its {member.file_size:,} bytes; {fix}")
+
+
 def paths_of(archive_dir: str, run_name: str) -> tuple[str, str]:
     return os.path.join(archive_dir, run_name + ".json"), os.path.join(archive_dir, run_name + ".npz")
 
@@ -154,12 +177,13 @@ def load(archive_dir: str, run_name: str, facts: dict, digest: str) -> tuple[dic
                         if (index.get("facts") or {}).get(k) != facts.get(k))
         raise runs.StudyError(f"{json_path} was scored under other settings ({', '.join(differ)}); {fix}")
     try:
-        with np.load(io.BytesIO(untrusted.read_bytes(npz_path, max_bytes=NPZ_LIMIT, what=what)),
-                     allow_pickle=False) as npz:
+        data = untrusted.read_bytes(npz_path, max_bytes=NPZ_LIMIT, what=what)
+        _check_sizes(data, npz_path, fix)
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
     except FileNotFoundError:
         raise runs.StudyError(f"{npz_path} is missing beside {json_path}; {fix}") from None
-    except ValueError as error:  # not an npz, or an object array (pickle refused)
+    except (ValueError, zipfile.BadZipFile) as error:  # not an npz, or an object array (pickle refused)
         raise runs.StudyError(f"{npz_path} is not a valid archive ({error}); {fix}") from None
     block, subset_size = facts["block"], facts["subset_tokens"]
 
