@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 import math
 import os
 import zipfile
@@ -151,9 +150,7 @@ def save(archive_dir: str, run_name: str, digest: str, record: dict, scores: dic
     np.savez_compressed(buffer, **arrays)
     with paths.atomic_file(npz_path, "wb") as f:
         f.write(buffer.getvalue())
-    with paths.atomic_file(json_path) as f:  # last: marks the archive complete
-        json.dump(index, f, indent=1, sort_keys=True)
-        f.write("\n")
+    runs.write_json(json_path, index)  # last: marks the archive complete
     return json_path
 
 

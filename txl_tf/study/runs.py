@@ -137,7 +137,8 @@ def _read_json(path: str) -> dict | None:
     return untrusted.load_json(path, max_bytes=RESULTS_LIMIT, what="the study's record", finite=False)
 
 
-def _write_json(path: str, value) -> None:
+def write_json(path: str, value) -> None:
+    """`value` as indented JSON in a new file renamed onto `path` (paths.atomic_file)."""
     with paths.atomic_file(path) as f:
         json.dump(value, f, indent=1, sort_keys=True)
         f.write("\n")
@@ -182,7 +183,7 @@ def train_run(spec: RunSpec, run_dir: str, *, echo: bool = True) -> dict:
         attempts["wall_seconds"] += time.perf_counter() - wall
         attempts["cpu_seconds"] += time.process_time() - cpu
         attempts["attempts"] += 1
-        _write_json(attempts_path, attempts)
+        write_json(attempts_path, attempts)
         keras.backend.clear_session()
     from txl_tf.run_dir import read_configs
 
@@ -196,7 +197,7 @@ def train_run(spec: RunSpec, run_dir: str, *, echo: bool = True) -> dict:
               "steps": int(metrics["step"]), "final_train_loss": float(metrics.get("loss", float("nan"))),
               "wall_seconds": round(attempts["wall_seconds"], 1), "cpu_seconds": round(attempts["cpu_seconds"], 1),
               "attempts": attempts["attempts"]}
-    _write_json(record_path, record)
+    write_json(record_path, record)
     return record
 
 
@@ -211,7 +212,7 @@ def cached_eval(run_dir: str, key: str, compute: Callable[[], tuple[np.ndarray, 
     os.makedirs(directory, exist_ok=True)
     np.save(losses_path + ".tmp.npy", np.asarray(losses, np.float32))
     os.replace(losses_path + ".tmp.npy", losses_path)
-    _write_json(info_path, info)  # written last: its presence marks a complete evaluation
+    write_json(info_path, info)  # written last: its presence marks a complete evaluation
     return np.asarray(losses, np.float32), info
 
 
@@ -266,7 +267,7 @@ def write_results(output_dir: str, study: str, section: dict) -> dict:
     path = os.path.join(output_dir, "results.json")
     document = _read_json(path) or {"schema": 1, "studies": {}}
     document["studies"][study] = section
-    _write_json(path, document)
+    write_json(path, document)
     return document
 
 
