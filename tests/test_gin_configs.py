@@ -11,7 +11,10 @@ import pytest
 from train_utils import REPO_ROOT, prepare_tiny_corpus
 
 from txl_tf import run_dir, train
-from txl_tf.configs import DataConfig, EvalConfig, ModelConfig, parse_gin
+from txl_tf.autotune import FIELDS as PATH_FIELDS
+from txl_tf.configs import DataConfig, EvalConfig, ModelConfig, TrainConfig, parse_gin
+from txl_tf.policy import AUTO
+from txl_tf.study.runs import PINNED_PATH
 
 GIN_FILES = sorted(glob.glob(os.path.join(REPO_ROOT, "gin", "**", "*.gin"), recursive=True))  # gin/study too
 WORD_DATASETS = ("wt103", "wt2", "ptb", "lm1b")
@@ -38,12 +41,19 @@ def test_every_published_setup_has_a_file():
 
 
 def _setup(path):
-    """(dataset, cutoffs) the file binds, read with a placeholder DATA_DIR."""
+    """(dataset, cutoffs, the training-path fields left "auto") the file binds, read with a placeholder DATA_DIR."""
     parse_gin([path], ["DATA_DIR = 'unused'", "DataConfig.dataset = 'text'"] if path.endswith("common.gin")
                     else ["DATA_DIR = 'unused'"])
-    dataset, cutoffs = DataConfig().dataset, ModelConfig().cutoffs
+    dataset, cutoffs, train_config = DataConfig().dataset, ModelConfig().cutoffs, TrainConfig()
     gin.clear_config()
-    return dataset, cutoffs
+    return dataset, cutoffs, {f for f in PATH_FIELDS if getattr(train_config, f) == AUTO}
+
+
+def _pinned(auto_fields):
+    """PINNED_PATH's bindings of the fields a file leaves "auto". Timing the candidate paths (txl_tf.autotune, ~15 s
+    a model on a fresh machine) is tested once, by common.gin here and in tests/test_autotune.py; the other files
+    keep every value they set themselves."""
+    return [b for b in PINNED_PATH if b.split("=")[0].strip().split(".")[1] in auto_fields]
 
 
 # The large setups and lm1b (~7-9 s each: their vocabularies' adaptive softmax) train in CI's slow phase.
@@ -51,7 +61,7 @@ def _setup(path):
                                   if "_large" in os.path.basename(p) or os.path.basename(p) == "lm1b.gin" else p
                                   for p in GIN_FILES], ids=[os.path.basename(p) for p in GIN_FILES])
 def test_gin_file_trains_one_step_and_evaluates(path, tiny_corpora, tmp_path, clean_gin):
-    dataset, cutoffs = _setup(path)
+    dataset, cutoffs, auto_fields = _setup(path)
     data_dir = tiny_corpora["word" if dataset in WORD_DATASETS else "char"]
     params = [
         f"DATA_DIR = '{data_dir}'",
@@ -68,6 +78,9 @@ def test_gin_file_trains_one_step_and_evaluates(path, tiny_corpora, tmp_path, cl
         params.append(f"ModelConfig.cutoffs = {tuple(10 * (i + 1) for i in range(len(cutoffs)))}")
     if path.endswith("common.gin"):
         params.append("DataConfig.dataset = 'text'")
+        assert auto_fields == set(PATH_FIELDS)  # so this one run times the candidates
+    else:
+        params.extend(_pinned(auto_fields))
     metrics = train.run([path], params, model_dir=str(tmp_path))
     assert metrics["step"] == 1
     assert math.isfinite(metrics["loss"]) and math.isfinite(metrics["valid_loss"])
