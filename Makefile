@@ -22,8 +22,9 @@ run: venv
 	$(PY) -m txl_tf.train --gin_file=gin/sample.gin --model_dir=$(MODEL_DIR) \
 	  --gin_param="DATA_DIR='$(DATA_DIR)/enwik8_sample'"
 
-# The fast test suite (< ~10 min on 2 cores), two test files at a time (pytest-xdist; each file stays in one worker process, as each is one
-# Bazel target; docs/development.md has the timings). TEST_WORKERS=0 runs them in this process.
+# The fast test suite (< ~10 min on 2 cores), two test files at a time (pytest-xdist; each file stays in one
+# worker process, as each is one Bazel target; docs/development.md has the timings). TEST_WORKERS=0 runs them in
+# this process.
 TEST_WORKERS ?= 2
 test: venv
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
