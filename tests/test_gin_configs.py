@@ -51,8 +51,8 @@ def _setup(path):
 
 def _pinned(auto_fields):
     """PINNED_PATH's bindings of the fields a file leaves "auto". Timing the candidate paths (txl_tf.autotune, ~15 s
-    a model on a fresh machine) is tested once, by common.gin here and in tests/test_autotune.py; the other files
-    keep every value they set themselves."""
+    a model where the choices cache lacks it, as on a fresh machine) is left to common.gin here and to
+    tests/test_autotune.py; the other files keep every value they set themselves."""
     return [b for b in PINNED_PATH if b.split("=")[0].strip().split(".")[1] in auto_fields]
 
 
@@ -78,7 +78,7 @@ def test_gin_file_trains_one_step_and_evaluates(path, tiny_corpora, tmp_path, cl
         params.append(f"ModelConfig.cutoffs = {tuple(10 * (i + 1) for i in range(len(cutoffs)))}")
     if path.endswith("common.gin"):
         params.append("DataConfig.dataset = 'text'")
-        assert auto_fields == set(PATH_FIELDS)  # so this one run times the candidates
+        assert auto_fields == set(PATH_FIELDS)  # so this one run chooses its path by measurement (or the cache)
     else:
         params.extend(_pinned(auto_fields))
     metrics = train.run([path], params, model_dir=str(tmp_path))
