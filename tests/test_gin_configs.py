@@ -53,7 +53,7 @@ def _pinned(auto_fields):
     """PINNED_PATH's bindings of the fields a file leaves "auto". Timing the candidate paths (txl_tf.autotune, ~15 s
     a model where the choices cache lacks it, as on a fresh machine) is left to common.gin here and to
     tests/test_autotune.py; the other files keep every value they set themselves."""
-    return [b for b in PINNED_PATH if b.split("=")[0].strip().split(".")[1] in auto_fields]
+    return [b for b in PINNED_PATH if any(b.startswith(f"TrainConfig.{field} =") for field in auto_fields)]
 
 
 # The large setups and lm1b (~7-9 s each: their vocabularies' adaptive softmax) train in CI's slow phase.
