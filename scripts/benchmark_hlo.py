@@ -136,9 +136,7 @@ def dump(folder: str, cases: list, modes: list) -> None:
                 keras.utils.set_random_seed(0)
                 path = autotune.TrainPath(mode == "bf16", True, "tf")
                 trainer = trainer_lib.timing_trainer(kwargs, TrainConfig(tgt_len=length), batch, path)
-                inputs, targets = next(trainer._iterator)
-                blob = trainer._grad_fn.experimental_get_compiler_ir(inputs, targets, trainer.mems)(
-                    stage="hlo_serialized")
+                blob = trainer_lib.gradient_hlo(trainer)
                 name = f"{case}_{mode}"
                 with open(os.path.join(tmp, f"{name}.pb.gz"), "wb") as f:
                     f.write(gzip.compress(strip_module(blob), mtime=0))

@@ -93,3 +93,14 @@ def test_paths_and_flags_are_one_line_errors(tmp_path):
     (tmp_path / "meta.json").write_text(json.dumps({"tiny_f32": ENTRY}))
     one_line_error(run(f"--time={tmp_path}", f"--peer={tmp_path}"),
                    f"--peer={tmp_path} is not a directory made by ../shared/peer/setup.sh")
+
+
+def test_gradient_hlo_needs_the_xla_path():
+    from txl_tf import autotune
+    from txl_tf import trainer as trainer_lib
+    from txl_tf.configs import TrainConfig
+
+    arch = dict(n_token=10, n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=16, mem_len=4)
+    trainer = trainer_lib.timing_trainer(arch, TrainConfig(tgt_len=4), 1, autotune.TrainPath(False, False, "tf"))
+    with pytest.raises(ValueError, match="does not compile with XLA; give it jit_compile"):
+        trainer_lib.gradient_hlo(trainer)

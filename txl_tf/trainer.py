@@ -373,6 +373,16 @@ def timing_trainer(model_kwargs: dict, train_config: TrainConfig, batch: int, pa
     return trainer
 
 
+def gradient_hlo(trainer: Trainer) -> bytes:
+    """The serialized HloModuleProto of the XLA program of `trainer`'s gradient function (forward, token-weighted
+    NLL, backward; a trainer on an XLA path) on its next batch: the program XLA compiles for the step, for timing it
+    where TensorFlow does not run (scripts/benchmark_hlo.py)."""
+    if not trainer.path.jit_compile:
+        raise ValueError(f"the trainer's path {trainer.path} does not compile with XLA; give it jit_compile")
+    inputs, targets = next(trainer._iterator)
+    return trainer._grad_fn.experimental_get_compiler_ir(inputs, targets, trainer.mems)(stage="hlo_serialized")
+
+
 def step_seconds(trainer: Trainer, steps: int, warmup: int = 1) -> float:
     """The median seconds of one step of `trainer.train_loop` (one step per host loop) over `steps`, after
     `warmup` untimed ones (tracing, XLA's compilation)."""
