@@ -29,8 +29,9 @@ near for such small weights (the layer norms' scales are drawn too): a check tha
 --peer=PEER_DIR (a directory made by `../shared/peer/setup.sh`; its code/ folder is imported, its venv is not
 needed): also times the authors' PyTorch MemTransformerLM of each case on the same device: forward + backward,
 and the whole step with clip_grad_norm_ and Adam, float32 with TF32 matmuls allowed and bfloat16 autocast, with
-PyTorch's peak allocated memory; its weights are drawn like ours (the authors' own initialisation lives in their
-train.py). Ours / theirs compares our fwd+bwd with theirs.
+PyTorch's peak allocated memory; its weights are drawn as the authors' train.py draws them (normal 0.02, zero
+biases, unit layer-norm scales; that code is not in their model's file). Ours / theirs compares our fwd+bwd with
+theirs.
 
 Cases: enwik8_base (the paper's: 12 layers, d_model 512, tgt_len = mem_len = 512, batch 22), wt103_base (the
 paper's: 16 layers, d_model 410, 10 x 41 heads, adaptive softmax, tgt_len = mem_len = 150, batch 60) and
@@ -49,6 +50,7 @@ import re
 import subprocess
 import sys
 import time
+import zlib
 
 # First: txl_tf.cli quiets TensorFlow's start-up (when --dump imports it) and runs main with one-line errors.
 from txl_tf import cli
@@ -172,8 +174,9 @@ def read_meta(folder: str) -> dict:
         raise UserError(f"{path} is not a non-empty object of modules; write the folder again with --dump")
     for name, entry in meta.items():
         what = f"{path}, module {name!r}"
-        if not re.fullmatch(r"[a-z0-9_]+", name) or not isinstance(entry, dict) or entry.get("mode") not in MODES:
-            raise UserError(f"{what} is not a module written by --dump (name, mode); write the folder again")
+        if not re.fullmatch(r"[a-z0-9_]+", name) or not isinstance(entry, dict) or entry.get("mode") not in MODES \
+                or entry.get("case") not in CASES:
+            raise UserError(f"{what} is not a module written by --dump (name, mode, case); write the folder again")
         for key in ("batch", "tgt_len", "mem_len", "n_token", "tokens", "parameters"):
             _positive_int(entry, key, what)
         cutoffs = entry.get("cutoffs")
@@ -185,6 +188,21 @@ def read_meta(folder: str) -> dict:
         if not isinstance(flops, (int, float)) or not math.isfinite(flops) or flops <= 0:
             raise UserError(f"{what}: flops_per_step={flops!r} is not a positive number; write the folder again")
     return meta
+
+
+def read_module(folder: str, name: str) -> bytes:
+    """The serialized module `name` of a dump: its gzip file read within MODULE_LIMIT, and inflated within it."""
+    path = os.path.join(folder, f"{name}.pb.gz")
+    packed = untrusted.read_bytes(path, max_bytes=MODULE_LIMIT, what=f"the module {name}")
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)  # gzip
+    try:
+        blob = inflate.decompress(packed, MODULE_LIMIT)
+    except zlib.error as e:
+        raise UserError(f"{path} is not a gzip file ({e}); write the folder again with --dump") from None
+    if inflate.unconsumed_tail or not inflate.eof:
+        raise UserError(f"{path} inflates past {MODULE_LIMIT >> 20} MiB or is cut short; write the folder again with "
+                        "--dump")
+    return blob
 
 
 def zero_logit_nll(n_token: int, cutoffs: list) -> float:
@@ -231,10 +249,16 @@ def child_module(folder: str, name: str, steps: int) -> dict:
 
     jax.config.update("jax_enable_x64", True)  # the dropout seeds are int64
     entry = read_meta(folder)[name]
-    blob = gzip.decompress(untrusted.read_bytes(os.path.join(folder, f"{name}.pb.gz"), max_bytes=MODULE_LIMIT,
-                                                what=f"the module {name}"))
+    blob = read_module(folder, name)
     device = jax.devices()[0]
-    shapes = xla_client.XlaComputation(blob).program_shape().parameter_shapes()
+    computation = xla_client.XlaComputation(blob)
+    if "custom-call" in computation.as_hlo_text():  # a call into code outside XLA's own ops: not what --dump writes
+        raise UserError(f"the module {name} in {folder} calls custom code; time only what --dump writes")
+    shapes = computation.program_shape().parameter_shapes()
+    needed = sum(math.prod(s.dimensions()) * np.dtype(s.numpy_dtype()).itemsize for s in shapes)
+    if needed > untrusted.machine_memory() // 2:
+        raise UserError(f"the module {name} in {folder} takes {untrusted.size_text(needed)} of inputs, over half "
+                        "this machine's memory; write the folder again with --dump")
     start = time.perf_counter()
     executable = device.client.compile_and_load(xla_client._xla.mlir.hlo_to_stablehlo(blob),
                                                 xla_client.DeviceList((device,)), xla_client.CompileOptions())
@@ -292,7 +316,7 @@ def child_peer(peer: str, case: str, steps: int) -> list:
         arch["n_token"], arch["n_layer"], arch["n_head"], arch["d_model"], arch["d_head"], arch["d_inner"], 0.1, 0.0,
         div_val=arch["div_val"], tie_projs=[False] + [True] * len(arch["cutoffs"]), tgt_len=length, mem_len=length,
         ext_len=0, cutoffs=list(arch["cutoffs"])).to(device)
-    with torch.no_grad():  # like ours: N(0, 0.02) weights, zero biases, unit layer-norm scales
+    with torch.no_grad():  # as the authors' train.py initialises: N(0, 0.02) weights, zero biases, unit LN scales
         for name, parameter in model.named_parameters():
             if "layer_norm" in name:
                 parameter.fill_(1.0 if name.endswith("weight") else 0.0)

@@ -83,6 +83,9 @@ def test_time_refuses_a_meta_json_it_did_not_write(tmp_path):
         one_line_error(run(f"--time={tmp_path}"), str(tmp_path / "meta.json"), fragment)
     (tmp_path / "meta.json").write_text('{"tiny_f32": {"flops_per_step": NaN}}')
     one_line_error(run(f"--time={tmp_path}"), "meta.json")
+    (tmp_path / "meta.json").write_text(json.dumps({"tiny_f32": ENTRY}))
+    (tmp_path / "tiny_f32.pb.gz").write_bytes(b"not gzip")
+    one_line_error(run(f"--time={tmp_path}", "--matmul_size=16"), str(tmp_path / "tiny_f32.pb.gz"), "not a gzip file")
 
 
 def test_paths_and_flags_are_one_line_errors(tmp_path):
