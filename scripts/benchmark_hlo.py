@@ -10,7 +10,7 @@ PyTorch but no TensorFlow. The program XLA compiles for our step can: it is the 
 it to XLA.
 
 --dump: builds each case's `txl_tf.trainer.timing_trainer` on the XLA path (mode f32: float32; bf16:
-mixed_bfloat16) and writes the HLO of its compiled gradient function (`Trainer._grad_fn`, `jit_compile=True`: the
+mixed_bfloat16) and writes the HLO of its compiled gradient function (`txl_tf.trainer.gradient_hlo`: the
 forward pass with the memory, the token-weighted NLL and the backward pass; the clipping and the Adam update run
 outside XLA in the trainer and are not in it) as a serialized HloModuleProto per case and mode, and `meta.json`
 (tokens and matmul FLOPs per step from `txl_tf.flops`). Two rewrites make the module load in a current XLA and
@@ -29,8 +29,8 @@ near for such small weights (the layer norms' scales are drawn too): a check tha
 --peer=PEER_DIR (a directory made by `../shared/peer/setup.sh`; its code/ folder is imported, its venv is not
 needed): also times the authors' PyTorch MemTransformerLM of each case on the same device: forward + backward,
 and the whole step with clip_grad_norm_ and Adam, float32 with TF32 matmuls allowed and bfloat16 autocast, with
-PyTorch's peak allocated memory; its weights are drawn as the authors' train.py draws them (normal 0.02, zero
-biases, unit layer-norm scales; that code is not in their model's file). Ours / theirs compares our fwd+bwd with
+PyTorch's peak allocated memory; its weights are drawn close to how the authors' train.py initialises them
+(normal 0.02, zero biases, unit layer-norm scales; that code is not in their model's file). Ours / theirs compares our fwd+bwd with
 theirs.
 
 Cases: enwik8_base (the paper's: 12 layers, d_model 512, tgt_len = mem_len = 512, batch 22), wt103_base (the
@@ -316,7 +316,7 @@ def child_peer(peer: str, case: str, steps: int) -> list:
         arch["n_token"], arch["n_layer"], arch["n_head"], arch["d_model"], arch["d_head"], arch["d_inner"], 0.1, 0.0,
         div_val=arch["div_val"], tie_projs=[False] + [True] * len(arch["cutoffs"]), tgt_len=length, mem_len=length,
         ext_len=0, cutoffs=list(arch["cutoffs"])).to(device)
-    with torch.no_grad():  # as the authors' train.py initialises: N(0, 0.02) weights, zero biases, unit LN scales
+    with torch.no_grad():  # near the authors' train.py: N(0, 0.02) weights, zero biases, unit LN scales
         for name, parameter in model.named_parameters():
             if "layer_norm" in name:
                 parameter.fill_(1.0 if name.endswith("weight") else 0.0)
