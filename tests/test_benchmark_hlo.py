@@ -71,7 +71,7 @@ def test_time_runs_the_modules_under_jax(dumped):
         # head of 100 + 2 clusters; uniform targets: 10% ln 102, 30% ln 102 + ln 300, 60% ln 102 + ln 600
         expected = math.log(102) + 0.3 * math.log(300) + 0.6 * math.log(600)
         assert float(at_zero) == pytest.approx(expected, abs=0.006)
-        assert abs(float(nll) - expected) < 0.6  # 64 random targets: within ~3 standard errors of the mean
+        assert abs(float(nll) - expected) < 0.6  # 64 random targets (NLL spread ~1.9): ~2.5 standard errors
 
 
 def test_time_refuses_a_meta_json_it_did_not_write(tmp_path):
