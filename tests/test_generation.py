@@ -79,6 +79,24 @@ def _draws(seeds=8, **settings):
     return draws
 
 
+@pytest.mark.parametrize("settings", [{}, {"top_k": 4}, {"top_p": 0.999}, {"top_k": 3, "top_p": 0.95}])
+def test_draws_follow_the_probabilities_with_and_without_the_sort(settings):
+    """Without top_k or top_p (or top_k = the vocabulary) a token is drawn from the probabilities as they are,
+    without sorting them; top_p < 1 goes through keras-hub's sorted nucleus, top_k < V through the renormalised
+    mask. Each way, 4,096 draws follow the distribution (5 standard deviations)."""
+    sampling = generation.Sampling()
+    probabilities = np.array([0.1, 0.5, 0.15, 0.25])
+    if settings.get("top_k") == 3:
+        probabilities = np.array([0.0, 0.5, 0.15, 0.25]) / 0.9  # 0.1 is outside the top 3; 0.95 keeps the rest
+    logits = tf.math.log(tf.constant([[0.1, 0.5, 0.15, 0.25]] * 512))
+    counts = np.zeros(4)
+    for seed in range(8):
+        sampling.set(1.0, settings.get("top_k", 0), settings.get("top_p", 1.0), seed)
+        counts += np.bincount(sampling.get_next_token(sampling.compute_probabilities(logits)).numpy(), minlength=4)
+    expected = probabilities * counts.sum()
+    assert np.all(np.abs(counts - expected) <= 5 * np.sqrt(expected * (1 - probabilities)) + 1e-9), (counts, expected)
+
+
 def test_top_k_restricts_choices():
     assert _draws(top_k=2) == {1, 3}
     assert _draws(top_k=0) == {0, 1, 2, 3}

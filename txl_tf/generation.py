@@ -18,6 +18,7 @@ import math
 import time
 from collections.abc import Sequence
 
+import keras
 import keras_hub
 import numpy as np
 import tensorflow as tf
@@ -44,7 +45,8 @@ class Sampling(keras_hub.samplers.TopPSampler):
     """keras-hub's TopPSampler (the likeliest tokens that make up `top_p` of the probability at `temperature`),
     among the `top_k` likeliest tokens (0: all). The settings and the seed are variables: `set` them before a call.
 
-    top_k is a mask on the probabilities (renormalised), not a slice: no shape depends on it (XLA)."""
+    top_k is a mask on the probabilities (renormalised), not a slice: no shape depends on it (XLA). Without
+    top_k and top_p nothing is sorted: the token is drawn from the probabilities at `temperature` as they are."""
 
     def __init__(self):
         super().__init__(p=1.0, k=None, seed=0)
@@ -68,10 +70,27 @@ class Sampling(keras_hub.samplers.TopPSampler):
     def compute_probabilities(self, logits):
         probabilities = super().compute_probabilities(logits)  # softmax(logits / temperature), float32 [B, V]
         vocab = tf.shape(probabilities)[-1]
-        k = tf.where(self.top_k > 0, tf.minimum(self.top_k, vocab), vocab)
-        kth = tf.gather(tf.sort(probabilities, direction="DESCENDING"), k - 1, axis=-1)  # [B]
-        kept = tf.where(probabilities >= kth[:, None], probabilities, tf.zeros_like(probabilities))
-        return kept / tf.reduce_sum(kept, axis=-1, keepdims=True)
+
+        def top_k(probabilities):
+            k = tf.minimum(self.top_k, vocab)
+            kth = tf.gather(tf.sort(probabilities, direction="DESCENDING"), k - 1, axis=-1)  # [B]
+            kept = tf.where(probabilities >= kth[:, None], probabilities, tf.zeros_like(probabilities))
+            return kept / tf.reduce_sum(kept, axis=-1, keepdims=True)
+
+        # A sort per token only where top_k keeps fewer than all (it is most of a step's sampling at batch 32).
+        return tf.cond((self.top_k > 0) & (self.top_k < vocab), lambda: top_k(probabilities),
+                       lambda: probabilities)
+
+    def get_next_token(self, probabilities):
+        """keras-hub's top-p choice where top_p < 1; otherwise its categorical draw from all the probabilities,
+        without the sort that top-p needs (the same distribution)."""
+
+        def everything(probabilities):
+            return keras.random.categorical(tf.math.log(probabilities), 1, seed=self.seed_generator,
+                                            dtype="int32")[:, 0]
+
+        return tf.cond(self.p < 1.0, lambda: super(Sampling, self).get_next_token(probabilities),
+                       lambda: everything(probabilities))
 
 
 class Generator(tf.Module):

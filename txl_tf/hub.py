@@ -370,7 +370,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
     def _ring_loop(self, cache, position_keys):
         """(`next`, its cache) of the ring decoding step, from the prompt's cache (`_build_cache`).
 
-        The ring cache is (per layer keys [B, N, M + 1, D], per layer values, last log-probs, last hidden, prompt
+        The ring cache is (per layer keys [B, N, D, M + 1], per layer values, last log-probs, last hidden, prompt
         lengths), position p of each row in slot p mod (M + 1) (`RelativeMultiHeadAttention.decode_ring`): each
         row's M kept positions rolled there once, the free slot the one its first new token writes. One tensor
         per layer: a step writes one slot of each and copies none.
@@ -384,8 +384,8 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         order = tf.math.floormod(tf.range(ring)[None, :] - (lengths[:, None] - memory), ring)  # [B, R]
         spare = tf.zeros_like(keys[:, 0, :, :1])  # [B, N, 1, D]
 
-        def in_ring(x):  # [B, N, M, D] in order -> [B, N, R, D] by slot
-            return tf.gather(tf.concat([x, spare], axis=2), order, axis=2, batch_dims=1)
+        def in_ring(x):  # [B, N, M, D] in order -> [B, N, D, R] by slot
+            return tf.transpose(tf.gather(tf.concat([x, spare], axis=2), order, axis=2, batch_dims=1), [0, 1, 3, 2])
 
         keys = tuple(in_ring(keys[:, i]) for i in range(model.n_layer))
         values = tuple(in_ring(values[:, i]) for i in range(model.n_layer))
