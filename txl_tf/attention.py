@@ -453,7 +453,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         samplers repeat and gather the rows of their cache on axis 0), position p in slot p mod R: every row's
         token of this step writes the same slot, over the position R back, so that a step updates one slot in
         place instead of moving the M kept ones as `keep_window` does, and slot j holds the position at distance
-        (slot - j) mod R in every row. Slots are the last axis ([B, N, D, R]): both products of a step then run
+        (slot - j) mod R in every row. One more slot, R, is scratch: the rows that do not write this step write
+        there, so that no row reads the slot it keeps (a strided read of B*N*D numbers), and its score is -inf. Slots are the last axis ([B, N, D, R + 1]): both products of a step then run
         along the ring's slots rather than along a head's features, which XLA's CPU kernels do faster (a decoding
         step at batch 32 with memory 2,000 took ~10% less time than with [B, N, R, D], 2-core Xeon, 2026-11-27). The
         scores are the cached call's (`_call_cached` with one query: M memory positions and the token itself).
@@ -461,10 +462,10 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
 
         Args:
           h: the token's input [B, 1, d].
-          keys, values: [B, N, D, R] in the compute dtype.
+          keys, values: [B, N, D, R + 1] in the compute dtype (slot R the scratch slot).
           slot: int32 scalar, the slot of this step's position (the position mod R).
           write: [B] bool, the rows whose token enters the ring; the others (still reading a prompt the ring
-            already holds) keep the slot as it is, and their output is not used.
+            already holds) write the scratch slot instead, and their output is not used.
           position_rows: [N, R, D], the position keys of distances R - 1 .. 0 (the last R of the cache's
             `position_keys`, sliced once before the loop: a slice in the step is a copy at every token).
           content_bias, position_bias: u, v [N, D] (xl) or None.
@@ -480,28 +481,27 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         q = heads(self._queries(h_in)) * tf.cast(self.scale, dtype)  # [B, N, 1, D]
         k_new, v_new = (heads(x) for x in tf.split(self._keys_values(h_in), 2, axis=-1))  # [B, N, 1, D] each
         # (row, head, feature, slot) of the B*N*D numbers to write: a scatter XLA runs in place (its
-        # dynamic_update_slice measured far slower here: it copied the ring), the rows that do not write keeping
-        # the slot as it is.
+        # dynamic_update_slice measured far slower here: it copied the ring); the rows that do not write put their
+        # numbers in the scratch slot.
         rows_heads = batch * self.n_head
+        scratch = keys.shape[3] - 1
+        slots = tf.repeat(tf.where(write, slot, scratch), self.n_head * self.d_head)  # [B*N*D]
         at = tf.stack([tf.repeat(tf.range(batch), self.n_head * self.d_head),
                        tf.tile(tf.repeat(tf.range(self.n_head), self.d_head), [batch]),
                        tf.tile(tf.range(self.d_head), [rows_heads]),
-                       tf.fill([rows_heads * self.d_head], slot)], axis=1)  # [B*N*D, 4]
-        written = tf.repeat(write, self.n_head * self.d_head)  # [B*N*D]
-
-        def put(ring_tensor, new):
-            kept = tf.reshape(tf.slice(ring_tensor, [0, 0, 0, slot], [-1, -1, -1, 1]), [-1])  # the slot as it is
-            return tf.tensor_scatter_nd_update(ring_tensor, at, tf.where(written, tf.reshape(new, [-1]), kept))
-
-        keys, values = put(keys, k_new), put(values, v_new)
+                       slots], axis=1)  # [B*N*D, 4]
+        keys = tf.tensor_scatter_nd_update(keys, at, tf.reshape(k_new, [-1]))
+        values = tf.tensor_scatter_nd_update(values, at, tf.reshape(v_new, [-1]))
         q_k = q if content_bias is None else q + tf.cast(content_bias, dtype)[:, None] * tf.cast(self.scale, dtype)
-        score = tf.matmul(q_k, keys)  # [B, N, 1, R]: (a) + (c)
+        score = tf.matmul(q_k, keys)  # [B, N, 1, R + 1]: (a) + (c)
         q_r = q if position_bias is None else q + tf.cast(position_bias, dtype)[:, None] * tf.cast(self.scale, dtype)
         # [B, N, 1, R]: (b) + (d), row i at distance R-1-i
         by_distance = tf.einsum("bnqd,nrd->bnqr", q_r, tf.cast(position_rows, dtype))
         # Slot j holds distance (slot - j) mod R, row R-1 - that = (j - slot - 1) mod R: a roll by slot + 1.
-        score += tf.roll(by_distance, shift=slot + 1, axis=3)
-        probs = tf.cast(tf.nn.softmax(tf.cast(score, tf.float32), axis=-1), dtype)  # [B, N, 1, R]
+        # The scratch slot's score: -inf (its probability 0).
+        score += tf.pad(tf.roll(by_distance, shift=slot + 1, axis=3), [[0, 0], [0, 0], [0, 0], [0, 1]],
+                        constant_values=float("-inf"))
+        probs = tf.cast(tf.nn.softmax(tf.cast(score, tf.float32), axis=-1), dtype)  # [B, N, 1, R + 1]
         attn = tf.reshape(tf.matmul(probs, values, transpose_b=True), [batch, 1, self.n_head * self.d_head])
         out = project(attn, self.attention_output, dtype=dtype)  # [B, 1, d]
         out = h + out if self.pre_lnorm else self.layer_norm(h + out)

@@ -370,10 +370,10 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
     def _ring_loop(self, cache, position_keys):
         """(`next`, its cache) of the ring decoding step, from the prompt's cache (`_build_cache`).
 
-        The ring cache is (per layer keys [B, N, D, M + 1], per layer values, last log-probs, last hidden, prompt
+        The ring cache is (per layer keys [B, N, D, M + 2], per layer values, last log-probs, last hidden, prompt
         lengths), position p of each row in slot p mod (M + 1) (`RelativeMultiHeadAttention.decode_ring`): each
-        row's M kept positions rolled there once, the free slot the one its first new token writes. One tensor
-        per layer: a step writes one slot of each and copies none.
+        row's M kept positions rolled there once, the free slot the one its first new token writes, and the scratch
+        slot last. One tensor per layer: a step writes one slot of each and copies none.
         """
         model = self.backbone.transformer_xl
         keys, values, last_logits, last_hidden, lengths = cache
@@ -384,8 +384,9 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         order = tf.math.floormod(tf.range(ring)[None, :] - (lengths[:, None] - memory), ring)  # [B, R]
         spare = tf.zeros_like(keys[:, 0, :, :1])  # [B, N, 1, D]
 
-        def in_ring(x):  # [B, N, M, D] in order -> [B, N, D, R] by slot
-            return tf.transpose(tf.gather(tf.concat([x, spare], axis=2), order, axis=2, batch_dims=1), [0, 1, 3, 2])
+        def in_ring(x):  # [B, N, M, D] in order -> [B, N, D, R + 1] by slot, then the scratch slot
+            by_slot = tf.gather(tf.concat([x, spare], axis=2), order, axis=2, batch_dims=1)
+            return tf.transpose(tf.concat([by_slot, spare], axis=2), [0, 1, 3, 2])
 
         keys = tuple(in_ring(keys[:, i]) for i in range(model.n_layer))
         values = tuple(in_ring(values[:, i]) for i in range(model.n_layer))
