@@ -2,6 +2,7 @@
 oracle, a batch of prompts of different lengths continues each as alone, top-k and top-p through keras-hub's
 sampler, and the SavedModel's, the command line's and the Python path's text are the same."""
 
+import itertools
 import subprocess
 import sys
 
@@ -126,12 +127,14 @@ def test_top_p_keeps_the_smallest_set_reaching_p(top_p, allowed):
 @pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
 def test_saved_model_gives_the_python_text(model, tmp_path):
     """The SavedModel's `generate` signature is the Python generator's function: the same tokens, greedy and
-    sampled, for prompts of different lengths."""
+    sampled, for prompts of different lengths, and for one prompt (the signature's batch is unknown: one row
+    takes the loop traced for one row, `Generator._checked`)."""
     protocol = Protocol(mem_len=9)
     export.export_model(model, str(tmp_path / "saved"), protocol=protocol, max_len=3)
     loaded = tf.saved_model.load(str(tmp_path / "saved"))
-    prompts = [[1, 4, 2, 7, 3], [5, 0]]
-    for settings in (dict(temperature=0.0), dict(temperature=1.3, top_k=5, top_p=0.9, seed=4)):
+    for prompts, settings in itertools.product(
+            ([[1, 4, 2, 7, 3], [5, 0]], [[1, 4, 2, 7, 3]]),
+            (dict(temperature=0.0), dict(temperature=1.3, top_k=5, top_p=0.9, seed=4))):
         served = generation.generate_with(loaded.signatures["generate"], prompts, max_tokens=7, **settings)
         python = generation.generate_from_model(model, prompts, max_tokens=7, protocol=protocol, segment_len=3,
                                                 **settings)

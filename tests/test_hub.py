@@ -77,18 +77,25 @@ def test_other_encodings_generate_as_txl_tf_does(attn_type):
     assert lm.generate(PROMPTS, max_length=40) == legacy_greedy(lm, PROMPTS, 40)
 
 
-@pytest.mark.parametrize("attn_type", ["xl", "shaw"])
-def test_the_ring_of_keys_and_values_gives_the_cached_calls_log_probabilities(attn_type):
+@pytest.mark.parametrize(("attn_type", "rows", "lora"), [("xl", 2, False), ("shaw", 2, False), ("xl", 1, True)])
+def test_the_ring_of_keys_and_values_gives_the_cached_calls_log_probabilities(attn_type, rows, lora):
     """Token by token past three memories in the ring (`_ring_loop`: position p of a row in slot p mod (M + 1),
     one slot written per token) against the model's cached call one row at a time (the memory's keys/values moved
-    each step), after the prompt read in the loop's segments. The rows' prompts are shorter and longer than the
-    memory: their kept positions are rolled into the ring differently, and one row goes on reading its prompt
-    while the other generates."""
+    each step), after the prompt read in the loop's segments. Two rows: their prompts are shorter and longer than
+    the memory, so their kept positions are rolled into the ring differently, and one row goes on reading its
+    prompt while the other generates. One row: the projections and the feed-forward as two half-width products
+    (`projection.dense_row`), here with LoRA on and its weights drawn (the kernels read with LoRA's update)."""
     lm = make_lm(attn_type=attn_type)
     model, protocol, segment = lm.backbone.transformer_xl, lm.backbone.protocol, lm.backbone.segment_len
+    if lora:
+        lm.backbone.enable_lora(2)
+        draw = np.random.default_rng(6)
+        for weight in lm.backbone.weights:
+            if "lora_kernel" in weight.path:
+                weight.assign(draw.normal(0, 0.3, weight.shape).astype(np.float32))
     mem_len = protocol.mem_len
-    steps, lengths = 3 * mem_len, [2, mem_len + 3]
-    tokens = np.random.default_rng(5).integers(0, len(VOCAB), [2, steps]).astype(np.int32)
+    steps, lengths = 3 * mem_len, [2, mem_len + 3][-rows:]
+    tokens = np.random.default_rng(5).integers(0, len(VOCAB), [rows, steps]).astype(np.int32)
     expected = []  # per row: the log-probs after each of its tokens from its prompt on
     for row, length in enumerate(lengths):
         state, row_log_probs = model.initial_cache(1, protocol, max_len=segment), {}
@@ -102,11 +109,22 @@ def test_the_ring_of_keys_and_values_gives_the_cached_calls_log_probabilities(at
     checked = 0
     for index in range(min(lengths), steps + 1):  # the step that reads the token at index - 1
         log_probs, _, cache = next(tf.constant(tokens), cache, tf.constant(index))
-        for row in range(2):
+        for row in range(rows):
             if index >= lengths[row]:  # the row's prompt is read: the log-probs after its token at index - 1
                 np.testing.assert_allclose(log_probs[row], expected[row][index - 1], atol=1e-5)
                 checked += 1
-    assert checked == 2 * steps - sum(lengths) + 2
+    assert checked == rows * steps - sum(lengths) + rows
+
+
+def test_one_prompt_decodes_as_txl_tf_does_and_with_its_row_repeated():
+    """At batch 1 the ring's step takes its projections as two half-width products (`projection.dense_row`): the
+    greedy text of plain calls; beam search repeats the row (two beams), and the step takes the general path."""
+    lm = make_lm()
+    lm.compile(sampler="greedy")
+    assert lm.generate(PROMPTS[:1], max_length=50) == legacy_greedy(lm, PROMPTS[:1], 50)
+    lm.compile(sampler=keras_hub.samplers.BeamSampler(num_beams=2))
+    out = lm.generate(PROMPTS[:1], max_length=50)
+    assert out[0].startswith(PROMPTS[0]) and len(out[0]) == 50, out
 
 
 @pytest.mark.slow  # ~20 s: six samplers traced; CI's slow phase

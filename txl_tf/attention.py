@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from txl_tf import encodings, fused
 from txl_tf.dropout import Dropout
-from txl_tf.projection import dense, kernel_of, project, projection, quantized
+from txl_tf.projection import dense, dense_row, halves, kernel_of, project, projection, quantized
 from txl_tf.state import LayerCache, LayerMemory, check_type
 
 ATTN_TYPES = encodings.NAMES
@@ -446,7 +446,16 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         out = self._attend(h, _Operands(q, k, v, r), terms, return_probs, False, position_encoding=position_encoding)
         return (out[0], new_cache, *out[1:])
 
-    def decode_ring(self, h, keys, values, slot, write, position_rows, content_bias=None, position_bias=None):
+    def row_kernels(self):
+        """(queries, keys | values, output) as `projection.halves` for `decode_ring` at batch 1 (computed once
+        before the decoding loop), or None where a projection is quantized or of an odd width."""
+        dtype = self.compute_dtype
+        kernels = (halves(self.query, dtype=dtype), halves(self.key, self.value, dtype=dtype),
+                   halves(self.attention_output, dtype=dtype))
+        return None if any(k is None for k in kernels) else kernels
+
+    def decode_ring(self, h, keys, values, slot, write, position_rows, content_bias=None, position_bias=None,
+                    row_kernels=None):
         """One token per row against a ring of keys/values: the decoding step of `txl_tf.hub`'s generation loop.
 
         The ring holds the keys/values of the last R = M + 1 positions of each row, batch first (keras-hub's
@@ -469,6 +478,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
           position_rows: [N, R, D], the position keys of distances R - 1 .. 0 (the last R of the cache's
             `position_keys`, sliced once before the loop: a slice in the step is a copy at every token).
           content_bias, position_bias: u, v [N, D] (xl) or None.
+          row_kernels: `row_kernels()` at batch 1 (each projection as `projection.dense_row`), or None.
 
         Returns:
           (outputs [B, 1, d], keys, values): the ring with the written rows' token in `slot`.
@@ -478,8 +488,12 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         h = tf.cast(h, dtype)
         h_in = self.layer_norm(h) if self.pre_lnorm else h
         heads = lambda x: tf.reshape(x, [batch, self.n_head, 1, self.d_head])  # noqa: E731  [B, 1, N*D] -> [B, N, 1, D]
-        q = heads(self._queries(h_in)) * tf.cast(self.scale, dtype)  # [B, N, 1, D]
-        k_new, v_new = (heads(x) for x in tf.split(self._keys_values(h_in), 2, axis=-1))  # [B, N, 1, D] each
+        if row_kernels is None:
+            queries, keys_values = self._queries(h_in), self._keys_values(h_in)
+        else:
+            queries, keys_values = dense_row(h_in, row_kernels[0]), dense_row(h_in, row_kernels[1])
+        q = heads(queries) * tf.cast(self.scale, dtype)  # [B, N, 1, D]
+        k_new, v_new = (heads(x) for x in tf.split(keys_values, 2, axis=-1))  # [B, N, 1, D] each
         # (row, head, feature, slot) of the B*N*D numbers to write: a scatter XLA runs in place (its
         # dynamic_update_slice measured far slower here: it copied the ring); the rows that do not write put their
         # numbers in the scratch slot.
@@ -503,7 +517,10 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                         constant_values=float("-inf"))
         probs = tf.cast(tf.nn.softmax(tf.cast(score, tf.float32), axis=-1), dtype)  # [B, N, 1, R + 1]
         attn = tf.reshape(tf.matmul(probs, values, transpose_b=True), [batch, 1, self.n_head * self.d_head])
-        out = project(attn, self.attention_output, dtype=dtype)  # [B, 1, d]
+        if row_kernels is None:
+            out = project(attn, self.attention_output, dtype=dtype)  # [B, 1, d]
+        else:
+            out = dense_row(attn, row_kernels[2])
         out = h + out if self.pre_lnorm else self.layer_norm(h + out)
         return out, keys, values
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from txl_tf import fused
+from txl_tf import fused, projection
 from txl_tf.attention import RelativeMultiHeadAttention
 from txl_tf.dropout import Dropout
 from txl_tf.policy import DEFAULT
@@ -75,6 +75,23 @@ class PositionwiseFeedForward(keras.layers.Layer):
         out = self.output_dropout(self.outer(hidden), training=training, seed=seeds[1])  # [B*L, d]
         out = tf.reshape(out, tf.shape(inputs))  # [B, L, d]
         return inputs + out if self.pre_lnorm else fused.add_layer_norm(self.layer_norm, inputs, out, kernels)
+
+    def row_kernels(self):
+        """(inner, outer) as `projection.halves` for `decode_row` (computed once before a decoding loop), or None
+        where a layer is quantized or of an odd width."""
+        kernels = (projection.halves(self.inner, dtype=self.compute_dtype),
+                   projection.halves(self.outer, dtype=self.compute_dtype))
+        return None if any(k is None for k in kernels) else kernels
+
+    def decode_row(self, inputs, row_kernels):
+        """The inference call on one row [1, 1, d] (the decoding step at batch 1) with `row_kernels()`: both
+        products as `projection.dense_row`."""
+        dtype = self.compute_dtype
+        inputs = tf.cast(inputs, dtype)
+        x = self.layer_norm(inputs) if self.pre_lnorm else inputs
+        hidden = tf.nn.relu(projection.dense_row(x, row_kernels[0]) + tf.cast(self.inner.bias, dtype))
+        out = projection.dense_row(hidden, row_kernels[1]) + tf.cast(self.outer.bias, dtype)
+        return inputs + out if self.pre_lnorm else self.layer_norm(inputs + out)
 
     def get_config(self):
         return {

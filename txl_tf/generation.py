@@ -160,7 +160,15 @@ class Generator(tf.Module):
             tf.debugging.assert_less_equal(top_p, 1.0, message=top_p_range)]
         with tf.control_dependencies(checks):  # nothing reads the inputs before every check has passed
             self.sampling.set(tf.where(temperature > 0, temperature, 1.0), top_k, top_p, seed)
-            return self._loop(tf.identity(token_ids), tf.cast(padding_mask, tf.bool), temperature > 0)
+            token_ids, padding_mask, sample = tf.identity(token_ids), tf.cast(padding_mask, tf.bool), temperature > 0
+            if token_ids.shape[0] is not None:
+                return self._loop(token_ids, padding_mask, sample)
+            # A batch of unknown size (the SavedModel's signature): one row goes to a loop traced for one row,
+            # whose projections run as two half-width products (`txl_tf.projection.dense_row`).
+            return tf.cond(tf.equal(tf.shape(token_ids)[0], 1),
+                           lambda: self._loop(tf.reshape(token_ids, [1, -1]), tf.reshape(padding_mask, [1, -1]),
+                                              sample),
+                           lambda: self._loop(token_ids, padding_mask, sample))
 
 
 def generator(model, protocol: Protocol | None = None, segment_len: int = 64) -> Generator:

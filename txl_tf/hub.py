@@ -391,6 +391,12 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         keys = tuple(in_ring(keys[:, i]) for i in range(model.n_layer))
         values = tuple(in_ring(values[:, i]) for i in range(model.n_layer))
         rows = tf.unstack(position_keys[:, :, -ring:])  # per layer [N, R, D]: distances R - 1 .. 0
+        # At batch 1 each projection as two half-width products (`projection.dense_row`), their kernels arranged
+        # here once; None: the layer's own call. A sampler may repeat the rows (beam search): the step checks
+        # that it gets one row.
+        one_row = keys[0].shape[0] == 1
+        attention_rows = [block.attention.row_kernels() if one_row else None for block in model.blocks]
+        feed_forward_rows = [block.feed_forward.row_kernels() if one_row else None for block in model.blocks]
 
         def next(prompt, cache, index):
             keys, values, last_logits, last_hidden, lengths = cache
@@ -398,12 +404,16 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             fresh = index - 1 >= lengths  # [B]: the token at index - 1 is not in the ring yet (not the prompt's)
             slot = tf.math.floormod(index - 1, ring)
             h = model.embedding(token)  # [B, 1, d]
+            one = h.shape[0] == 1
             new_keys, new_values = [], []
             for i, block in enumerate(model.blocks):
                 u, v = model.encoding.layer_biases(model, i)
                 h, layer_keys, layer_values = block.attention.decode_ring(
-                    h, keys[i], values[i], slot, fresh, rows[i], u, v)
-                h = block.feed_forward(h)
+                    h, keys[i], values[i], slot, fresh, rows[i], u, v, row_kernels=attention_rows[i] if one else None)
+                if one and feed_forward_rows[i] is not None:
+                    h = block.feed_forward.decode_row(h, feed_forward_rows[i])
+                else:
+                    h = block.feed_forward(h)
                 new_keys.append(layer_keys)
                 new_values.append(layer_values)
             logits = tf.cast(model.log_probs(h)[:, 0], tf.float32)

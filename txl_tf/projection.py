@@ -5,6 +5,8 @@
     kernel_of(*layers, dtype)           their float kernels side by side (LoRA's update included)
     quantized(*layers)                  whether any holds quantized weights
     dense(x, kernel)                    [B, T, I] @ [I, O] as one 2-D matmul
+    halves(*layers, dtype)              their kernels in two half-width halves, for `dense_row` (decoding at batch 1)
+    dense_row(x, halves)                one row [1, 1, I] through such halves: one batched matmul of two products
 
 The attention (`txl_tf.attention`) and the encodings that own a projection (xl's W_R) use these.
 """
@@ -54,3 +56,32 @@ def kernel_of(*layers, dtype):
     """The kernels of float projections `layers` side by side [I, sum of units] in `dtype` (LoRA included)."""
     kernels = [tf.cast(layer.kernel, dtype) for layer in layers]
     return kernels[0] if len(kernels) == 1 else tf.concat(kernels, axis=1)
+
+
+def halves(*layers, dtype):
+    """`kernel_of(layers)` [I, O] as [2, I, O/2] (columns 0 .. O/2 - 1, then the rest), for `dense_row`; None
+    where a layer is quantized (its own call runs) or O is odd.
+
+    Computed once before a decoding loop, not in it: XLA did not hoist the transpose out of the loop (every
+    kernel was copied at every token).
+    """
+    if quantized(*layers):
+        return None
+    kernel = kernel_of(*layers, dtype=dtype)
+    inputs, outputs = kernel.shape
+    if outputs % 2:
+        return None
+    return tf.transpose(tf.reshape(kernel, [inputs, 2, outputs // 2]), [1, 0, 2])
+
+
+def dense_row(x, split):
+    """One row `x` [1, 1, I] @ the kernel `split` [2, I, O/2] was made from (`halves`) -> [1, 1, O].
+
+    The two half-width products run as one batched matmul, which XLA's CPU backend spreads over its thread pool,
+    where it runs a single matrix-vector product as one thread's loop: at batch 1 a decoding step's projections
+    and feed-forward read their weights at about twice the rate (`scripts/benchmark_inference.py`'s batch-1
+    decoding; docs/evaluation.md#serving-speed).
+    """
+    inputs = split.shape[1]
+    out = tf.matmul(tf.broadcast_to(tf.reshape(x, [1, 1, inputs]), [2, 1, inputs]), split)  # [2, 1, O/2]
+    return tf.reshape(out, [1, 1, 2 * split.shape[2]])  # the halves side by side
