@@ -184,6 +184,27 @@ def test_projection_after_memory_gradient_is_tensorflows():
         np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5, atol=1e-5)
 
 
+def test_one_row_through_half_width_kernels_is_the_plain_product():
+    """`projection.dense_row` (decoding at batch 1) gives x @ kernel for projections side by side; a quantized
+    projection or an odd width gets no halves (the layer's own call runs)."""
+    import keras
+
+    from txl_tf.projection import dense_row, halves
+
+    rng = np.random.default_rng(7)
+    layers = [keras.layers.Dense(units, use_bias=False) for units in (6, 4, 3)]
+    for layer in layers:
+        layer.build((None, 5))
+        layer.kernel.assign(rng.normal(size=layer.kernel.shape).astype(np.float32))
+    x = tf.constant(rng.normal(size=(1, 1, 5)), tf.float32)
+    got = dense_row(x, halves(layers[0], layers[1], dtype=tf.float32))
+    want = tf.matmul(x[0], tf.concat([layers[0].kernel, layers[1].kernel], axis=1))[None]
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
+    assert halves(layers[2], dtype=tf.float32) is None  # 3 columns
+    layers[0].quantize("int8")
+    assert halves(layers[0], dtype=tf.float32) is None
+
+
 def test_training_gradients_equal_inference_gradients():
     """A training call (no dropout) takes the projection above; its weight gradients equal those of an
     inference call, which keeps TensorFlow's own concat and gradient."""
