@@ -463,10 +463,11 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         token of this step writes the same slot, over the position R back, so that a step updates one slot in
         place instead of moving the M kept ones as `keep_window` does, and slot j holds the position at distance
         (slot - j) mod R in every row. One more slot, R, is scratch: the rows that do not write this step write
-        there, so that no row reads the slot it keeps (a strided read of B*N*D numbers), and its score is -inf. Slots are the last axis ([B, N, D, R + 1]): both products of a step then run
-        along the ring's slots rather than along a head's features, which XLA's CPU kernels do faster (a decoding
-        step at batch 32 with memory 2,000 took ~10% less time than with [B, N, R, D], 2-core Xeon, 2026-11-27). The
-        scores are the cached call's (`_call_cached` with one query: M memory positions and the token itself).
+        there, so that no row reads the slot it keeps (a strided read of B*N*D numbers), and its score is -inf.
+        Slots are the last axis ([B, N, D, R + 1]): both products of a step then run along the ring's slots rather
+        than along a head's features, which XLA's CPU kernels do faster (a decoding step at batch 32 with memory
+        2,000 took ~10% less time than with [B, N, R, D], 2-core Xeon, 2026-11-27). The scores are the cached
+        call's (`_call_cached` with one query: M memory positions and the token itself).
         Encodings whose scores have position rows only (`position_keys_cached`: xl, shaw).
 
         Args:
