@@ -167,6 +167,34 @@ def test_published_report_is_what_the_generator_renders():
     assert report.SUPERSEDED not in report.render(without)
 
 
+def test_readme_block_has_one_row_per_claim_and_a_column_per_corpus():
+    """The README's block: the ablation's and PTB's claims one a line; each context claim once, with each corpus'
+    own verdict and figure in its column (here a second corpus where Transformer-XL's longer memory hurts)."""
+    from txl_tf.study import context, report_context
+
+    document = runs.read_results(str(pathlib.Path(REPO_ROOT) / "docs" / report.PUBLISHED_NAME / "results.json"))
+    first = document["studies"]["context"]
+    second = json.loads(json.dumps(first))
+    second["setup"]["dataset"], second["key"] = "networkx_code", "context_code"
+    second["comparisons"]["xl_longer"] = {"mean": 0.0123, "low": 0.0101, "high": 0.0145}
+    document["studies"]["context_code"] = second
+    block = report.summary(document)
+    assert "[networkx_code]" not in block
+    general = _table_rows(block, "| claim of the paper |")
+    assert [row[0] for row in general] == [
+        row[0] for row in report.claims({**document, "studies": {k: v for k, v in document["studies"].items()
+                                                                  if k in ("ablation", "ptb")}})
+        if not row[0].startswith(report_context.REPLACED_CLAIMS)]
+    header = next(line for line in block.splitlines() if line.startswith("| claim |"))
+    assert header == f"| claim | {context.CORPORA[0].title} | {context.CORPORA[1].title} |"
+    rows = _table_rows(block, "| claim |")
+    for section, column in ((first, 1), (second, 2)):
+        expected = report_context.claims(section, tagged=False)
+        assert [row[0] for row in rows] == [claim for claim, *_ in expected]
+        assert [row[column].split(": ")[0] for row in rows] == [result for *_, result in expected]
+    assert rows[0][1].startswith("reproduced: -") and rows[0][2].startswith("reversed: +0.0123 bpc [+0.0101, +0.0145]")
+
+
 @pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
 def test_context_quick_end_to_end(tmp_path, data_root):
     """Studies `corpora`, `context` and `context_code` (--quick): what each corpus repeats, then six runs on each

@@ -338,13 +338,45 @@ def claims(document: dict) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def _general_claims(document: dict) -> list[tuple[str, str, str, str]]:
+    """The claims outside the context sections (the ablation's, less those the context study replaces; PTB's)."""
+    studies = document["studies"]
+    return [row for row in claims({**document, "studies": {k: v for k, v in studies.items()
+                                                            if k not in CONTEXT_SECTIONS}})
+            if "context" not in studies or not row[0].startswith(report_context.REPLACED_CLAIMS)]
+
+
+def _short(ours: str) -> str:
+    return ours.split(" (")[0]
+
+
 def summary(document: dict) -> str:
-    """The README's block: one line per claim with its verdict, between SUMMARY_BEGIN and SUMMARY_END."""
+    """The README's block between SUMMARY_BEGIN and SUMMARY_END: the ablation's and PTB's claims one a line, then
+    the context study's claims one a line with a column per corpus (verdict, then the figure)."""
+    studies = document["studies"]
     machines = sorted({f"{s['machine']['cpu']} ({s['machine']['isa']}, {s['machine']['cores']} cores), "
-                       f"{s['machine']['date']}" for s in document["studies"].values()})
+                       f"{s['machine']['date']}" for s in studies.values()})
     lines = [SUMMARY_BEGIN, ""]
-    lines += markdown_table(["claim of the paper", "here, at CPU scale", "ours"],
-                            [(claim, verdict, ours.split(" (")[0]) for claim, _, ours, verdict in claims(document)])
+    general = _general_claims(document)
+    if general:
+        lines += markdown_table(["claim of the paper", "here, at CPU scale", "ours"],
+                                [(claim, result, _short(ours)) for claim, _, ours, result in general])
+    corpora = [context.CORPORA[CONTEXT_SECTIONS.index(k)] for k in CONTEXT_SECTIONS if k in studies]
+    if corpora:
+        cells: dict[str, dict[str, str]] = {}  # claim -> corpus key -> cell
+        place: dict[str, int] = {}  # claim -> its earliest row in any corpus: a corpus short of a model keeps the order
+        for corpus in corpora:
+            for index, (claim, _, ours, result) in enumerate(report_context.claims(studies[corpus.key],
+                                                                                  tagged=False)):
+                cells.setdefault(claim, {})[corpus.key] = f"{result}: {_short(ours)}"
+                place[claim] = min(place.get(claim, index), index)
+        lines += [""] if general else []
+        names = [m.name for m in context.MODELS if any(m.name in studies[c.key]["runs"] for c in corpora)]
+        lines += ["The title claim measured the paper's way (the memory at evaluation on the whole test split, RECL, "
+                  f"a copy probe) on each corpus, {len(names)} models of equal size ({', '.join(names)}):", ""]
+        lines += markdown_table(["claim", *(c.title for c in corpora)],
+                                [(claim, *(cells[claim].get(c.key, "(not measured)") for c in corpora))
+                                 for claim in sorted(cells, key=place.get)])
     lines += ["", f"Measured on {'; '.join(machines)}; figures and conditions in "
               "[docs/reproduction.md](docs/reproduction.md).", "", SUMMARY_END]
     return "\n".join(lines)

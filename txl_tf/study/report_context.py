@@ -47,8 +47,9 @@ def _prefix(section: dict) -> str:
     return "" if dataset == "enwik8_sample" else f"[{dataset}] "
 
 
-def claims(section: dict) -> list[tuple[str, str, str, str]]:
-    """(claim, paper, ours, verdict) rows of one corpus' context study (those its models allow)."""
+def claims(section: dict, tagged: bool = True) -> list[tuple[str, str, str, str]]:
+    """(claim, paper, ours, verdict) rows of one corpus' context study (those its models allow); `tagged` puts the
+    corpus tag (`_prefix`) before each claim."""
     runs, comparisons, rows = section["runs"], section["comparisons"], []
     if "xl" not in runs:
         return rows
@@ -113,7 +114,7 @@ def claims(section: dict) -> list[tuple[str, str, str, str]]:
         ours = ", ".join(f"{p['mean']:+.4f} after {p['tokens'] / 1e6:.1f}M" for p in curve)
         rows.append(("(finding) Transformer-XL's gain from a longer memory grows with training", "(not in the paper)",
                      ours + " characters", "grows" if grows else "does not grow steadily"))
-    prefix = _prefix(section)
+    prefix = _prefix(section) if tagged else ""
     return [(prefix + claim, *rest) for claim, *rest in rows]
 
 
