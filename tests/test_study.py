@@ -167,6 +167,18 @@ def test_published_report_is_what_the_generator_renders():
     assert report.SUPERSEDED not in report.render(without)
 
 
+def test_candidate_tokens_are_the_first_train_share_numbered_densely():
+    from txl_tf.study import corpus_choice
+
+    data = bytes(range(200, 256)) * 10 + b"abc" * 100 + b"z" * 90  # 950 bytes; "z" only in the last 10%
+    ids, vocab_size = corpus_choice.candidate_tokens(data, max_tokens=10_000)
+    assert ids.size == 855 and vocab_size == 60 and ids.min() == 0 and ids.max() == 59
+    assert (np.unique(ids[:560]) == np.arange(4, 60)).all() and ids[560:563].tolist() == [0, 1, 2]
+    assert 3 not in ids  # "z" is in the vocabulary but not in the measured 90%
+    capped, capped_size = corpus_choice.candidate_tokens(data, max_tokens=100)
+    assert capped.tolist() == ids[:100].tolist() and capped_size == 60
+
+
 def test_readme_block_has_one_row_per_claim_and_a_column_per_corpus():
     """The README's block: the ablation's and PTB's claims one a line; each context claim once, with each corpus'
     own verdict and figure in its column (here a second corpus where Transformer-XL's longer memory hurts)."""
@@ -200,11 +212,13 @@ def test_context_quick_end_to_end(tmp_path, data_root):
     """Studies `corpora`, `context` and `context_code` (--quick): what each corpus repeats, then six runs on each
     corpus, the memory axis on the same kept tokens, RECL, the probe, the report with both corpora; a second study
     call trains and scores nothing again."""
-    from txl_tf.study import context
+    from txl_tf.study import context, corpus_choice
 
     out = str(tmp_path / "study")
     document = studies.run(["corpora", "context", "context_code"], out, quick=True, data_root=data_root)
-    assert [r["dataset"] for r in document["studies"]["corpora"]["corpora"]] == ["enwik8_sample", "networkx_code"]
+    rows = document["studies"]["corpora"]["corpora"]
+    assert [r["dataset"] for r in rows] == ["enwik8_sample", "networkx_code", "django_code"]
+    assert rows[2]["candidate"]["wheel"] == "Django==5.2.8" and rows[2]["tokens"] == corpus_choice.QUICK.max_tokens
     for row in document["studies"]["corpora"]["corpora"]:
         fractions = [f for _, f in sorted((int(w), f) for w, f in row["recurrence"]["fraction"].items())]
         assert fractions == sorted(fractions) and 0 < fractions[-1] < 1  # a wider window finds more copies
