@@ -361,7 +361,7 @@ def summary(document: dict) -> str:
     if general:
         lines += markdown_table(["claim of the paper", "here, at CPU scale", "ours"],
                                 [(claim, result, _short(ours)) for claim, _, ours, result in general])
-    corpora = [context.CORPORA[CONTEXT_SECTIONS.index(k)] for k in CONTEXT_SECTIONS if k in studies]
+    corpora = [corpus for corpus in context.CORPORA if corpus.key in studies]
     if corpora:
         cells: dict[str, dict[str, str]] = {}  # claim -> corpus key -> cell
         place: dict[str, int] = {}  # claim -> its earliest row in any corpus: a corpus short of a model keeps the order
