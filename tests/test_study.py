@@ -131,6 +131,25 @@ def test_verdicts_follow_the_interval():
     assert report.verdict({"mean": -0.1, "low": -0.2, "high": 0.05}).startswith("not reproduced")
 
 
+def test_a_claim_over_two_seeds_reads_both_and_is_undecided_when_they_disagree():
+    rng = np.random.default_rng(1)
+    base = rng.normal(2.0, 0.5, size=2000)
+    shift = {"xl": -0.02, "xl_seed2": -0.10, "no_recurrence": 0.0, "no_recurrence_seed2": 0.0}  # nats per token
+    block = ablation.QUICK.bootstrap_block
+    cells = {name: {("test", 16, -1): archive.Cell.of(base + delta + rng.normal(0, 0.01, size=2000), block)}
+             for name, delta in shift.items()}
+    seeds = {"xl": ["xl", "xl_seed2"], "no_recurrence": ["no_recurrence", "no_recurrence_seed2"]}
+    c = ablation._compare_seeds(cells, seeds, "xl", "no_recurrence", 16, ablation.QUICK, frozenset())
+    first, second = (ablation._compare(cells, (x, 16), (y, 16), ablation.QUICK, frozenset())["mean"]
+                     for x, y in (("xl", "no_recurrence"), ("xl_seed2", "no_recurrence_seed2")))
+    assert c["seeds"] == [first, second]
+    assert math.isclose(c["mean"], (first + second) / 2, rel_tol=1e-9)
+    assert math.isclose(c["mean"], -0.06 / math.log(2.0), rel_tol=0.05)  # both seeds, not the first alone
+    assert c["low"] < c["mean"] < c["high"] < 0 and tables.seeded_verdict(c) == "reproduced"
+    assert tables.seeded_verdict({**c, "seeds": [first, -first]}) == "not reproduced (the seeds disagree)"
+    assert tables.seeded_verdict({"mean": 0.1, "low": 0.01, "high": 0.2}) == "reversed"  # one seed: the interval
+
+
 def test_paired_bootstrap_brackets_the_true_difference():
     rng = np.random.default_rng(0)
     base = rng.normal(2.0, 1.0, size=4000)

@@ -227,6 +227,20 @@ def _compare(cells: dict, a: tuple, b: tuple, settings: Settings, vanilla: froze
     return {"a": list(a), "b": list(b), **stats}
 
 
+def _compare_seeds(cells: dict, seeds: dict, a: str, b: str, length: int, settings: Settings,
+                   vanilla: frozenset) -> dict:
+    """The mean over seeds of a - b at one length (seed k of a against seed k of b) with its 95% block-bootstrap
+    interval, and each seed's own difference under "seeds"."""
+    from txl_tf.study import archive
+
+    pairs = list(zip(seeds[a], seeds[b], strict=True))
+    per_seed = [_compare(cells, (x, length), (y, length), settings, vanilla)["mean"] for x, y in pairs]
+    plus, minus = [cells[x][("test", length, -1)] for x, _ in pairs], [cells[y][("test", length, -1)] for _, y in pairs]
+    on_subset = not vanilla.isdisjoint({name for pair in pairs for name in pair})
+    stats = (archive.compare_subset if on_subset else archive.compare)(plus, minus, settings.bootstrap_block)
+    return {"a": [a, length], "b": [b, length], **{k: v / len(pairs) for k, v in stats.items()}, "seeds": per_seed}
+
+
 def _best_length(cells: dict, name: str, lengths) -> int:
     """The length of `name`'s lowest mean loss (on its own tokens: every length of a run scores the same ones)."""
     return min(lengths, key=lambda length: cells[name][("test", length, -1)].mean)
@@ -280,6 +294,7 @@ def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool 
             records[spec.name] = record
             losses[spec.name] = seed_losses
             seeds[name] = [name, spec.name]
+    vanilla = frozenset(name for name, record in records.items() if record["protocol"] == "vanilla")  # + seeds
 
     tried = {"xl_clamp": {"run": BASELINE, "clamp_len": settings.train_attention,
                           "bpc": {str(length): losses[BASELINE][("test", length, settings.train_attention)].bits()
@@ -292,6 +307,9 @@ def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool 
                                                      vanilla)
         comparisons[f"{BASELINE}_vs_{n}_init"] = _compare(
             losses, (BASELINE, settings.train_attention), (n, settings.train_attention), settings, vanilla)
+        if BASELINE in seeds and n in seeds:  # the pair trained twice: the claim reads both seeds
+            comparisons[f"{BASELINE}_vs_{n}_init_seeds"] = _compare_seeds(
+                losses, seeds, BASELINE, n, settings.train_attention, settings, vanilla)
     for variant in VARIANTS:  # does a longer attention at evaluation help? (best length against the training one)
         n = variant.name
         comparisons[f"{n}_longer"] = _compare(losses, (n, best[n]), (n, settings.train_attention), settings,

@@ -48,6 +48,13 @@ def verdict(comparison: dict) -> str:
     return "not reproduced (within noise)"
 
 
+def seeded_verdict(comparison: dict) -> str:
+    """`verdict` of a comparison over seeds; never 'reproduced' or 'reversed' when its seeds differ in sign."""
+    if len({x > 0 for x in comparison.get("seeds", ())}) > 1:
+        return "not reproduced (the seeds disagree)"
+    return verdict(comparison)
+
+
 def interval(comparison: dict, digits: int = 4, unit: str = " bpc") -> str:
     """A comparison's mean and 95% interval: "+0.0123 bpc [+0.0100, +0.0150]"."""
     c = comparison
