@@ -18,7 +18,7 @@ import shutil
 
 from txl_tf import errors, paths
 from txl_tf.errors import ConfigError
-from txl_tf.study import context, corpus_choice, report_context
+from txl_tf.study import context, corpus_choice, report_context, tables
 from txl_tf.study.tables import PAPER, interval, label, markdown_table, seeded_verdict, verdict
 
 CONTEXT_SECTIONS = tuple(corpus.key for corpus in context.CORPORA)  # results.json sections, in the report's order
@@ -183,6 +183,7 @@ def _ablation_section(section: dict, images: str, superseded: bool = False) -> l
                      f"{run['final_train_loss'] / math.log(2.0):.3f}", f"`{run['commit']}`"])
     out += markdown_table(["variant", "parameters", "training tokens", "wall min", "CPU min", "last training bpc",
                            "trained at commit"], rows)
+    out += ["", tables.TIMES]
     out += ["", "Test bpc by attention length at evaluation (lower is better; * the variant's best length):", ""]
     rows = []
     for name in variants:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from txl_tf import paths
-from txl_tf.study.tables import PAPER, interval, label, markdown_table, verdict
+from txl_tf.study.tables import PAPER, TIMES, interval, label, markdown_table, verdict
 
 REPLACED_CLAIMS = ("A longer attention at evaluation helps", "... and only with the relative encoding",
                    "Transformer-XL has the longest RECL")
@@ -200,6 +200,7 @@ def section_lines(section: dict, images: str, machine: str) -> list[str]:
             for n in names]
     out += markdown_table(["model", "parameters", "training characters", "wall min", "CPU min", "trained at commit"],
                           rows)
+    out += ["", TIMES]
     out += ["", "Test bpc by memory at evaluation (i = init, * = best on validation; the vanilla row on its subset):",
             ""]
     rows = []

@@ -48,6 +48,10 @@ def verdict(comparison: dict) -> str:
     return "not reproduced (within noise)"
 
 
+TIMES = ("Wall min: the elapsed time of the training attempts, which also counts any time the process was stopped or "
+         "waiting for the cores (a study paused while other work ran); CPU min: the process's own time on all cores.")
+
+
 def seeded_verdict(comparison: dict) -> str:
     """`verdict` of a comparison over seeds; never 'reproduced' or 'reversed' when its seeds differ in sign."""
     if len({x > 0 for x in comparison.get("seeds", ())}) > 1:
