@@ -246,6 +246,30 @@ def networkx_like_wheel(path):
                     for n in py)
 
 
+def test_a_damaged_archive_is_one_line_naming_it(tmp_path):
+    wheel = tmp_path / "networkx-3.7-py3-none-any.whl"
+    networkx_like_wheel(wheel)
+    data = bytearray(wheel.read_bytes())
+    with zipfile.ZipFile(wheel) as zf:
+        info = zf.getinfo("networkx/classes/graph.py")
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra)  # the member's stored bytes
+    data[start + info.compress_size // 2] ^= 0xFF  # one bad byte: a CRC (or inflate) error on reading it
+    wheel.write_bytes(bytes(data))
+    with pytest.raises(SourceError, match=r"networkx-3.7-py3-none-any.whl: networkx/classes/graph.py cannot be "
+                                          r"read, the archive is damaged \(.*\); download it again"):
+        prep.prepare("networkx_code", str(tmp_path / "d"), local(tmp_path, source=str(wheel)))
+    assert not (tmp_path / "d").exists()
+    text = tmp_path / "enwik8"
+    text.write_bytes(b"<page>" + bytes(range(32, 127)) * 2000)
+    whole = tmp_path / "whole.tar.gz"
+    with tarfile.open(whole, "w:gz") as tf:
+        tf.add(text, arcname="enwik8")
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(whole.read_bytes()[:-200])  # a download that stopped early
+    with pytest.raises(SourceError, match=r"cut.tar.gz(: enwik8)? cannot be read, the archive is damaged"):
+        corpora.Archive(str(cut)).read("enwik8")
+
+
 def test_networkx_code_from_a_stand_in_wheel_splits_and_checksums(tmp_path, monkeypatch):
     wheel = tmp_path / "networkx-3.7-py3-none-any.whl"
     raw = networkx_like_wheel(wheel)

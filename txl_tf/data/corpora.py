@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import ast
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import os
 import sys
 import tarfile
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from typing import Optional
 
@@ -116,6 +118,20 @@ class Prepared:
 
 
 # ---- archives -------------------------------------------------------------------------------------------
+DAMAGED = (zipfile.BadZipFile, tarfile.TarError, zlib.error, EOFError)  # what a damaged zip or tar raises
+
+
+@contextlib.contextmanager
+def _intact(path: str, name: Optional[str] = None):
+    """Turns the errors of a damaged archive (a bad CRC, a truncated stream) into one SourceError naming it."""
+    try:
+        yield
+    except DAMAGED as error:
+        what = f"{path}: {name}" if name else path
+        raise SourceError(f"{what} cannot be read, the archive is damaged ({error}); download it again or give an "
+                          "intact copy with --source") from None
+
+
 class Archive:
     """Uniform read access to a zip, a tar(.gz/.bz2), a directory or a single file, by member base name."""
 
@@ -127,11 +143,11 @@ class Archive:
                                  for d, _, files in os.walk(path) for f in files)
         elif zipfile.is_zipfile(path):
             self.kind = "zip"
-            with zipfile.ZipFile(path) as zf:
+            with _intact(path), zipfile.ZipFile(path) as zf:
                 self._names = [n for n in zf.namelist() if not n.endswith("/")]
         elif tarfile.is_tarfile(path):
             self.kind = "tar"
-            with tarfile.open(path) as tf:
+            with _intact(path), tarfile.open(path) as tf:
                 self._names = [m.name for m in tf.getmembers() if m.isfile()]
         else:
             self.kind = "file"
@@ -153,12 +169,12 @@ class Archive:
         if self.kind == "dir":
             return sources.read_source(os.path.join(self.path, name))
         if self.kind == "zip":
-            with zipfile.ZipFile(self.path) as zf:
+            with _intact(self.path, name), zipfile.ZipFile(self.path) as zf:
                 _check_member_size(self.path, name, zf.getinfo(name).file_size)
                 with zf.open(name) as member:
                     return _read_member(self.path, name, member)
         if self.kind == "tar":
-            with tarfile.open(self.path) as tf:
+            with _intact(self.path, name), tarfile.open(self.path) as tf:
                 member = tf.getmember(name)
                 _check_member_size(self.path, name, member.size)
                 return _read_member(self.path, name, tf.extractfile(member))
@@ -171,7 +187,7 @@ class Archive:
                 yield name, self.read(name)
             return
         wanted = set(names)
-        with tarfile.open(self.path, "r|*") as tf:
+        with _intact(self.path), tarfile.open(self.path, "r|*") as tf:
             for member in tf:
                 if member.name in wanted:
                     _check_member_size(self.path, member.name, member.size)
