@@ -59,12 +59,12 @@ def _ablation_claims(section: dict) -> list[tuple[str, str, str, str]]:
         # The verdict at the training length, fixed before anything was scored (each variant's best length is read
         # off the test split, so it only describes); over both seeds where the pair was trained twice.
         c = comparisons.get(f"xl_vs_{other}_init_seeds") or comparisons[f"xl_vs_{other}_init"]
-        best = comparisons[f"xl_vs_{other}"]
+        at_best = comparisons[f"xl_vs_{other}"]
         seeds = c.get("seeds")
         ours = (f"{interval(c)} ("
                 + (f"the mean of {len(seeds)} seeds, {' and '.join(_bits(x) for x in seeds)}, " if seeds else "")
-                + f"at the training length {train}; each at its best length on test, XL {best['a'][1]} vs. {other} "
-                f"{best['b'][1]}: {_bits(best['mean'])})")
+                + f"at the training length {train}; each at its best length on test, XL {at_best['a'][1]} vs. "
+                f"{other} {at_best['b'][1]}: {_bits(at_best['mean'])})")
         rows.append((text, f"{PAPER['xl'].split(' (')[0]} vs. {PAPER[other]}", ours, seeded_verdict(c)))
     longer = comparisons["xl_longer"]
     best = section["best_length"]["xl"]
