@@ -86,6 +86,24 @@ def test_an_archive_of_other_settings_or_another_configuration_is_refused(tmp_pa
     assert "another configuration" in _refusal(tmp_path, digest="fedcba9876543210")
 
 
+@pytest.mark.parametrize("commit", ["0123456789ab+changes", "unknown", ""])
+def test_an_archive_trained_from_uncommitted_code_is_refused_by_the_full_study(tmp_path, commit):
+    archive.save(str(tmp_path), "toy_xl", DIGEST, {"name": "toy_xl", "commit": commit}, _scores(), FACTS)
+    assert archive.load(str(tmp_path), "toy_xl", FACTS, DIGEST) is not None  # the quick study reads it
+    with pytest.raises(runs.StudyError) as error:
+        archive.load(str(tmp_path), "toy_xl", FACTS, DIGEST, clean=True)
+    assert "not a committed tree" in str(error.value) and "\n" not in str(error.value)
+    archive.save(str(tmp_path), "toy_xl", DIGEST, {"name": "toy_xl", "commit": "0123456789ab"}, _scores(), FACTS)
+    assert archive.load(str(tmp_path), "toy_xl", FACTS, DIGEST, clean=True) is not None
+
+
+def test_seed_k_trains_with_its_own_seed_and_name():
+    assert runs.seed_params(1) == [] and runs.seed_name("xl", 1) == "xl"  # seed 1: the archived runs' names
+    assert runs.seed_params(3) == ["TrainConfig.seed = 1236"] and runs.seed_name("xl", 3) == "xl_seed3"
+    with pytest.raises(ValueError):
+        runs.seed_params(0)
+
+
 @pytest.mark.parametrize("damage", ["garbage", "missing", "pickled", "shape", "nonfinite", "dtype", "huge"])
 def test_a_damaged_array_file_is_one_line_naming_it(tmp_path, damage):
     json_path, npz_path = _saved(tmp_path)

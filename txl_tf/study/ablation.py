@@ -70,6 +70,7 @@ class Settings:
     vanilla_batch: int = 10
     bootstrap_block: int = 100
     max_tokens: int = 0  # 0 = the whole split
+    seeds: tuple = (1, 2, 3)  # every variant, every seed (docs/study_plan.md)
     train_params: tuple = ()
     recurrent_params: tuple = ()
     nonrecurrent_params: tuple = ()
@@ -78,7 +79,7 @@ class Settings:
 FULL = Settings()
 QUICK = Settings(
     train_attention=32, lengths=(32, 64, 128, 256), recl_contexts=(32, 64, 128, 192, 256), eval_tgt_len=16,
-    eval_batch=4, n_layer=2, vanilla_blocks=4, bootstrap_block=20, max_tokens=6001,
+    eval_batch=4, n_layer=2, vanilla_blocks=4, bootstrap_block=20, max_tokens=6001, seeds=(1, 2),
     train_params=("ModelConfig.n_layer = 2", "ModelConfig.d_model = 32", "ModelConfig.n_head = 2",
                   "ModelConfig.d_head = 16", "ModelConfig.d_inner = 64", "ModelConfig.max_position = 32",
                   "TrainConfig.train_steps = 30", "TrainConfig.warmup_steps = 5", "TrainConfig.steps_per_loop = 10",
@@ -118,11 +119,8 @@ def run_spec(variant: Variant, settings: Settings, data_dir: str, quick: bool, s
     if quick:
         params += settings.recurrent_params if variant.recurrent else settings.nonrecurrent_params
         params += variant.quick_params
-    name = variant.name
-    if seed > 1:
-        params.append(f"TrainConfig.seed = {1233 + seed}")
-        name = f"{variant.name}_seed{seed}"
-    return runs.RunSpec(name=name, gin_files=(f"study/ablation_{variant.name}.gin",), gin_params=tuple(params),
+    params += runs.seed_params(seed)
+    return runs.RunSpec(name=runs.seed_name(variant.name, seed), gin_files=(f"study/ablation_{variant.name}.gin",), gin_params=tuple(params),
                         label=variant.label)
 
 
@@ -167,7 +165,7 @@ def _facts(scored, settings: Settings, contexts: tuple, clamped: tuple) -> dict:
 
 
 def _train_and_score(spec: runs.RunSpec, output_dir: str, scored, settings: Settings, contexts: tuple,
-                     position: str, archive_dir: str, clamped: tuple = ()) -> tuple[dict, dict]:
+                     position: str, archive_dir: str, clamped: tuple = (), clean: bool = False) -> tuple[dict, dict]:
     """Trains one run (or finds it finished, or reads it from `archive_dir` as ablation_<run>) and scores it at
     `contexts`, and at `clamped` with clamp_len = the training attention length; returns (record,
     {(split, length, clamp): archive.Cell}), every cell with its losses on the vanilla subset."""
@@ -175,13 +173,13 @@ def _train_and_score(spec: runs.RunSpec, output_dir: str, scored, settings: Sett
 
     facts = _facts(scored, settings, contexts, clamped)
     name = f"ablation_{spec.name}"
-    archived = archive.load(archive_dir, name, facts, spec.digest(portable=True))
+    archived = archive.load(archive_dir, name, facts, spec.digest(portable=True), clean=clean)
     if archived is not None:
         runs.log(f"{position} {spec.name}: scores read from {archive.paths_of(archive_dir, name)[0]}")
         return archived[0], archived[1]["cells"]
     run_dir = os.path.join(output_dir, "runs", spec.name)
     runs.log(f"{position} {spec.name}: training ({', '.join(spec.gin_files)}) in {run_dir}")
-    record = dict(runs.train_run(spec, run_dir))
+    record = dict(runs.train_run(spec, run_dir, clean=clean))
     runs.log(f"{position} {spec.name}: trained {record['steps']} steps in {record['wall_seconds'] / 60:.1f} min "
              f"(final training loss {record['final_train_loss']:.4f})")
     model, configs = runs.load_run_model(run_dir)
@@ -250,51 +248,59 @@ def _check_parameters(records: dict) -> float:
     return runs.check_parameters(records, BASELINE, PARAMETER_TOLERANCE, "gin/study/ablation_*.gin")
 
 
+def train_variants(output_dir: str, data_dir: str, names, *, quick: bool = False,
+                   archive_dir: str | None = None) -> tuple[dict, dict, dict]:
+    """Trains and scores every seed of the variants `names` (settings.seeds; each scored at the table's lengths
+    and the RECL contexts, the baseline also clamped), or reads them from `archive_dir`; returns (records,
+    {run: cells}, {variant: [run names by seed]}). The full study requires a clean tree (runs.require_clean_tree)
+    and refuses archives trained from uncommitted code; the quick one does not."""
+    from txl_tf.data import pipeline
+
+    settings = settings_for(quick)
+    archive_dir = archive_dir or os.path.join(output_dir, "archive")
+    scored = scored_tokens(pipeline.read_split(data_dir, "test"), settings)
+    contexts = tuple(sorted(set(settings.lengths) | set(settings.recl_contexts)))
+    clamped = tuple(length for length in settings.lengths if length > settings.train_attention)
+    chosen = [v for v in VARIANTS if v.name in names]
+    records, losses, seeds = {}, {}, {}
+    total, done = len(chosen) * len(settings.seeds), 0
+    for variant in chosen:
+        for seed in settings.seeds:
+            done += 1
+            spec = run_spec(variant, settings, data_dir, quick, seed=seed)
+            records[spec.name], losses[spec.name] = _train_and_score(
+                spec, output_dir, scored, settings, contexts, f"[{done}/{total}]", archive_dir,
+                clamped if variant.name == BASELINE else (), clean=not quick)
+            records[spec.name]["variant"], records[spec.name]["seed"] = variant.name, seed
+            seeds.setdefault(variant.name, []).append(spec.name)
+    return records, losses, seeds
+
+
 def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool = True,
         archive_dir: str | None = None) -> dict:
-    """Trains and scores the six variants (plus second seeds where needed); returns the study's section. Each
-    scored variant is archived in `archive_dir` (default OUTPUT_DIR/archive) and read back from there.
+    """Trains and scores the six variants, every seed (train_variants), and returns the study's section. Each
+    scored run is archived in `archive_dir` (default OUTPUT_DIR/archive) and read back from there.
 
     Every variant is scored at the RECL contexts too (whether or not this call reports RECL), so that its archive
     serves both studies."""
     from txl_tf.data import pipeline
 
     settings = settings_for(quick)
-    archive_dir = archive_dir or os.path.join(output_dir, "archive")
     scored = scored_tokens(pipeline.read_split(data_dir, "test"), settings)
     subset = scored.subset()
-    contexts = tuple(sorted(set(settings.lengths) | set(settings.recl_contexts)))
     clamped = tuple(length for length in settings.lengths if length > settings.train_attention)
-    records, losses = {}, {}
-    for index, variant in enumerate(VARIANTS):
-        spec = run_spec(variant, settings, data_dir, quick)
-        records[spec.name], losses[spec.name] = _train_and_score(
-            spec, output_dir, scored, settings, contexts, f"[{index + 1}/{len(VARIANTS)}]", archive_dir,
-            clamped if variant.name == BASELINE else ())
-        records[spec.name]["variant"] = variant.name
-    deviation = _check_parameters(records)
+    records, losses, seeds = train_variants(output_dir, data_dir, [v.name for v in VARIANTS], quick=quick,
+                                            archive_dir=archive_dir)
+    first = {v.name: records[v.name] for v in VARIANTS}
+    deviation = _check_parameters(first)
     vanilla = frozenset(name for name, record in records.items() if record["protocol"] == "vanilla")
 
-    # The two best variants (each at its best length): a second seed when their gap is within the noise.
+    # The ranking of the first seeds at their best lengths (descriptive: read off the test split).
     best = {v.name: _best_length(losses, v.name, settings.lengths) for v in VARIANTS}
     on_subset = _subset_losses(losses, list(best))  # ranked on the tokens every variant is scored on
     ranked = sorted(best, key=lambda n: float(np.mean(on_subset[n][best[n]], dtype=np.float64)))
     top = _compare(losses, (ranked[0], best[ranked[0]]), (ranked[1], best[ranked[1]]), settings, vanilla)
-    second_seed = top["low"] <= 0.0 <= top["high"]
-    seeds = {}
-    if second_seed:
-        runs.log(f"{ranked[0]} and {ranked[1]} differ by {top['mean']:+.4f} bpc, inside the 95% interval "
-                 f"[{top['low']:+.4f}, {top['high']:+.4f}]: training a second seed of both")
-        for name in ranked[:2]:
-            variant = next(v for v in VARIANTS if v.name == name)
-            spec = run_spec(variant, settings, data_dir, quick, seed=2)
-            record, seed_losses = _train_and_score(spec, output_dir, scored, settings, tuple(settings.lengths),
-                                                   "[seed 2]", archive_dir)
-            record["variant"] = name
-            records[spec.name] = record
-            losses[spec.name] = seed_losses
-            seeds[name] = [name, spec.name]
-    vanilla = frozenset(name for name, record in records.items() if record["protocol"] == "vanilla")  # + seeds
+    second_seed = len(settings.seeds) > 1
 
     tried = {"xl_clamp": {"run": BASELINE, "clamp_len": settings.train_attention,
                           "bpc": {str(length): losses[BASELINE][("test", length, settings.train_attention)].bits()

@@ -154,9 +154,11 @@ def save(archive_dir: str, run_name: str, digest: str, record: dict, scores: dic
     return json_path
 
 
-def load(archive_dir: str, run_name: str, facts: dict, digest: str) -> tuple[dict, dict] | None:
+def load(archive_dir: str, run_name: str, facts: dict, digest: str, *, clean: bool = False
+         ) -> tuple[dict, dict] | None:
     """(record, scores) of an archived model, or None when there is none. An archive of another configuration
-    (spec digest) or other settings (`facts`), or one that fails a check, is one StudyError naming the file."""
+    (spec digest) or other settings (`facts`), or one that fails a check, is one StudyError naming the file;
+    `clean`: so is one whose run was trained from uncommitted code (runs.clean_commit)."""
     json_path, npz_path = paths_of(archive_dir, run_name)
     if not os.path.lexists(json_path):
         return None
@@ -173,6 +175,9 @@ def load(archive_dir: str, run_name: str, facts: dict, digest: str) -> tuple[dic
         differ = sorted(k for k in set(facts) | set(index.get("facts") or {})
                         if (index.get("facts") or {}).get(k) != facts.get(k))
         raise runs.StudyError(f"{json_path} was scored under other settings ({', '.join(differ)}); {fix}")
+    if clean and not runs.clean_commit(str(record.get("commit", ""))):
+        raise runs.StudyError(f"{json_path} was trained from {record.get('commit')!r}, not a committed tree, so "
+                              f"nobody can rebuild it; {fix} from a clean checkout")
     try:
         data = untrusted.read_bytes(npz_path, max_bytes=NPZ_LIMIT, what=what)
         _check_sizes(data, npz_path, fix)

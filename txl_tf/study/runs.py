@@ -72,6 +72,21 @@ class RunSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+SEED_BASE = 1233  # seed k trains with TrainConfig.seed = SEED_BASE + k: seed 1 is gin/common.gin's 1234
+
+
+def seed_params(seed: int) -> list[str]:
+    """The bindings of a study run's seed k (none for seed 1, the shipped configuration)."""
+    if seed < 1:
+        raise ValueError(f"seeds count from 1, not {seed}")
+    return [] if seed == 1 else [f"TrainConfig.seed = {SEED_BASE + seed}"]
+
+
+def seed_name(name: str, seed: int) -> str:
+    """A study run's name for seed k: NAME for seed 1 (the archives before seeds were the unit), NAME_seedK."""
+    return name if seed == 1 else f"{name}_seed{seed}"
+
+
 def log(message: str) -> None:
     """A progress line of the study (stdout, flushed; plain text so it reads the same in a log file)."""
     stamp = datetime.datetime.now().strftime("%H:%M:%S")
@@ -80,6 +95,24 @@ def log(message: str) -> None:
 
 def repository_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+DIRTY_SUFFIX = "+changes"
+
+
+def clean_commit(commit_text: str) -> bool:
+    """Whether a recorded commit names a committed tree: not "unknown", not HEAD with uncommitted changes."""
+    return bool(commit_text) and commit_text != "unknown" and not commit_text.endswith(DIRTY_SUFFIX)
+
+
+def require_clean_tree(what: str) -> str:
+    """The clean HEAD commit a study's result is made from; a StudyError when txl_tf/ or gin/ have uncommitted
+    changes (a published archive must be reproducible from a commit: docs/study_plan.md)."""
+    head = commit()
+    if not clean_commit(head):
+        raise StudyError(f"{what} would be made from {head} (txl_tf/ or gin/ differ from a commit); commit or "
+                         "stash the changes first (the quick study runs from any tree)")
+    return head
 
 
 def commit() -> str:
@@ -92,7 +125,7 @@ def commit() -> str:
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    return head + ("+changes" if dirty else "")
+    return head + (DIRTY_SUFFIX if dirty else "")
 
 
 def machine() -> dict:
@@ -149,11 +182,12 @@ def read_record(run_dir: str) -> dict | None:
     return _read_json(os.path.join(run_dir, RUN_RECORD))
 
 
-def train_run(spec: RunSpec, run_dir: str, *, echo: bool = True) -> dict:
+def train_run(spec: RunSpec, run_dir: str, *, echo: bool = True, clean: bool = False) -> dict:
     """Trains `spec` into `run_dir` unless already finished; returns its record (study.json).
 
     Training runs in this process through `txl_tf.train.run` (gin cleared before and after), its console output
-    appended to run_dir/train.log. Wall and CPU seconds add up over interrupted attempts.
+    appended to run_dir/train.log. Wall and CPU seconds add up over interrupted attempts. `clean`: refuse to
+    train from uncommitted code (require_clean_tree), or to reuse a finished run that was.
     """
     import gin
     import keras
@@ -167,7 +201,12 @@ def train_run(spec: RunSpec, run_dir: str, *, echo: bool = True) -> dict:
             raise StudyError(
                 f"{run_dir} holds a finished run of another configuration ({record['gin_files']} "
                 f"{record['gin_params']}); remove it or choose another --output_dir")
+        if clean and not clean_commit(str(record.get("commit", ""))):
+            raise StudyError(f"{run_dir} was trained from {record.get('commit')!r}, not a committed tree; remove "
+                             "it to train it again from a clean checkout")
         return record
+    if clean:
+        require_clean_tree(f"training {spec.name}")
     os.makedirs(run_dir, exist_ok=True)
     attempts_path = os.path.join(run_dir, ATTEMPTS_FILE)
     attempts = _read_json(attempts_path) or {"wall_seconds": 0.0, "cpu_seconds": 0.0, "attempts": 0}
