@@ -71,6 +71,20 @@ def model_config_of(model: TransformerXL) -> ModelConfig:
                    "the model's config")
 
 
+def _generation_protocol(eval_config: EvalConfig) -> Protocol:
+    """The attention lengths of generation and scoring: the evaluation's memory and clamp lengths; every token sees
+    the whole memory (no same_length)."""
+    return Protocol(eval_config.mem_len, eval_config.clamp_len, same_length=False)
+
+
+def _with_padding_mask(inputs):
+    """The model's inputs as a dict; token ids [B, L] alone have no padding."""
+    if isinstance(inputs, dict):
+        return inputs
+    token_ids = keras.ops.convert_to_tensor(inputs) if not isinstance(inputs, keras.KerasTensor) else inputs
+    return {"token_ids": token_ids, "padding_mask": keras.ops.ones_like(token_ids, "int32")}
+
+
 def _projections(layer) -> bool:
     """Keras' quantize() filter: the model's dense projections."""
     return type(layer) is keras.layers.Dense
@@ -88,9 +102,10 @@ class TransformerXLBackbone(keras_hub.models.Backbone):
       transformer_xl: a built `txl_tf.TransformerXL` to wrap (its weights, not a copy; model_config and dtype
         default to its own), as `txl_tf.generation.Generator` serves a trained model; None: a new one.
 
-    `backbone(inputs)` takes {"token_ids": [B, L], "padding_mask": [B, L]} or token ids [B, L] alone, without a
-    memory. The memory is a call argument and a return value of `call_with_state` (and of every layer:
-    `self.transformer_xl`, a `txl_tf.TransformerXL`).
+    A functional model, as keras-hub builds its backbones (gpt2_backbone.py): symbolic inputs {"token_ids",
+    "padding_mask"} [B, L] through one layer, `self.transformer_xl` (a `txl_tf.TransformerXL`), to the hidden
+    states; so it lives beside keras-hub's own models in one process. `backbone(token_ids)` alone (no padding) is
+    taken too. The memory is a call argument and a return value of `call_with_state`, which calls the same layer.
     """
 
     def __init__(self, model_config, eval_config=None, dtype=None, *, transformer_xl=None, **kwargs):
@@ -103,15 +118,25 @@ class TransformerXLBackbone(keras_hub.models.Backbone):
             raise ConfigError("the backbone's model_config has no n_token; set it to the vocabulary's size")
         check_inference_size(model_config, batch_size=1, tgt_len=eval_config.tgt_len, mem_len=eval_config.mem_len)
         quantized = dtype if isinstance(dtype, keras.dtype_policies.DTypePolicyMap) else None
+        # === Layers ===
         self.transformer_xl = transformer_xl or TransformerXL(**model_config.model_kwargs(), name="transformer_xl",
                                                               dtype=quantized.default_policy if quantized else dtype)
-        super().__init__(dtype=dtype, **kwargs)
+        # === Functional model ===
+        token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+        padding_mask = keras.Input(shape=(None,), dtype="int32", name="padding_mask")
+        lengths = keras.ops.sum(keras.ops.cast(padding_mask, "int32"), axis=1)  # right padding
+        hidden, _ = self.transformer_xl(token_ids, lengths=lengths, protocol=_generation_protocol(eval_config))
+        super().__init__(inputs={"token_ids": token_ids, "padding_mask": padding_mask}, outputs=hidden, dtype=dtype,
+                         **kwargs)
+        # === Config ===
         self.model_config = model_config
         self.eval_config = eval_config
         self.token_embedding = self.transformer_xl.embedding
-        self.built = True
         if quantized:  # a quantized backbone's config (keras-hub's get_config): quantize the same layers again
             self._quantize_as(quantized)
+
+    def __call__(self, inputs, *args, **kwargs):
+        return super().__call__(_with_padding_mask(inputs), *args, **kwargs)
 
     def _quantize_as(self, policy_map):
         """Quantizes each layer `policy_map` (a DTypePolicyMap by layer path) names with a quantized policy, so
@@ -131,18 +156,12 @@ class TransformerXLBackbone(keras_hub.models.Backbone):
     def protocol(self) -> Protocol:
         """The attention lengths of generation: the evaluation's memory and clamp lengths; every token sees the
         whole memory (no same_length)."""
-        return Protocol(self.eval_config.mem_len, self.eval_config.clamp_len, same_length=False)
+        return _generation_protocol(self.eval_config)
 
     @property
     def segment_len(self) -> int:
         """Prompt segment length: the evaluation's tgt_len."""
         return self.eval_config.tgt_len
-
-    def call(self, inputs, training=False):
-        if not isinstance(inputs, dict):  # token ids [B, L] alone: no padding
-            inputs = {"token_ids": inputs}
-        hidden, _ = self.call_with_state(inputs["token_ids"], None, inputs.get("padding_mask"), training=training)
-        return hidden
 
     def call_with_state(self, token_ids, state, padding_mask=None, protocol=None, training=False):
         """(hidden [B, L, d], new state): one segment with a `txl_tf.state` Memory or Cache (None: no memory);
@@ -269,6 +288,22 @@ def _from_hub(cache, position_keys):
     return Memory(tf.transpose(cache[0], [1, 0, 2, 3]))
 
 
+class _LogProbabilities(keras.layers.Layer):
+    """The task's head: hidden states [B, L, d] -> log-probabilities [B, L, V] float32 by the adaptive softmax of
+    `transformer_xl` (the backbone's layer, whose weights these are: the head holds none of its own)."""
+
+    def __init__(self, transformer_xl, **kwargs):
+        super().__init__(**kwargs)
+        object.__setattr__(self, "_transformer_xl", transformer_xl)  # untracked: the backbone's weights
+        self.built = True
+
+    def call(self, hidden):
+        return self._transformer_xl.log_probs(hidden)
+
+    def compute_output_spec(self, hidden):
+        return keras.KerasTensor([*hidden.shape[:-1], self._transformer_xl.n_token], "float32")
+
+
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class TransformerXLCausalLM(keras_hub.models.CausalLM):
     """Transformer-XL as a keras-hub CausalLM: `generate` with every keras-hub sampler, the memory as the cache.
@@ -278,25 +313,34 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
       preprocessor: a `TransformerXLCausalLMPreprocessor` or None (then `generate` takes token ids).
 
     `lm(inputs)` returns log-probabilities [B, L, V] (keras-hub's logits; a softmax of them is the model's
-    distribution).
+    distribution). A functional model, as keras-hub builds its tasks (gpt2_causal_lm.py): the backbone's inputs,
+    the backbone, then its adaptive softmax (`_LogProbabilities`).
     """
 
     backbone_cls = TransformerXLBackbone
     preprocessor_cls = TransformerXLCausalLMPreprocessor
 
     def __init__(self, backbone, preprocessor=None, **kwargs):
+        # === Layers ===
         self.backbone = backbone
         self.preprocessor = preprocessor
-        super().__init__(**kwargs)
-        self.built = True  # its backbone is: Keras' quantize() asks
+        # === Functional model ===
+        inputs = backbone.input
+        hidden = backbone(inputs)
+        outputs = _LogProbabilities(backbone.transformer_xl, name="log_probabilities")(hidden)
+        super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+
+    def __call__(self, inputs, *args, **kwargs):
+        return super().__call__(_with_padding_mask(inputs), *args, **kwargs)
+
+    def _obj_type(self):
+        """Keras' saver walks the task by its attributes, as it walked the earlier subclassed task: the weights
+        of a `.keras` file stay under backbone/layers/transformer_xl/..., so that files written before load."""
+        return "Layer"
 
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
         """The backbone's `quantize` (its dense projections by default; see there)."""
         super().quantize(mode, config=config, filters=_projections if filters is None else filters, **kwargs)
-
-    def call(self, inputs, training=False):
-        hidden = self.backbone(inputs, training=training)
-        return self.backbone.transformer_xl.log_probs(hidden)
 
     # ---- generation ---------------------------------------------------------------------------------------
     def _initial_state(self, batch_size):
