@@ -16,10 +16,10 @@ import keras
 import keras_hub
 import numpy as np
 import pytest
+from hub_utils import PROMPTS, tiny_lm
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 LEGACY = pathlib.Path(__file__).resolve().parent / "data" / "legacy_hub"
-PROMPTS = ["hello world", "ab"]
 
 
 def tiny_gpt2():
@@ -30,25 +30,6 @@ def tiny_gpt2():
     backbone = keras_hub.models.GPT2Backbone(vocabulary_size=6, num_layers=1, num_heads=2, hidden_dim=8,
                                              intermediate_dim=16, max_sequence_length=16)
     return keras_hub.models.GPT2CausalLM(backbone, preprocessor)
-
-
-def tiny_transformer_xl():
-    from txl_tf.configs import EvalConfig, ModelConfig
-    from txl_tf.data.vocab import Vocab
-    from txl_tf.hub import (
-        TransformerXLBackbone,
-        TransformerXLCausalLM,
-        TransformerXLCausalLMPreprocessor,
-        TransformerXLTokenizer,
-    )
-
-    keras.utils.set_random_seed(3)
-    vocab = Vocab([10] + list(range(32, 127)), "char")
-    model_config = ModelConfig(n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0, mem_len=8,
-                               n_token=len(vocab), init_std=0.5)
-    backbone = TransformerXLBackbone(model_config, EvalConfig(tgt_len=4, mem_len=8, clamp_len=-1, same_length=False))
-    preprocessor = TransformerXLCausalLMPreprocessor(TransformerXLTokenizer(vocab), sequence_length=24)
-    return TransformerXLCausalLM(backbone, preprocessor)
 
 
 def greedy(lm, prompts, max_length):
@@ -71,7 +52,7 @@ def transformer_xl_round_trip(directory):
     """Built, saved (a preset, a .keras file), loaded by each of keras-hub's and Keras' loaders: the same text."""
     from txl_tf.hub import TransformerXLBackbone, TransformerXLCausalLM
 
-    lm = tiny_transformer_xl()
+    lm = tiny_lm()
     expected = greedy(lm, PROMPTS, 24)
     assert [len(text) for text in expected] == [24, 24]
     preset = os.path.join(directory, "txl")

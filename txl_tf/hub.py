@@ -462,7 +462,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
                 new_values.append(layer_values)
             logits = tf.cast(model.log_probs(h)[:, 0], tf.float32)
             logits = tf.where(fresh[:, None], logits, last_logits)
-            hidden = tf.where(fresh[:, None], h[:, 0], last_hidden)
+            hidden = tf.where(fresh[:, None], tf.cast(h[:, 0], last_hidden.dtype), last_hidden)
             return logits, hidden, (tuple(new_keys), tuple(new_values), last_logits, last_hidden, lengths)
 
         return next, (keys, values, last_logits, last_hidden, lengths)
@@ -485,7 +485,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             logits, hidden, state = self.call_with_cache(token, tuple(state), position_keys,
                                                          tf.cast(fresh, tf.int32)[:, None])
             logits = tf.where(fresh[:, None], tf.cast(logits[:, 0], tf.float32), last_logits)
-            hidden = tf.where(fresh[:, None], hidden[:, 0], last_hidden)
+            hidden = tf.where(fresh[:, None], tf.cast(hidden[:, 0], last_hidden.dtype), last_hidden)
             return logits, hidden, (*state, last_logits, last_hidden, lengths)
 
         return self._finish(token_ids, padding_mask, stop_token_ids, hidden_states, next, cache, sampler=sampler)

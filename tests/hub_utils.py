@@ -1,0 +1,31 @@
+"""A tiny Transformer-XL as txl_tf.hub's keras-hub classes, for the tests of the keras-hub face."""
+
+import keras
+
+from txl_tf.configs import EvalConfig, ModelConfig
+from txl_tf.data.vocab import Vocab
+
+VOCAB = Vocab([10] + list(range(32, 127)), "char")  # "\n" and printable ASCII: 96 symbols
+PROMPTS = ["hello world", "ab"]
+
+
+def tiny_lm(seed=3, tgt_len=4, mem_len=8, sequence_length=24, preprocessor=True, **architecture):
+    """A TransformerXLCausalLM of random weights (init_std 0.5: a greedy text far from ties) and VOCAB."""
+    from txl_tf.hub import (
+        TransformerXLBackbone,
+        TransformerXLCausalLM,
+        TransformerXLCausalLMPreprocessor,
+        TransformerXLTokenizer,
+    )
+
+    keras.utils.set_random_seed(seed)
+    fields = dict(n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0, mem_len=mem_len,
+                  n_token=len(VOCAB), init_std=0.5)
+    model_config = ModelConfig(**{**fields, **architecture})
+    backbone = TransformerXLBackbone(model_config, EvalConfig(tgt_len=tgt_len, mem_len=mem_len, clamp_len=-1,
+                                                              same_length=False))
+    if not preprocessor:
+        return TransformerXLCausalLM(backbone)
+    tokenizer = TransformerXLTokenizer(VOCAB)
+    return TransformerXLCausalLM(backbone, TransformerXLCausalLMPreprocessor(tokenizer,
+                                                                             sequence_length=sequence_length))
