@@ -513,11 +513,13 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         return super().generate(inputs, max_length=max_length, stop_token_ids=stop_token_ids,
                                 strip_prompt=strip_prompt)
 
-    # ---- fit() and evaluate() with recurrence ---------------------------------------------------------------
-    def compile(self, optimizer="auto", loss="auto", *, weighted_metrics=None, sampler="top_k",
+    # ---- fit(), evaluate() and score() -------------------------------------------------------------------
+    def compile(self, optimizer="auto", loss="auto", *, metrics=None, weighted_metrics=None, sampler="top_k",
                 generate_jit_compile=None, generate_ring=None, **kwargs):
-        """keras-hub's compile; no metric by default (the loss is the adaptive softmax's negative log-likelihood,
-        computed without [B, L, V] logits; a metric on logits would make them).
+        """keras-hub's compile. loss "auto": the adaptive softmax's negative log-likelihood (nats), computed without
+        [B, L, V] logits; any other Keras loss is applied to the log-probabilities as logits (keras-hub's
+        `from_logits=True` losses give the same numbers), as are `metrics` and `weighted_metrics` (none by default:
+        a metric on logits makes them).
 
         generate_jit_compile: XLA for `generate` (None: on for the relative encodings, whose prompt segments have
         a static width; measured faster on CPU, `scripts/benchmark_generate.py`). `jit_compile` is fit's, as in
@@ -527,8 +529,12 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         """
         self.generate_jit_compile = generate_jit_compile
         self.generate_ring = generate_ring
-        super().compile(optimizer=optimizer, loss=loss, weighted_metrics=weighted_metrics, sampler=sampler,
-                        **kwargs)
+        object.__setattr__(self, "_txl_tf_own_loss", isinstance(loss, str) and loss == "auto")
+        super().compile(optimizer=optimizer, loss=loss, metrics=metrics, weighted_metrics=weighted_metrics,
+                        sampler=sampler, **kwargs)
+        if metrics is None and weighted_metrics is None:
+            self._compile_metrics = None  # Keras keeps an earlier compile's metrics otherwise
+        self.train_function = self.test_function = None  # traced with the earlier loss and metrics
 
     def make_generate_function(self):
         if self.generate_function is not None or self.run_eagerly:
@@ -541,17 +547,34 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         self.generate_function = tf.function(step, jit_compile=bool(jit))
         return self.generate_function
 
-    def fit(self, x=None, y=None, *, epochs=1, callbacks=None, validation_data=None, **kwargs):
-        """Trains on a stream-ordered `tf.data.Dataset` with the memory carried from batch to batch.
+    def preprocess_samples(self, x, y=None, sample_weight=None):
+        """Text goes through the preprocessor; token ids pass as they are (a dict of token_ids and padding_mask),
+        token ids [B, T] alone as texts without padding."""
+        if self.preprocessor is not None and _is_text(x):
+            return super().preprocess_samples(x, y, sample_weight)
+        return keras.utils.pack_x_y_sample_weight(_with_padding_mask(x), y, sample_weight)
 
-        `x` yields (tokens [B, L], targets [B, L][, sample_weight]) or ({"token_ids": ...}, targets, ...) with
-        row i of each batch continuing row i of the batch before, as `txl_tf.data.pipeline.make_dataset` gives
-        them, and every batch of the same B rows. The memory ([n_layer, B, mem_len, d_model] of the model's
-        training lengths) lives in the model between steps and starts from zeros at each epoch (the TF
-        original's first segment). The loss is the mean negative log-likelihood (nats) of the adaptive softmax.
-        The custom trainer (`python -m txl_tf.train`: tf.distribute, exact resume, the fused kernels) stays the
-        path for long runs; it trains the same `TransformerXL`.
+    def fit(self, x=None, y=None, *, epochs=1, callbacks=None, validation_data=None, **kwargs):
+        """keras-hub's fit, on texts or on a stream-ordered corpus.
+
+        Texts (a list of str, a `tf.data.Dataset` of str, or the preprocessor's output: {"token_ids",
+        "padding_mask"} with targets and sample weights): each row is a text of its own. It is cut into segments
+        of `backbone.segment_len` tokens read in order, the memory (the model's training mem_len) carried from one
+        segment to the next and starting from zeros for each text; no memory passes between texts, and padding
+        never enters it. The preprocessor's `sequence_length` is the tokens of a text trained on.
+
+        A stream-ordered corpus: a `tf.data.Dataset` yielding (tokens [B, L], targets [B, L][, sample_weight])
+        (tokens without a padding_mask) with row i of each batch continuing row i of the batch before, as
+        `txl_tf.data.pipeline.make_dataset` gives them, every batch of the same B rows. The memory ([n_layer, B,
+        mem_len, d_model]) lives in the model between steps and starts from zeros at each epoch (the TF
+        original's first segment). The custom trainer (`python -m txl_tf.train`: tf.distribute, exact resume,
+        the fused kernels) stays the path for long runs; it trains the same `TransformerXL`.
+
+        The loss (compile's "auto") is the mean negative log-likelihood (nats) of the adaptive softmax.
         """
+        if not _is_stream(x):
+            return super().fit(x, y, epochs=epochs, callbacks=callbacks, validation_data=validation_data,
+                               **kwargs)
         rows = _stream_rows(x, "fit")
         if self._recurrence.reset("train", rows, self.backbone.transformer_xl):
             self.train_function = None
@@ -560,16 +583,19 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             self.test_function = None
         callbacks = [*(callbacks or []), _ResetMemory(self._recurrence)]
         kwargs.setdefault("shuffle", False)  # the stream's order is the point
-        # keras.Model's fit: keras-hub's would run the text preprocessor over the token batches.
+        # keras.Model's fit: the batches are token ids already.
         return keras.Model.fit(self, x, y, epochs=epochs, callbacks=callbacks, validation_data=validation_data,
                                **kwargs)
 
     def evaluate(self, x=None, y=None, **kwargs):
-        """The mean negative log-likelihood of a stream-ordered dataset (as `fit` takes), the memory carried from
-        batch to batch from zeros."""
-        if not kwargs.get("_use_cached_eval_dataset"):  # fit's validation: set up by fit, zeroed by _ResetMemory
-            if self._recurrence.reset("test", _stream_rows(x, "evaluate"), self.backbone.transformer_xl):
-                self.test_function = None
+        """The loss (and compiled metrics) of texts or of a stream-ordered dataset, as `fit` takes them; a
+        stream's memory is carried from batch to batch from zeros."""
+        if kwargs.get("_use_cached_eval_dataset"):  # fit's validation: set up by fit, zeroed by _ResetMemory
+            return keras.Model.evaluate(self, x, y, **kwargs)
+        if not _is_stream(x):
+            return super().evaluate(x, y, **kwargs)
+        if self._recurrence.reset("test", _stream_rows(x, "evaluate"), self.backbone.transformer_xl):
+            self.test_function = None
         return keras.Model.evaluate(self, x, y, **kwargs)
 
     @property
@@ -580,33 +606,99 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             object.__setattr__(self, "_recurrence_holder", holder)
         return holder
 
-    def _recurrent_loss(self, data, phase, training):
+    def _text_hidden(self, token_ids, padding_mask, protocol, training):
+        """Hidden states [B, T, d] of texts (one a row, right-padded) read in segments of `segment_len` with the
+        memory carried from zeros: the text's own recurrence, no state from any other row or batch."""
+        model, segment = self.backbone.transformer_xl, self.backbone.segment_len
+        total = token_ids.shape[1]
+        if total is None:
+            raise ConfigError("fit/evaluate/score on texts: the batches' sequence length is unknown; pad them to a "
+                              "fixed length (the preprocessor's sequence_length does)")
+        lengths = tf.reduce_sum(tf.cast(padding_mask, tf.int32), axis=1)
+        state, hidden = model.initial_memory(tf.shape(token_ids)[0], protocol), []
+        for start in range(0, total, segment):
+            width = min(segment, total - start)
+            used = tf.clip_by_value(lengths - start, 0, width)  # each row's tokens in this segment
+            out, state = model(token_ids[:, start:start + width], state, protocol=protocol, lengths=used,
+                               training=training)
+            hidden.append(out)
+        return tf.concat(hidden, axis=1)
+
+    def _loss_and_state(self, data, training):
+        """(loss, y, y_pred or None, sample_weight, the stream's new memory and its variable, or None) of a batch."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        tokens = x["token_ids"] if isinstance(x, dict) else x
-        memory = self._recurrence.memory(phase)
         model = self.backbone.transformer_xl
-        hidden, state = self.backbone.call_with_state(tokens, Memory(memory.value()), protocol=model.protocol,
-                                                      training=training)
-        nll = model.nll(hidden, y)  # [B, L] float32
-        weights = tf.ones_like(nll) if sample_weight is None else tf.cast(sample_weight, tf.float32)
-        loss = tf.reduce_sum(nll * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
-        return loss, state, memory, tf.shape(tokens)[0]
+        if isinstance(x, dict) and "padding_mask" in x:  # texts
+            if y is None:
+                raise ConfigError("fit/evaluate on token ids: give the targets y (the preprocessor gives them)")
+            hidden = self._text_hidden(x["token_ids"], x["padding_mask"], model.protocol, training)
+            carried = None
+        else:  # a stream-ordered corpus
+            tokens = x["token_ids"] if isinstance(x, dict) else x
+            memory = self._recurrence.memory("train" if training else "test")
+            hidden, state = self.backbone.call_with_state(tokens, Memory(memory.value()), protocol=model.protocol,
+                                                          training=training)
+            carried = (state.hidden, memory)
+        y_pred = None
+        if self._own_loss:
+            nll = model.nll(hidden, y)  # [B, L] float32
+            weights = tf.ones_like(nll) if sample_weight is None else tf.cast(sample_weight, tf.float32)
+            loss = tf.reduce_sum(nll * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
+        else:  # compile's loss on the log-probabilities as logits, as keras-hub's CausalLM
+            y_pred = model.log_probs(hidden)
+            loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
+        if y_pred is None and self._compile_metrics is not None:
+            y_pred = model.log_probs(hidden)  # only for metrics asked for
+        return loss, (x, y, y_pred, sample_weight), carried
+
+    @property
+    def _own_loss(self) -> bool:
+        """Whether the loss is compile's "auto" (the adaptive softmax's NLL without logits)."""
+        return self.__dict__.get("_txl_tf_own_loss", True)
+
+    def _results(self, loss, batch, carried):
+        x, y, y_pred, sample_weight = batch
+        if carried is not None:
+            carried[1].assign(carried[0])
+        self._loss_tracker.update_state(loss, sample_weight=tf.shape(y)[0])
+        if y_pred is not None:
+            return self.compute_metrics(x, y, y_pred, sample_weight)
+        return self.get_metrics_result()
 
     def train_step(self, data):
         with tf.GradientTape() as tape:
-            loss, state, memory, rows = self._recurrent_loss(data, "train", training=True)
+            loss, batch, carried = self._loss_and_state(data, training=True)
             scaled = self.optimizer.scale_loss(loss)
         gradients = tape.gradient(scaled, self.trainable_weights)
         self.optimizer.apply_gradients(zip(gradients, self.trainable_weights, strict=True))
-        memory.assign(state.hidden)
-        self._loss_tracker.update_state(loss, sample_weight=rows)
-        return {"loss": self._loss_tracker.result()}
+        return self._results(loss, batch, carried)
 
     def test_step(self, data):
-        loss, state, memory, rows = self._recurrent_loss(data, "test", training=False)
-        memory.assign(state.hidden)
-        self._loss_tracker.update_state(loss, sample_weight=rows)
-        return {"loss": self._loss_tracker.result()}
+        loss, batch, carried = self._loss_and_state(data, training=False)
+        return self._results(loss, batch, carried)
+
+    def score(self, token_ids, padding_mask=None, scoring_mode="logits", layer_intercept_fn=None, target_ids=None):
+        """keras-hub's `score`: per-token log-probabilities [B, T, V] ("logits": a softmax of them is the model's
+        distribution) or per-token losses [B, T] ("loss": the negative log-likelihood of `target_ids`, nats).
+
+        Each row is a text of its own, read in segments of `backbone.segment_len` with the memory carried (the
+        protocol of generation, `backbone.protocol`), as `fit` reads texts. `layer_intercept_fn` is not offered:
+        the layers run inside `txl_tf.TransformerXL`.
+        """
+        if scoring_mode not in ("logits", "loss"):
+            raise ConfigError(f"score: scoring_mode={scoring_mode!r}; use 'logits' or 'loss'")
+        if scoring_mode == "loss" and target_ids is None:
+            raise ConfigError("score: scoring_mode='loss' needs target_ids (the token that follows each position)")
+        if layer_intercept_fn is not None:
+            raise ConfigError("score: layer_intercept_fn is not offered (the layers run inside txl_tf's "
+                              "TransformerXL); call score without it")
+        token_ids = tf.convert_to_tensor(token_ids, tf.int32)
+        padding_mask = tf.ones_like(token_ids) if padding_mask is None else tf.cast(padding_mask, tf.int32)
+        model = self.backbone.transformer_xl
+        hidden = self._text_hidden(token_ids, padding_mask, self.backbone.protocol, training=False)
+        if scoring_mode == "logits":
+            return model.log_probs(hidden)
+        return model.nll(hidden, tf.convert_to_tensor(target_ids, tf.int32))
 
     # ---- presets -------------------------------------------------------------------------------------------
     @classmethod
@@ -695,6 +787,26 @@ class _ResetMemory(keras.callbacks.Callback):
         if "test" in self.recurrence.variables:
             variable = self.recurrence.variables["test"]
             variable.assign(tf.zeros_like(variable))
+
+
+def _is_text(x) -> bool:
+    """Whether `x` is text (a str, a list of str, a string tensor) rather than token ids."""
+    if isinstance(x, str):
+        return True
+    if isinstance(x, (list, tuple)):
+        return bool(x) and all(isinstance(item, str) for item in x)
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and (dtype == tf.string or getattr(dtype, "kind", "") in ("U", "S", "O"))
+
+
+def _is_stream(x) -> bool:
+    """Whether `x` is a stream-ordered corpus: a tf.data.Dataset of token batches without a padding mask."""
+    if not isinstance(x, tf.data.Dataset):
+        return False
+    spec = x.element_spec[0] if isinstance(x.element_spec, tuple) else x.element_spec
+    if isinstance(spec, dict):
+        return "padding_mask" not in spec
+    return isinstance(spec, tf.TensorSpec) and spec.dtype.is_integer
 
 
 def _stream_rows(dataset, what: str) -> int:
