@@ -203,7 +203,10 @@ class Scorer:
 
     def __init__(self, run_dir: str, model, spec: Model, settings: Settings, prefix: str = ""):
         self.run_dir, self.model, self.settings, self.prefix = run_dir, model, settings, prefix
-        self.vanilla, self.clamped = spec.vanilla, spec.clamped and not spec.vanilla
+        # The study's list and the model's encoding must both say clamp_len changes its scores (rope and shaw
+        # ignore it, and TransformerXL refuses a clamp it would ignore).
+        self.vanilla = spec.vanilla
+        self.clamped = spec.clamped and model.encoding.clamps and not spec.vanilla
 
     def _key(self, split: str, scored: scoring.ScoredTokens, length: int, clamp: int) -> str:
         where = f"b{scored.batch_size}_d{scored.drop}_n{scored.tokens.shape[0]}"
