@@ -122,7 +122,7 @@ def strip_module(blob: bytes) -> bytes:
     return module.SerializeToString()
 
 
-def dump(folder: str, cases: list, modes: list) -> None:
+def dump(folder: str, cases: list, modes: list, overwrite: bool = False) -> None:
     import keras
 
     from txl_tf import autotune, staging
@@ -131,7 +131,7 @@ def dump(folder: str, cases: list, modes: list) -> None:
     from txl_tf.flops import config_flops_per_token
 
     meta = {}
-    with staging.staged_dir(folder, kind=KIND) as tmp:
+    with staging.staged_dir(folder, kind=KIND, name="--dump", overwrite=overwrite) as tmp:
         for case in cases:
             arch, batch, length = CASES[case]
             kwargs = dict(arch, mem_len=length, dropout=0.1, dropatt=0.0, untie_r=case.startswith("wt103"))
@@ -423,7 +423,7 @@ def main(argv) -> None:
         if unknown:
             raise UserError(f"--cases/--modes: unknown {unknown}; cases are {sorted(CASES)}, modes {list(MODES)}")
         paths.replaceable_dir(FLAGS.dump, "--dump", kind=KIND, overwrite=FLAGS.overwrite)
-        dump(FLAGS.dump, FLAGS.cases, FLAGS.modes)
+        dump(FLAGS.dump, FLAGS.cases, FLAGS.modes, FLAGS.overwrite)
     else:
         time_all(FLAGS.time, FLAGS.steps, FLAGS.matmul_size, FLAGS.peer)
 

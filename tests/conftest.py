@@ -47,6 +47,39 @@ def fixture_dir():
     return FIXTURE_DIR
 
 
+@pytest.fixture
+def read_only():
+    """`read_only(folder)` makes `folder` unwritable as a user meets it and returns the reason the system gives:
+    chmod 0o555 for a user (EACCES); for root, whom modes do not stop, a read-only bind mount of the folder onto
+    itself (EROFS, as on a read-only file system), else the immutable attribute (chattr +i: EPERM). Undone after."""
+    import errno
+    import subprocess
+
+    undo = []
+
+    def make(folder) -> str:
+        folder = str(folder)
+        if os.geteuid() != 0:
+            os.chmod(folder, 0o555)
+            undo.append(lambda: os.chmod(folder, 0o755))
+            return os.strerror(errno.EACCES)
+        try:
+            if subprocess.run(["mount", "--bind", folder, folder], capture_output=True).returncode == 0:
+                undo.append(lambda: subprocess.run(["umount", folder], check=True))
+                if subprocess.run(["mount", "-o", "remount,bind,ro", folder], capture_output=True).returncode == 0:
+                    return os.strerror(errno.EROFS)
+            if subprocess.run(["chattr", "+i", folder], capture_output=True).returncode == 0:
+                undo.append(lambda: subprocess.run(["chattr", "-i", folder], check=True))
+                return os.strerror(errno.EPERM)
+        except FileNotFoundError:
+            pass
+        pytest.skip("running as root, which chmod does not stop, without mount or chattr to make a folder read-only")
+
+    yield make
+    for step in reversed(undo):
+        step()
+
+
 def _configure_two_logical_cpus():
     """Split the CPU into 2 logical devices before any op runs, so MirroredStrategy tests have 2 replicas.
 

@@ -2,6 +2,7 @@
 writes a checkpoint that the restore path of evaluate/export/generate takes, and leaves the run's own alone."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -89,3 +90,45 @@ def test_a_checkpoint_removed_while_it_is_read_is_named_in_one_line(tmp_path):
         average.average_weights(model, prefixes)
     line = errors.one_line(raised.value)
     assert f"{run / 'ckpt-10'} was removed while it was being read" in line and "re-run" in line, line
+
+
+# ---- --checkpoints without --model_dir (issue 52, item 14): the model is rebuilt from the config.gin of the
+# checkpoints' run, and checkpoints of runs whose configs make different models are refused in one line.
+def test_the_command_finds_config_gin_beside_the_checkpoints(tmp_path):
+    run = tmp_path / "run"
+    saved = make_run(run, [0.0, 0.5])
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": REPO}
+    proc = subprocess.run([sys.executable, "-m", "txl_tf.average", f"--checkpoints={run / 'ckpt-10'}",
+                           f"--checkpoints={run / 'ckpt-20'}", f"--output_dir={out}"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"averaged 2 checkpoints (ckpt-10, ckpt-20) -> {out / 'ckpt-20'}" in proc.stdout
+    model, _, prefix = loading.load_model(str(out))
+    assert prefix == str(out / "ckpt-20")
+    for got, first, second in zip(float_weights(model), saved[0], saved[1], strict=True):
+        np.testing.assert_allclose(got, (first + second) / 2, rtol=0, atol=1e-6)
+
+
+def test_checkpoints_of_two_runs_of_one_model_average(tmp_path):
+    saved = make_run(tmp_path / "a", [0.0, 1.0])
+    shutil.copytree(tmp_path / "a", tmp_path / "b")  # the same model (config.gin), another folder
+    prefix = average.average([str(tmp_path / "a" / "ckpt-10"), str(tmp_path / "b" / "ckpt-20")],
+                             str(tmp_path / "out"))
+    model, _, _ = loading.load_model(str(tmp_path / "out"))
+    assert prefix == str(tmp_path / "out" / "ckpt-20")
+    for got, first, second in zip(float_weights(model), saved[0], saved[1], strict=True):
+        np.testing.assert_allclose(got, (first + second) / 2, rtol=0, atol=1e-6)
+
+
+def test_checkpoints_of_runs_of_different_models_are_refused(tmp_path):
+    make_run(tmp_path / "a", [0.0])
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    config = tmp_path / "b" / "config.gin"
+    config.write_text(config.read_text().replace("ModelConfig.d_inner = 10", "ModelConfig.d_inner = 12"))
+    with pytest.raises(errors.ConfigError) as raised:
+        average.average([str(tmp_path / "a" / "ckpt-10"), str(tmp_path / "b" / "ckpt-10")], str(tmp_path / "out"))
+    assert errors.one_line(raised.value) == (
+        f"the checkpoints come from runs of different models: {tmp_path / 'a' / 'config.gin'} has "
+        f"ModelConfig.d_inner=10, {config} has 12; average checkpoints of one model")
+    assert not (tmp_path / "out").exists()

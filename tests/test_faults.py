@@ -224,7 +224,7 @@ def test_export_refuses_an_existing_directory_unless_it_holds_an_export_and_over
     with pytest.raises(FileExistsError, match="pass --overwrite"):
         check_export_dir(str(target), overwrite=False)
     check_export_dir(str(target), overwrite=True)
-    write_export(lambda d: export_model(model, d, protocol=Protocol(3), max_len=2), str(target))
+    write_export(lambda d: export_model(model, d, protocol=Protocol(3), max_len=2), str(target), overwrite=True)
     assert (target / "saved_model.pb").exists() and not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
     other = tmp_path / "other"
     other.mkdir()
@@ -376,6 +376,11 @@ def test_an_edited_architecture_is_named_and_not_called_corrupt(char_data, tmp_p
     config = run / "config.gin"
     config.write_text(config.read_text().replace("ModelConfig.d_inner = 24", "ModelConfig.d_inner = 32"))
     before = _contents(run)
+    with pytest.raises(run_dir.ArchitectureMismatchError, match="ModelConfig.d_inner is 24 there but 32 here"):
+        train.run([str(config)], ["TrainConfig.train_steps = 6"], str(run))  # the run's architecture.json says
+    assert _contents(run) == before
+    os.remove(run / run_dir.ARCHITECTURE_FILE)  # a run written before the record: the checkpoint's shapes tell
+    before = _contents(run)
     with pytest.raises(errors.ConfigError) as raised:  # the same command as before, on the edited config.gin
         train.run([str(config)], ["TrainConfig.train_steps = 6"], str(run))
     line = errors.one_line(raised.value)
@@ -390,6 +395,7 @@ def test_another_vocabulary_size_is_named_and_not_called_corrupt(char_data, tmp_
     run = tmp_path / "run"
     _train(run, char_data, **{"TrainConfig.train_steps": 2})
     os.remove(run / run_dir.VOCAB_FINGERPRINT_FILE)  # a run written before fingerprints: the sizes tell
+    os.remove(run / run_dir.ARCHITECTURE_FILE)  # (with its architecture.json, n_token's record names the field)
     big = _random_data(tmp_path / "d256", range(256))
     size = len(pipeline_vocab(char_data))
     for call in (lambda: _train(run, big, **{"TrainConfig.train_steps": 4}),

@@ -33,7 +33,7 @@ def test_token_by_token_equals_segment(attn_type):
     ("vaswani" cannot: as in the authors' code its absolute positions count back from the last token of each
     call, so a token's position depends on how the text is cut into calls.)
     """
-    model = make_model(attn_type=attn_type, untie_r=True, clamp_len=3)
+    model = make_model(attn_type=attn_type, untie_r=True, clamp_len=3 if encodings.get(attn_type).clamps else -1)
     x = tokens(2, 6)
     start = model(tokens(2, 3, seed=1))[1]  # a real (non-zero) memory of 3 positions
     full, _ = model(x, start)
@@ -159,7 +159,7 @@ def test_cache_equals_memory(kwargs, same_length):
     """The keys/values cache and the hidden-state memory give the same outputs, call after call, with segments
     of different lengths (one token included) and a memory that slides."""
     model = make_model(**kwargs)
-    protocol = Protocol(mem_len=5, clamp_len=3, same_length=same_length)
+    protocol = Protocol(mem_len=5, clamp_len=3 if model.encoding.clamps else -1, same_length=same_length)
     mems = model.initial_memory(2, protocol)
     cache = model.initial_cache(2, protocol, max_len=4)
     assert isinstance(cache, Cache) and cache.keys.shape == (NL, NH, 2, 5, kwargs.get("d_head", DH))

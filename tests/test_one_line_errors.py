@@ -168,36 +168,6 @@ def test_damaged_checkpoints_give_one_line_without_warnings_and_name_an_intact_b
 
 
 # ---- issue 34: a read-only run folder; a changed model; another vocabulary ------------------------------------
-@pytest.fixture
-def read_only():
-    """`read_only(folder)` makes `folder` unwritable as a user meets it and returns the reason the system gives:
-    chmod 0o555 for a user (EACCES); for root, whom modes do not stop, a read-only bind mount of the folder onto
-    itself (EROFS, as on a read-only file system), else the immutable attribute (chattr +i: EPERM). Undone after."""
-    undo = []
-
-    def make(folder) -> str:
-        folder = str(folder)
-        if os.geteuid() != 0:
-            os.chmod(folder, 0o555)
-            undo.append(lambda: os.chmod(folder, 0o755))
-            return os.strerror(errno.EACCES)
-        try:
-            if subprocess.run(["mount", "--bind", folder, folder], capture_output=True).returncode == 0:
-                undo.append(lambda: subprocess.run(["umount", folder], check=True))
-                if subprocess.run(["mount", "-o", "remount,bind,ro", folder], capture_output=True).returncode == 0:
-                    return os.strerror(errno.EROFS)
-            if subprocess.run(["chattr", "+i", folder], capture_output=True).returncode == 0:
-                undo.append(lambda: subprocess.run(["chattr", "-i", folder], check=True))
-                return os.strerror(errno.EPERM)
-        except FileNotFoundError:
-            pass
-        pytest.skip("running as root, which chmod does not stop, without mount or chattr to make a folder read-only")
-
-    yield make
-    for step in reversed(undo):
-        step()
-
-
 @pytest.mark.slow  # ~8 s: two CLI runs; CI's slow phase
 def test_a_read_only_run_folder_is_one_line_for_train_and_average(char_data, tmp_path, read_only):
     from train_utils import make_run
@@ -266,6 +236,7 @@ def test_an_edited_architecture_is_one_line_and_nothing_follows_it(char_data, tm
     gin.clear_config()
     config = run / "config.gin"
     config.write_text(config.read_text().replace("ModelConfig.d_inner = 24", "ModelConfig.d_inner = 32"))
+    os.remove(run / "architecture.json")  # a run written before the record (tests/test_architecture_checked.py)
     result = _run("-m", "txl_tf.train", f"--gin_file={config}", f"--model_dir={run}",
                   "--gin_param=TrainConfig.train_steps=4")
     line = _one_line(result, "train")

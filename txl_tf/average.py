@@ -2,14 +2,17 @@ r"""Checkpoint averaging: the element-wise mean of several checkpoints' weights,
 
     python -m txl_tf.average --model_dir=runs/ptb --last=5
     python -m txl_tf.average --model_dir=runs/ptb --checkpoints=runs/ptb/ckpt-38000 --checkpoints=runs/ptb/ckpt-40000
+    python -m txl_tf.average --checkpoints=runs/a/ckpt-4000 --checkpoints=runs/b/ckpt-4000 --output_dir=runs/ab
     python -m txl_tf.evaluate --model_dir=runs/ptb/averaged --split=test
 
 The paper averaged the weights of its last PTB checkpoints. The output directory (default MODEL_DIR/averaged)
 gets `ckpt-N` (N: the newest averaged step; key `model` only, like a converted checkpoint), the effective gin
 config as `config.gin`, `averaged.json` (which checkpoints) and the run's vocabulary fingerprint
 (`vocab_fingerprint.json`, when the run has one); `evaluate`, `export` and `generate` take it as
-`--model_dir`. The run's own checkpoints are only read: the output directory may not be one that holds them, and
-an existing output directory is replaced only with --overwrite and only if this command wrote it. The average is
+`--model_dir`. Without --model_dir the model is rebuilt from the config.gin of the newest checkpoint's run;
+checkpoints of several runs are averaged only when the runs' configs make one model. The run's own checkpoints
+are only read: the output directory may not be one that holds them, and an existing output directory is replaced
+only with --overwrite and only if this command wrote it. The average is
 written whole into a staging directory beside it and then swapped in (txl_tf.staging): a run killed at any point
 leaves the previous average (or none), never half of one, and the next run removes what it left. A checkpoint
 that a trainer still saving into the run deletes before it is read is named in one line (re-run the command), and
@@ -22,6 +25,7 @@ run directory.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -37,6 +41,7 @@ import tensorflow as tf
 from absl import flags
 
 from txl_tf import errors, loading, paths, run_dir, staging
+from txl_tf.configs import architecture
 from txl_tf.errors import ConfigError, UserError
 
 OUTPUT_DIR = "averaged"
@@ -121,6 +126,30 @@ def _check_writable(output_dir: str) -> None:
                         "MODEL_DIR/averaged)")
 
 
+def _check_one_model(prefixes: Sequence[str], gin_files=(), gin_params=()) -> None:
+    """Checkpoints of several runs are averaged only when their runs' saved configs (each with `gin_files` and
+    `gin_params`) make one model on one vocabulary: a ConfigError naming the two runs and the first ModelConfig
+    field (or the recorded vocabulary) that differs otherwise."""
+    found = {}  # config file -> (the ModelConfig it makes, the run's recorded vocabulary sha256 or None)
+    for prefix in prefixes:
+        for path in run_dir.config_files(None, checkpoint=prefix):
+            if path not in found:
+                vocab = run_dir.recorded_vocabulary(run_dir.run_folder(prefix))
+                found[path] = (run_dir.read_configs(None, gin_files, gin_params, checkpoint=prefix).model,
+                               vocab and vocab["sha256"])
+    if len(found) < 2:
+        return
+    (first, (model, vocab)), *others = found.items()
+    for path, (other, other_vocab) in others:
+        differ = [f"ModelConfig.{f.name}={getattr(model, f.name)!r}, {path} has {getattr(other, f.name)!r}"
+                  for f in dataclasses.fields(model) if getattr(model, f.name) != getattr(other, f.name)]
+        if vocab and other_vocab and vocab != other_vocab:
+            differ.append(f"a vocabulary of sha256 {vocab[:12]}…, {path} one of {other_vocab[:12]}…")
+        if differ:
+            raise ConfigError(f"the checkpoints come from runs of different models: {first} has {differ[0]}; "
+                              "average checkpoints of one model")
+
+
 def average(prefixes: Sequence[str], output_dir: str, *, model_dir: str | None = None, gin_files=(),
             gin_params=(), overwrite: bool = False) -> str:
     """Averages the checkpoints `prefixes` (oldest first) into `output_dir`; returns the new checkpoint prefix.
@@ -133,20 +162,27 @@ def average(prefixes: Sequence[str], output_dir: str, *, model_dir: str | None =
     prefixes = [run_dir.find_checkpoint(p) for p in prefixes]
     output_dir = _check_output_dir(output_dir, prefixes, overwrite)
     _check_writable(output_dir)
+    _check_one_model(prefixes, gin_files, gin_params)
+    # Without model_dir: the config.gin of the newest checkpoint's run (run_dir.config_files).
     configs = run_dir.read_configs(model_dir, gin_files, gin_params, checkpoint=prefixes[-1])
     n_token = configs.model.n_token or loading.vocab_size(configs.data)
     if n_token is None:
         raise ConfigError("the vocabulary size is unknown: bind ModelConfig.n_token or prepare the data in "
                          f"DataConfig.data_dir={configs.data.data_dir!r}")
     model = loading.build_model(configs.model, n_token)
+    built = architecture(model)
+    for folder in dict.fromkeys(run_dir.run_folder(p) for p in prefixes):  # each run's record, before any is read
+        run_dir.check_architecture(folder, built, "average its checkpoints")
     average_weights(model, prefixes)
     match = _NUMBERED.search(prefixes[-1])
     step = int(match.group(1)) if match else 1
-    with staging.staged_dir(output_dir, kind=KIND) as tmp:  # replaces a previous average only once this one is whole
+    # replaces a previous average only once this one is whole, checked again under its claim
+    with staging.staged_dir(output_dir, kind=KIND, name="--output_dir", overwrite=overwrite) as tmp:
         checkpoint = tf.train.Checkpoint(model=model)
         prefix = tf.train.CheckpointManager(checkpoint, tmp, max_to_keep=None).save(checkpoint_number=step)
         run_dir.write_config(tmp, gin.config_str(),
                              "The configuration of the averaged checkpoints (written by txl_tf.average).")
+        run_dir.record_architecture(tmp, built)
         record = run_dir.recorded_vocabulary(model_dir or run_dir.run_folder(prefixes[-1]))
         if record is not None:  # the run's vocabulary, checked where the average is loaded
             with open(os.path.join(tmp, run_dir.VOCAB_FINGERPRINT_FILE), "w") as f:

@@ -35,7 +35,13 @@ import numpy as np
 import tensorflow as tf
 
 from txl_tf import errors, generation, paths, presets, staging
-from txl_tf.configs import EvalConfig, ModelConfig, check_inference_size
+from txl_tf.configs import (
+    EvalConfig,
+    ModelConfig,
+    architecture,
+    check_generation_size,
+    check_inference_size,
+)
 from txl_tf.data.vocab import Vocab
 from txl_tf.errors import ConfigError
 from txl_tf.evaluation import LossFigures
@@ -209,8 +215,10 @@ class TransformerXLCausalLM:
                                           overwrite_hint="overwrite=True")
         staging.remove_stale(directory)
         config = {"format": PRESET_FORMAT, "version": PRESET_VERSION,
-                  "model": dataclasses.asdict(self.model_config), "eval": dataclasses.asdict(self.eval_config)}
-        with staging.staged_dir(directory, kind=PRESET_KIND) as tmp:
+                  "model": dataclasses.asdict(self.model_config), "eval": dataclasses.asdict(self.eval_config),
+                  "architecture": architecture(self.model)}  # compared with "model" on every load
+        with staging.staged_dir(directory, kind=PRESET_KIND, name="the preset directory", overwrite=overwrite,
+                                overwrite_hint="overwrite=True") as tmp:  # checks again under its claim
             with open(os.path.join(tmp, PRESET_CONFIG), "w") as f:
                 json.dump(config, f, indent=2)
                 f.write("\n")
@@ -251,8 +259,10 @@ class TransformerXLCausalLM:
                 or max_length <= max(lengths):
             raise ConfigError(f"max_length={max_length!r} must be an int above the longest prompt's {max(lengths)} "
                               "tokens (it counts the prompt and the new tokens); raise it")
-        check_inference_size(self.model, batch_size=len(ids), tgt_len=self.eval_config.tgt_len,
-                             mem_len=self.eval_config.mem_len)
+        # max_length and the batch against the memory this process can allocate, before any buffer is made
+        check_generation_size(self.model, batch_size=len(ids), length=max(lengths) + int(max_length) - min(lengths),
+                              given=int(max_length), name="max_length", batch_name="the number of prompts",
+                              segment_len=self.eval_config.tgt_len, mem_len=self.eval_config.mem_len)
         if seed is None:
             seed = random.SystemRandom().randrange(2**31)
         result = generation.generate_from_model(

@@ -12,9 +12,12 @@ Every field is checked when a config is made (type, range, finite numbers; `vali
 unknown configurables and parameters, so a misspelt binding or a bad value stops a command with one line before it
 writes anything. A model's sizes are bounded before it is built: `check_model_size` (every ModelConfig, and every
 build with the vocabulary's size) and `check_inference_size` (the evaluation's lengths and batch) compare an
-estimate of the bytes with the machine's memory. `parse_configs` makes the four of them (`Configs`) from gin files
+estimate of the bytes with the machine's memory; `check_generation_size` bounds every length a user gives to
+generation by the memory the process can allocate now. `architecture` is the record of what defines a model's
+function, saved beside checkpoints and in presets and compared on every load. `parse_configs` makes the four of them (`Configs`) from gin files
 and bindings (a run's saved config.gin comes from txl_tf.run_dir.read_configs); `compare_configs` checks a new set
-against a run's saved one.
+against a run's saved one. `check_clamp` refuses a clamp_len > 0 (ModelConfig's or EvalConfig's) for an encoding
+that ignores it (rope, shaw, al_rfou).
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class ModelConfig:
         if problem:
             raise ConfigError(f"ModelConfig.attn_type={self.attn_type!r}: {problem}; change ModelConfig.d_head or "
                               "ModelConfig.attn_type")
+        check_clamp(self.attn_type, self.clamp_len, "ModelConfig.clamp_len")
         check_model_size(self)
 
     def model_kwargs(self, n_token: Optional[int] = None) -> dict:
@@ -264,6 +268,16 @@ def validate(config) -> None:
                 raise ConfigError(f"{where} must be {description}; {fix}")
 
 
+def check_clamp(attn_type: str, clamp_len: int, binding: str = "EvalConfig.clamp_len") -> None:
+    """Raises ConfigError (one line naming the encoding, `binding` and its value) when `clamp_len` > 0 goes with an
+    encoding that ignores it (`Encoding.clamps`: rope, shaw, al_rfou), instead of letting it pass unused."""
+    problem = encodings.get(attn_type).clamp_problem(clamp_len)
+    if problem:
+        clamping = ", ".join(name for name in encodings.NAMES if encodings.get(name).clamps)
+        raise ConfigError(f"{binding}={clamp_len}: {problem}; set {binding} to -1, or use an attn_type that clamps "
+                          f"({clamping})")
+
+
 def check_together(config: TrainConfig) -> None:
     """Raises ConfigError when fields of TrainConfig `config` cannot go together: XLA (`jit_compile`) compiles the
     step itself and cannot run the fused kernels, which are custom ops; the half loss needs two positions.
@@ -398,6 +412,58 @@ def check_inference_size(model, *, batch_size: int, tgt_len: int, mem_len: int, 
     values = dict(zip(names, (batch_size, tgt_len, mem_len), strict=True))
     name = _culprit(lambda v: _inference_bytes(s, *v.values()), values, dict(zip(names, _TYPICAL_EVAL, strict=True)))
     raise ConfigError(f"{name}={values[name]}: {problem}; lower {name}")
+
+
+def generation_bytes(model, *, batch_size: int, length: int, segment_len: int, mem_len: int, beams: int = 1,
+                     n_token: int | None = None) -> int:
+    """About how many bytes generating `length` positions (prompt and new tokens) for `batch_size` prompts takes,
+    `beams` rows per prompt (keras-hub's BeamSampler): `inference_bytes` of every row (the model, the state, a
+    segment's activations and logits) and the buffers that grow with the length: per row the token ids and the
+    padding mask (int32, the caller's copy and the function's), per prompt its hidden states (time-first and
+    transposed)."""
+    s = _sizes(model, n_token)
+    rows = batch_size * beams
+    per_position = rows * 4 * 4 + batch_size * 2 * _FLOAT_BYTES * s["d_model"]
+    return _inference_bytes(s, rows, segment_len, mem_len) + length * per_position
+
+
+def check_generation_size(model, *, batch_size: int, length: int, segment_len: int, mem_len: int, beams: int = 1,
+                          n_token: int | None = None, name: str = "max_length", given: int | None = None,
+                          batch_name: str = "the number of prompts", beams_name: str = "num_beams") -> None:
+    """The one bound on the lengths a user gives to generation (`--max_tokens`, `max_length`, a preprocessor's
+    `sequence_length`, the number of prompts, keras-hub's `num_beams`): a ConfigError naming the value, the bound
+    and the fix when `generation_bytes` is more than this process can allocate now (`untrusted.available_memory`),
+    or the positions exceed int32. Run before any tensor of the generation is made.
+
+    `length`: the positions of each row, prompt included; `name` and `given`: how the user gave it (e.g.
+    "--max_tokens" and the new tokens alone: the bound is then said in those terms).
+    """
+    given = length if given is None else given
+    offset = length - given  # positions the user's value does not count (the prompt, for --max_tokens)
+    if beams == 1:  # the model, its state and a segment alone: the evaluation's lengths or the batch, named
+        check_inference_size(model, batch_size=batch_size, tgt_len=segment_len, mem_len=mem_len, n_token=n_token,
+                             names=(batch_name, "EvalConfig.tgt_len", "EvalConfig.mem_len"))
+    if length > INT32_MAX:
+        raise ConfigError(f"{name}={given} is more positions than generation can index (at most {INT32_MAX} in all); "
+                          f"lower {name}")
+    sizes = dict(batch_size=batch_size, segment_len=segment_len, mem_len=mem_len, beams=beams, n_token=n_token)
+    need = generation_bytes(model, length=length, **sizes)
+    free = untrusted.available_memory()
+    if need <= free:
+        return
+    fixed = generation_bytes(model, length=0, **sizes)
+    per_position = generation_bytes(model, length=1, **sizes) - fixed
+    longest = (free - fixed) // per_position - offset if free > fixed else 0
+    rows = f"{batch_size} prompt(s)" + (f" x {beams_name}={beams}" if beams > 1 else "")
+    if longest >= 1:
+        fix = f"at most about {longest} fit now: lower {name}"
+    elif beams > 1:
+        fix = f"lower {beams_name}"
+    else:
+        fix = f"lower {batch_name} (or the model's EvalConfig lengths)"
+    raise ConfigError(f"{name}={given}: generating {length} positions for {rows} needs about "
+                      f"{untrusted.size_text(need)} of memory, more than the {untrusted.size_text(free)} this process "
+                      f"can allocate now; {fix}")
 
 
 INT32_MAX = 2**31 - 1  # TensorFlow's shapes and positions are int32: no length or size may exceed it
@@ -695,17 +761,47 @@ def parse_configs(gin_files: Sequence[str] = (), gin_params: Sequence[str] = (),
     gin.clear_config()
     files = parse_gin(gin_files, gin_params, lenient_files=base_files)
     made = make_configs()
+    check_clamp(made["ModelConfig"].attn_type, made["EvalConfig"].clamp_len)  # the protocol evaluation hands it
     return Configs(model=made["ModelConfig"], data=made["DataConfig"], train=made["TrainConfig"],
                    eval=made["EvalConfig"], files=tuple(files))
 
 
-# ModelConfig fields that shape the weights, and fields that shape the rest of the saved training state: a run
-# directory's checkpoints cannot be restored into a model whose value differs.
-ARCHITECTURE = ("ModelConfig.n_layer", "ModelConfig.d_model", "ModelConfig.n_head", "ModelConfig.d_head",
-                "ModelConfig.d_inner", "ModelConfig.n_token", "ModelConfig.d_embed", "ModelConfig.cutoffs",
-                "ModelConfig.div_val", "ModelConfig.tie_projs", "ModelConfig.proj_same_dim", "ModelConfig.untie_r",
-                "ModelConfig.attn_type", "ModelConfig.max_position")
+# The ModelConfig fields that define the function a model computes (its weights' shapes and what it does with
+# them): a checkpoint or preset cannot be loaded into a model whose value differs. `architecture` records them.
+ARCHITECTURE_FIELDS = ("n_layer", "d_model", "n_head", "d_head", "d_inner", "n_token", "d_embed", "cutoffs", "div_val",
+                       "tie_projs", "proj_same_dim", "untie_r", "attn_type", "pre_lnorm", "layer_norm_epsilon",
+                       "max_position")
+ARCHITECTURE = tuple(f"ModelConfig.{name}" for name in ARCHITECTURE_FIELDS)
+# Fields that shape the rest of the saved training state (a run's checkpoints hold them).
 SAVED_STATE = ("ModelConfig.mem_len", "TrainConfig.batch_size", "TrainConfig.checkpoint_memory")
+
+
+def architecture(model, n_token: int | None = None) -> dict:
+    """The architecture of `model` (a ModelConfig or a built TransformerXL) as one canonical, JSON-ready dict: the
+    ARCHITECTURE_FIELDS, with the defaults a model resolves filled in (d_embed None is d_model, tie_projs None is
+    the softmax's default) and max_position kept only where the encoding has tables of it. `n_token` stands in
+    for an unset one. The record that travels with every checkpoint folder, preset and export
+    (`txl_tf.run_dir.record_architecture`) and is compared on every load (`differing_architecture`)."""
+    values = {name: getattr(model, name) for name in ARCHITECTURE_FIELDS}
+    if values["n_token"] is None:
+        values["n_token"] = n_token
+    values["d_embed"] = values["d_embed"] or values["d_model"]
+    values["cutoffs"] = [int(c) for c in values["cutoffs"]]
+    if values["tie_projs"] is None:  # AdaptiveSoftmax's default
+        values["tie_projs"] = [not values["cutoffs"]] + [True] * len(values["cutoffs"])
+    values["tie_projs"] = [bool(t) for t in values["tie_projs"]]
+    if not encodings.get(values["attn_type"]).uses_max_position:
+        values["max_position"] = None
+    return values
+
+
+def differing_architecture(recorded: dict, current: dict) -> str | None:
+    """'ModelConfig.F: A recorded, B here' for the first architecture field whose values differ between the record
+    `recorded` (read from a file: any fields) and `current` (`architecture(...)`), or None when they agree."""
+    for name in ARCHITECTURE_FIELDS:
+        if name in recorded and recorded[name] != current.get(name):
+            return f"ModelConfig.{name} is {recorded[name]!r} there but {current.get(name)!r} here"
+    return None
 
 
 def compare_configs(model_dir: str, saved: Configs, new: Configs) -> list[str]:

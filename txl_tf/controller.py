@@ -39,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from txl_tf import distribute, flops, fused, loading, run_dir
-from txl_tf.configs import EvalConfig
+from txl_tf.configs import EvalConfig, architecture
 from txl_tf.evaluation import StopRequested
 from txl_tf.trainer import LoopStats, NonFiniteLossError, Trainer
 
@@ -316,6 +316,7 @@ class Controller:
         prefix = run_dir.find_checkpoint(path)
         if self.data_dir:
             run_dir.check_vocabulary(run_dir.run_folder(prefix), self.data_dir, "fine-tune from it")
+        run_dir.check_architecture(run_dir.run_folder(prefix), architecture(self.trainer.model), "fine-tune from it")
         loading.restore_weights(self.trainer.model, prefix)
         return prefix
 
@@ -357,6 +358,8 @@ class Controller:
             self.log(f"TrainConfig.init_checkpoint={c.init_checkpoint!r} ignored: resuming this run's own checkpoint")
         if self.data_dir and self.chief:
             run_dir.record_vocabulary(self.model_dir, self.data_dir)
+        if self.chief:  # what every later load of these checkpoints is compared with
+            run_dir.record_architecture(self.model_dir, architecture(self.trainer.model))
         self.write_config()
         if self.chief:
             self.train_writer = tf.summary.create_file_writer(os.path.join(self.model_dir, "train"))

@@ -48,6 +48,11 @@ _ORIGINAL = "give the prefix of a checkpoint of the authors' TF code, e.g. --che
 
 
 def _read_checkpoint(prefix):
+    from txl_tf import run_dir
+
+    problem = run_dir.checkpoint_problem(prefix)  # regular files before TensorFlow opens them (a FIFO would hang)
+    if problem:
+        raise CheckpointReadError(f"--checkpoint={prefix}: {problem}; {_ORIGINAL}")
     try:
         reader = tf.train.load_checkpoint(prefix)
         variables = reader.get_variable_to_shape_map()
@@ -245,6 +250,7 @@ def define_flags(flag_values) -> None:
 
 def main(argv):
     from txl_tf import paths, run_dir, staging
+    from txl_tf.configs import architecture
 
     cli.no_arguments(argv)
     flag_values = flags.FLAGS
@@ -254,11 +260,13 @@ def main(argv):
     reader_shapes = _read_checkpoint(flag_values.checkpoint)[1]
     config, kwargs = _model_config_from_flags(reader_shapes, flag_values.gin_file, flag_values.gin_param)
     model = load_original_weights(TransformerXL(**kwargs), flag_values.checkpoint)
-    with staging.staged_dir(output_dir, kind=KIND) as tmp:  # whole or not at all, like every other writer
+    # whole or not at all, like every other writer (checked again under its claim)
+    with staging.staged_dir(output_dir, kind=KIND, name="--output_dir", overwrite=flag_values.overwrite) as tmp:
         path = tf.train.Checkpoint(model=model).save(os.path.join(tmp, "ckpt"))
         with open(os.path.join(tmp, "model_config.json"), "w") as f:
             json.dump({k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}, f, indent=1)
         run_dir.write_config(tmp, _gin_text(config), name=run_dir.CONVERTED_CONFIG_FILE)
+        run_dir.record_architecture(tmp, architecture(model))  # what a load with the setup's gin file must build
     n_params = sum(int(np.prod(v.shape)) for v in model.weights)
     print(f"converted {flag_values.checkpoint} ({n_params:,} parameters) -> "
           f"{os.path.join(output_dir, os.path.basename(path))}")

@@ -51,7 +51,8 @@ from txl_tf import cli
 import tensorflow as tf
 from absl import flags
 
-from txl_tf import loading, paths
+from txl_tf import loading, paths, run_dir
+from txl_tf.configs import architecture
 from txl_tf.generation import Generator
 from txl_tf.inference import Recurrent
 from txl_tf.protocol import Protocol
@@ -214,6 +215,8 @@ def export_model(model, export_dir: str, *, protocol: Protocol, max_len: int, vo
                                   vocab_file=vocab_file)
     signatures = module.signatures()
     tf.saved_model.save(module, export_dir, signatures=signatures)
+    # The model's sizes, read by `python -m txl_tf.generate --saved_model` to bound its lengths before it loads.
+    run_dir.record_architecture(os.path.join(export_dir, "assets"), architecture(model))
     return module
 
 
@@ -226,11 +229,12 @@ def check_export_dir(export_dir: str, overwrite: bool) -> str:
     return paths.replaceable_dir(export_dir, "--export_dir", kind=KIND, overwrite=overwrite)
 
 
-def write_export(module_fn, export_dir: str) -> None:
-    """Writes the SavedModel with `module_fn(tmp_dir)` into a sibling directory, then swaps it in (no mixing)."""
+def write_export(module_fn, export_dir: str, overwrite: bool = False) -> None:
+    """Writes the SavedModel with `module_fn(tmp_dir)` into a sibling directory, then swaps it in (no mixing); an
+    existing export is replaced only with `overwrite` (checked again under the write's claim)."""
     from txl_tf.staging import staged_dir
 
-    with staged_dir(export_dir, kind=KIND) as tmp:
+    with staged_dir(export_dir, kind=KIND, name="--export_dir", overwrite=overwrite) as tmp:
         module_fn(tmp)
 
 
@@ -263,7 +267,7 @@ def main(argv):
         print(f"warning: no vocabulary at {data_dir!r}; exporting without score_text")
     write_export(lambda directory: export_model(
         model, directory, protocol=protocol.attention_protocol(), max_len=protocol.tgt_len, vocab=vocab,
-        vocab_file=vocab_file), cfg.export_dir)
+        vocab_file=vocab_file), cfg.export_dir, cfg.overwrite)
     print(f"exported {prefix} to {cfg.export_dir} (mem_len={protocol.mem_len}, clamp_len={protocol.clamp_len}, "
           f"same_length={protocol.same_length}, max_len={protocol.tgt_len}); inspect with: saved_model_cli show "
           f"--all --dir {cfg.export_dir}")

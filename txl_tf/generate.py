@@ -14,17 +14,19 @@ Prints each continuation and tokens/s.
 
 Settings are checked against the vocabulary before the model is loaded: --temperature >= 0 (0 is greedy
 decoding, not an error: the most likely token each time), 0 <= --top_k <= vocabulary size, 0 < --top_p <= 1,
---max_tokens >= 1, and every symbol of every --prompt in the vocabulary. A bad value stops with one `error:` line
-(exit status 2).
+--max_tokens >= 1, and every symbol of every --prompt in the vocabulary; then --max_tokens and the number of prompts
+against the memory this process can allocate now (`configs.check_generation_size`; a SavedModel's sizes from its
+assets/architecture.json). A bad value stops with one `error:` line (exit status 2).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from absl import flags
 
-from txl_tf import cli, loading, run_dir
+from txl_tf import cli, errors, loading, run_dir
 from txl_tf.errors import ConfigError
 
 FLAGS = flags.FLAGS
@@ -53,6 +55,54 @@ def _check_flags(vocab) -> list:
                           top_k=FLAGS.top_k, top_p=FLAGS.top_p)
 
 
+def _check_length(sizes, ids, *, n_token: int, segment_len: int, mem_len: int) -> None:
+    """--max_tokens and the number of prompts against the memory this process can allocate, before the model is
+    loaded or any buffer is made (`configs.check_generation_size`: one line naming the value and the bound)."""
+    from txl_tf.configs import check_generation_size
+
+    check_generation_size(sizes, batch_size=len(ids), length=max(len(row) for row in ids) + FLAGS.max_tokens,
+                          given=FLAGS.max_tokens, name="--max_tokens", batch_name="the number of --prompt flags",
+                          segment_len=segment_len, mem_len=mem_len, n_token=n_token)
+
+
+def _export_sizes(saved_model: str, n_token: int):
+    """(the model's sizes, the memory length, the segment length) of a SavedModel of `python -m txl_tf.export`,
+    without loading it: its recorded architecture (assets/architecture.json) and its `mem_len` and `max_len`
+    variables. An export written before the record bounds with its variables' largest width instead."""
+    import re
+    import types
+
+    import tensorflow as tf
+
+    from txl_tf import untrusted
+    from txl_tf.configs import ModelConfig
+
+    try:
+        reader = tf.train.load_checkpoint(os.path.join(saved_model, "variables", "variables"))
+        lengths = [int(reader.get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE")) for name in ("mem_len", "max_len")]
+        shapes = reader.get_variable_to_shape_map()
+    except (tf.errors.OpError, ValueError) as error:
+        raise ConfigError(f"--saved_model={saved_model}: its variables do not read as an export of txl_tf "
+                          f"({errors.one_line(error)}); export the model again with `python -m txl_tf.export`") from None
+    record = os.path.join(saved_model, "assets", run_dir.ARCHITECTURE_FILE)
+    if os.path.lexists(record):
+        fields = untrusted.load_json(record, max_bytes=1 << 16, what="the export's architecture record")
+        known = {field.name for field in dataclasses.fields(ModelConfig)}
+        try:
+            fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()
+                      if k in known and v is not None}
+            return ModelConfig(**fields), *lengths
+        except (ConfigError, TypeError, AttributeError):
+            raise ConfigError(f"{record} is not an architecture record of txl_tf; export the model again with "
+                              "`python -m txl_tf.export`") from None
+    layers = {match.group(1) for name in shapes if (match := re.match(r"model/layer_(\d+)/", name))}
+    widest = max([dim for shape in shapes.values() for dim in shape if dim != n_token] or [1])
+    sizes = types.SimpleNamespace(n_layer=max(len(layers), 1), d_model=widest, n_head=1, d_head=widest,
+                                  d_inner=widest, n_token=n_token, d_embed=None, cutoffs=(), div_val=1,
+                                  attn_type="vaswani", max_position=1, untie_r=False, proj_same_dim=True)
+    return sizes, *lengths
+
+
 def _sampling() -> dict:
     return dict(max_tokens=FLAGS.max_tokens, temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p,
                 seed=FLAGS.seed)
@@ -65,6 +115,8 @@ def _from_model_dir():
     configs = run_dir.read_configs(FLAGS.model_dir, FLAGS.gin_file, FLAGS.gin_param, checkpoint=FLAGS.checkpoint)
     vocab = load_vocab(configs.data.data_dir)
     ids = _check_flags(vocab)  # before the model is built and restored
+    _check_length(configs.model, ids, n_token=len(vocab), segment_len=configs.eval.tgt_len,
+                  mem_len=configs.eval.mem_len)
     model, configs, prefix = loading.load_model(FLAGS.model_dir, FLAGS.checkpoint, which=FLAGS.which,
                                                 configs=configs)
     # The SavedModel's protocol: EvalConfig's lengths (export fixes the same ones).
@@ -87,7 +139,9 @@ def _from_saved_model():
         raise ConfigError(f"{FLAGS.saved_model} has no vocabulary asset ({vocab_file}); re-export it with the "
                           "data present")
     vocab = Vocab.load(vocab_file)
-    _check_flags(vocab)  # before the SavedModel is loaded
+    ids = _check_flags(vocab)  # before the SavedModel is loaded
+    sizes, mem_len, segment_len = _export_sizes(FLAGS.saved_model, len(vocab))
+    _check_length(sizes, ids, n_token=len(vocab), segment_len=segment_len, mem_len=mem_len)
     import tensorflow_text  # noqa: F401  (registers the word tokenizer's ops before the graph loads)
 
     loaded = tf.saved_model.load(FLAGS.saved_model)

@@ -23,8 +23,8 @@ import keras_hub
 import numpy as np
 import tensorflow as tf
 
-from txl_tf.configs import EvalConfig, check_inference_size
-from txl_tf.errors import ConfigError, one_line
+from txl_tf.configs import EvalConfig, check_generation_size
+from txl_tf.errors import ConfigError
 from txl_tf.protocol import Protocol
 
 
@@ -222,10 +222,13 @@ def generation_protocol(model, protocol: Protocol | None = None) -> Protocol:
 def generate_from_model(model, prompts, *, max_tokens: int, protocol: Protocol | None = None,
                         temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                         segment_len: int = 64) -> GenerationResult:
-    """`generate_with` the `generator` of a Python TransformerXL. A batch, segment or memory that would not fit in
-    the machine's memory is a ConfigError before any tensor is made (`configs.check_inference_size`)."""
+    """`generate_with` the `generator` of a Python TransformerXL. A length, batch, segment or memory that would not
+    fit in the memory this process can allocate is a ConfigError before any tensor is made
+    (`configs.check_generation_size`)."""
     protocol = generation_protocol(model, protocol)
-    check_inference_size(model, batch_size=len(prompts), tgt_len=segment_len, mem_len=protocol.mem_len)
+    longest = max((len(prompt) for prompt in prompts), default=0)
+    check_generation_size(model, batch_size=len(prompts), length=longest + max_tokens, given=max_tokens,
+                          name="max_tokens", segment_len=segment_len, mem_len=protocol.mem_len)
     return generate_with(generator(model, protocol, segment_len).generate, [list(p) for p in prompts],
                          max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
 
@@ -273,15 +276,6 @@ def check_settings(vocab, prompts: Sequence[str] | str, *, max_tokens: int, temp
     if not prompts:
         raise ConfigError("give at least one --prompt")
     all_ids = []
-    for prompt in prompts:
-        if not isinstance(prompt, str):  # bytes would encode as ids (or as that many zero bytes)
-            raise TypeError(f"a prompt must be a str; got {type(prompt).__name__}")
-        try:
-            ids = vocab.encode(prompt)
-        except (KeyError, ValueError) as error:
-            raise ConfigError(f"--prompt={prompt!r} has a symbol outside the {vocab.level}-level vocabulary "
-                              f"({one_line(error).strip(chr(34))}); change the prompt") from None
-        if not ids:
-            raise ConfigError(f"--prompt={prompt!r} encodes to no tokens; give some text")
-        all_ids.append(list(ids))
+    for prompt in prompts:  # bytes would encode as ids (or as that many zero bytes): refused by type
+        all_ids.append(list(vocab.encode_prompt(prompt, f"--prompt={prompt!r}", "a prompt must be a str")))
     return all_ids

@@ -16,8 +16,11 @@ the loop one at a time (the same state: incremental decoding equals a full pass)
 Layout of a preset (keras-hub's): config.json (the backbone: `model_config`, the architecture as
 `txl_tf.configs.ModelConfig`, and `eval_config`, the evaluation protocol as `EvalConfig`, which travels with the
 model), model.weights.h5, tokenizer.json with assets/tokenizer/vocab.json, preprocessor.json, task.json,
-metadata.json. `TransformerXLCausalLM.from_preset` also loads everything `txl_tf.TransformerXLCausalLM.from_preset`
-does (run folders, best/, averaged/, converted authors' checkpoints, presets of txl_tf's earlier format).
+metadata.json (with the vocabulary's fingerprint). The file names are fixed (a preset's `config_file` fields are
+ignored), and every file of a local preset is checked before keras-hub reads it by the classes' `from_preset`
+(and, wherever txl_tf's code runs first, by keras-hub's own loaders): `txl_tf.hub_files`.
+`TransformerXLCausalLM.from_preset` also loads everything `txl_tf.TransformerXLCausalLM.from_preset` does (run
+folders, best/, averaged/, converted authors' checkpoints, presets of txl_tf's earlier format).
 
 A stream language model has no end-of-text token: `generate` runs to `max_length` unless `stop_token_ids` are
 given (a word-level vocabulary's "<eos>" is a line end, not the end of a text).
@@ -27,16 +30,29 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+import numbers
 import os
+import re
 
 import keras
 import keras_hub
+import numpy as np
 import tensorflow as tf
 
-from txl_tf import paths, staging, untrusted
-from txl_tf.configs import EvalConfig, ModelConfig, check_inference_size
+from txl_tf import hub_files, paths, staging, untrusted
+from txl_tf.configs import (
+    EvalConfig,
+    ModelConfig,
+    check_clamp,
+    check_generation_size,
+    check_inference_size,
+    differing_architecture,
+)
+from txl_tf.configs import architecture as configs_architecture
 from txl_tf.data.vocab import Vocab
-from txl_tf.errors import ConfigError
+from txl_tf.errors import ConfigError, UserError, one_line
+from txl_tf.loading import check_dtype, check_weights_file
 from txl_tf.model import TransformerXL
 from txl_tf.protocol import Protocol
 from txl_tf.state import Cache, Memory
@@ -45,7 +61,6 @@ from txl_tf.tokenizer import TransformerXLTokenizer as _GraphTokenizer
 PACKAGE = "txl_tf.hub"
 VOCAB_ASSET = "vocab.json"
 PRESET_KIND = "keras-hub preset"  # the kind in the folder's manifest (txl_tf.paths)
-HUB_FILES = ("config.json", "task.json", "preprocessor.json", "tokenizer.json")  # read as untrusted input
 
 
 def _config(kind, fields, what: str):
@@ -90,6 +105,31 @@ def _projections(layer) -> bool:
     return type(layer) is keras.layers.Dense
 
 
+def _file_name(name: str) -> property:
+    """keras-hub's `config_file` attribute, fixed to `name`. keras-hub keeps the value a preset's JSON holds,
+    joins the output folder with it on save and reads the assets from the folder it names: a name taken from a
+    file someone sent could write or read anywhere. The value a preset holds is dropped on load (`__init__`);
+    setting another one is refused."""
+
+    def get(self) -> str:
+        return name
+
+    def set(self, value) -> None:
+        if value != name:
+            raise ConfigError(f"config_file={str(value)[:60]!r}: txl_tf's keras-hub classes are saved as {name} "
+                              "only; leave config_file unset")
+
+    return property(get, set, doc=f"The JSON file this object is saved as in a preset: always {name}.")
+
+
+def _length(value, what: str) -> int:
+    """A number of tokens given by a user or read from a preset: a whole number >= 1 (one-line ConfigError)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ConfigError(f"{what} must be a whole number of tokens >= 1 (prompt and continuation), got "
+                          f"{str(value)[:40]!r}; give a positive integer")
+    return int(value)
+
+
 @keras.saving.register_keras_serializable(package=PACKAGE)
 class TransformerXLBackbone(keras_hub.models.Backbone):
     """The Transformer-XL network as a keras-hub Backbone: token ids -> hidden states [B, L, d_model].
@@ -97,7 +137,8 @@ class TransformerXLBackbone(keras_hub.models.Backbone):
     Args:
       model_config: the architecture, a `txl_tf.configs.ModelConfig` or its dict (n_token set).
       eval_config: the evaluation protocol (segment, memory and clamp lengths, same_length), an `EvalConfig` or
-        its dict; generation and scoring use it.
+        its dict; generation and scoring use it. Required: EvalConfig's defaults (memory 2,100, clamp 820) are the
+        published large models', not this model's, so a config (a preset's config.json) without one is refused.
       dtype: the Keras dtype policy of the layers (e.g. "mixed_bfloat16").
       transformer_xl: a built `txl_tf.TransformerXL` to wrap (its weights, not a copy; model_config and dtype
         default to its own), as `txl_tf.generation.Generator` serves a trained model; None: a new one.
@@ -108,15 +149,35 @@ class TransformerXLBackbone(keras_hub.models.Backbone):
     taken too. The memory is a call argument and a return value of `call_with_state`, which calls the same layer.
     """
 
-    def __init__(self, model_config, eval_config=None, dtype=None, *, transformer_xl=None, **kwargs):
+    def __init__(self, model_config=None, eval_config=None, dtype=None, *, transformer_xl=None, architecture=None,
+                 **kwargs):
         if transformer_xl is not None:  # around a built model: its weights, not a copy
             model_config = model_config or model_config_of(transformer_xl)
             dtype = dtype or transformer_xl.dtype_policy.name
+        if model_config is None:  # Keras would wrap a missing argument's TypeError in another
+            raise ConfigError("the backbone has no model_config (the architecture, a ModelConfig or its dict); pass "
+                              "model_config=ModelConfig(...), or save the preset again with save_to_preset")
+        check_dtype(dtype)
         model_config = _config(ModelConfig, model_config, "the backbone's model_config")
-        eval_config = _config(EvalConfig, eval_config if eval_config is not None else {}, "the backbone's eval_config")
+        if architecture is not None:  # a config saved since the record exists: what its weights were saved from
+            difference = differing_architecture(architecture, configs_architecture(model_config)) \
+                if isinstance(architecture, dict) else f"'architecture' is a {type(architecture).__name__}"
+            if difference:
+                raise ConfigError(f"the backbone's model_config is not the architecture its weights were saved from "
+                                  f"({difference}; config.json's 'model_config' against its 'architecture'); save "
+                                  "the preset again with save_to_preset")
+        lengths = ("tgt_len", "mem_len", "clamp_len")  # the protocol's lengths: never EvalConfig's defaults
+        if eval_config is None or isinstance(eval_config, dict) and not set(lengths) <= set(eval_config):
+            what = "no eval_config" if eval_config is None else \
+                f"an eval_config without {', '.join(sorted(set(lengths) - set(eval_config)))}"
+            raise ConfigError(f"the backbone has {what}: the evaluation protocol the model was trained for, whose "
+                              "lengths EvalConfig's defaults (memory 2,100, clamp 820, another model's) must not "
+                              "fill; pass eval_config=EvalConfig(...), or save the preset again with save_to_preset")
+        eval_config = _config(EvalConfig, eval_config, "the backbone's eval_config")
         if model_config.n_token is None:
             raise ConfigError("the backbone's model_config has no n_token; set it to the vocabulary's size")
         check_inference_size(model_config, batch_size=1, tgt_len=eval_config.tgt_len, mem_len=eval_config.mem_len)
+        check_clamp(model_config.attn_type, eval_config.clamp_len)  # generation's protocol: no clamp it ignores
         quantized = dtype if isinstance(dtype, keras.dtype_policies.DTypePolicyMap) else None
         # === Layers ===
         self.transformer_xl = transformer_xl or TransformerXL(**model_config.model_kwargs(), name="transformer_xl",
@@ -174,7 +235,27 @@ class TransformerXLBackbone(keras_hub.models.Backbone):
 
     def get_config(self):
         return {**super().get_config(), "model_config": dataclasses.asdict(self.model_config),
-                "eval_config": dataclasses.asdict(self.eval_config)}
+                "eval_config": dataclasses.asdict(self.eval_config),
+                "architecture": configs_architecture(self.model_config)}  # compared with model_config on load
+
+    @classmethod
+    def from_preset(cls, preset, load_weights=True, **kwargs):
+        """keras-hub's `Backbone.from_preset`, every file of a local preset checked first (`txl_tf.hub_files`)."""
+        _check_local(preset, load_weights=load_weights)
+        return super().from_preset(preset, load_weights=load_weights, **kwargs)
+
+    def load_weights(self, filepath, *args, **kwargs):
+        """Keras' `load_weights` (keras-hub's loaders call it with a preset's weights), the file checked first: a
+        regular file within the machine's memory, or a sharded index whose shards are (`hub_files.check_weights`)."""
+        hub_files.check_weights(filepath)
+        fix = "save the preset again with save_to_preset"
+        if not os.fspath(filepath).endswith(".json"):  # exactly this model's variables (Keras skips the file's others)
+            check_weights_file(self.weights, os.fspath(filepath), f"it does not fit this backbone's model_config: {fix}")
+        try:
+            return super().load_weights(filepath, *args, **kwargs)
+        except (OSError, ValueError, KeyError) as error:
+            raise UserError(f"{os.fspath(filepath)} does not load into this backbone ({one_line(error)}); "
+                            f"{fix}") from None
 
     def save_to_preset(self, preset_dir, max_shard_size=10, *, overwrite=False):
         """keras-hub's backbone preset (config.json, the weights, metadata.json), written as
@@ -191,15 +272,17 @@ class TransformerXLTokenizer(keras_hub.tokenizers.Tokenizer):
     TensorFlow graph (tensorflow-text; the ids equal `Vocab.encode`'s).
 
     Args:
-      vocabulary: a `txl_tf.data.vocab.Vocab`, its `to_json()` dict, or the path of a vocab.json; None until
-        `load_assets` (a preset's assets/tokenizer/vocab.json).
+      vocabulary: a `txl_tf.data.vocab.Vocab`, its `to_json()` dict, or the path of a vocab.json (not in a config
+        read from a file: `from_config`); None until `load_assets` (a preset's assets/tokenizer/vocab.json).
 
     No start or end token (a stream language model has none); pad id 0 (padding never reaches the state).
     """
 
     backbone_cls = TransformerXLBackbone
+    config_file = _file_name(hub_files.TOKENIZER)
 
     def __init__(self, vocabulary=None, **kwargs):
+        kwargs.pop("config_file", None)  # a preset's record of its file name: ours is fixed (`_file_name`)
         super().__init__(**kwargs)
         self.file_assets = [VOCAB_ASSET]
         self.start_token_id = None
@@ -257,6 +340,29 @@ class TransformerXLTokenizer(keras_hub.tokenizers.Tokenizer):
     def load_assets(self, dir_path):
         self.set_vocabulary(os.path.join(dir_path, VOCAB_ASSET))
 
+    def load_preset_assets(self, preset):
+        """keras-hub's loaders call this with the preset they read (`Tokenizer.from_preset`, and through the
+        preprocessor `CausalLMPreprocessor.from_preset` and `CausalLM.from_preset`, before the weights): a local
+        preset is checked whole first (`hub_files.check`: every file, the vocabulary against the model's n_token
+        and recorded fingerprint), and the vocabulary is its assets/tokenizer/vocab.json."""
+        if not hub_files.is_local(preset):  # a kaggle:// or hf:// handle: keras-hub's download
+            return super().load_preset_assets(preset)
+        self.set_vocabulary(hub_files.check(preset, load_weights=False, tokenizer=True).vocab)
+
+    @classmethod
+    def from_preset(cls, preset, config_file=hub_files.TOKENIZER, **kwargs):
+        """keras-hub's `Tokenizer.from_preset`, every file of a local preset checked first (`txl_tf.hub_files`)."""
+        _check_local(preset, load_weights=False, tokenizer=True)
+        return super().from_preset(preset, config_file=config_file, **kwargs)
+
+    @classmethod
+    def from_config(cls, config):
+        if isinstance(config.get("vocabulary"), (str, os.PathLike)):  # read from a file: it may not name another
+            raise ConfigError(f"the tokenizer's config names the vocabulary file {str(config['vocabulary'])[:60]!r}; "
+                              "a preset's vocabulary is its assets/tokenizer/vocab.json: save the preset again with "
+                              "save_to_preset")
+        return super().from_config(config)
+
     def get_config(self):
         return {**super().get_config(), "vocabulary": None}  # the vocabulary is an asset (vocab.json)
 
@@ -268,10 +374,19 @@ class TransformerXLCausalLMPreprocessor(keras_hub.models.CausalLMPreprocessor):
 
     backbone_cls = TransformerXLBackbone
     tokenizer_cls = TransformerXLTokenizer
+    config_file = _file_name(hub_files.PREPROCESSOR)
 
     def __init__(self, tokenizer, sequence_length=256, add_start_token=False, add_end_token=False, **kwargs):
-        super().__init__(tokenizer, sequence_length=sequence_length, add_start_token=add_start_token,
-                         add_end_token=add_end_token, **kwargs)
+        kwargs.pop("config_file", None)  # a preset's record of its file name: ours is fixed (`_file_name`)
+        super().__init__(tokenizer, sequence_length=_length(sequence_length, "the preprocessor's sequence_length"),
+                         add_start_token=add_start_token, add_end_token=add_end_token, **kwargs)
+
+    @classmethod
+    def from_preset(cls, preset, config_file=hub_files.PREPROCESSOR, **kwargs):
+        """keras-hub's `CausalLMPreprocessor.from_preset`, every file of a local preset checked first
+        (`txl_tf.hub_files`)."""
+        _check_local(preset, load_weights=False, tokenizer=True)
+        return super().from_preset(preset, config_file=config_file, **kwargs)
 
 
 def _to_hub(state):
@@ -321,6 +436,16 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
     preprocessor_cls = TransformerXLCausalLMPreprocessor
 
     def __init__(self, backbone, preprocessor=None, **kwargs):
+        tokenizer = getattr(preprocessor, "tokenizer", None)
+        if isinstance(tokenizer, TransformerXLTokenizer) and tokenizer._graph is not None \
+                and tokenizer.vocabulary_size() != backbone.model_config.n_token:  # loading: vocabulary not yet read
+            raise ConfigError(f"the tokenizer's vocabulary holds {tokenizer.vocabulary_size()} symbols but the "
+                              f"backbone's model has n_token={backbone.model_config.n_token}; give the vocabulary the "
+                              "model was trained on")
+        length = getattr(preprocessor, "sequence_length", None)
+        if isinstance(length, int) and not isinstance(length, bool) and length >= 1:  # generate's default length
+            check_generation_size(backbone.transformer_xl, batch_size=1, length=length, segment_len=backbone.segment_len,
+                                  mem_len=backbone.protocol.mem_len, name="the preprocessor's sequence_length")
         # === Layers ===
         self.backbone = backbone
         self.preprocessor = preprocessor
@@ -506,12 +631,39 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         return {"token_ids": token_ids, "padding_mask": tf.equal(after, 0)}
 
     def generate(self, inputs, max_length=None, stop_token_ids="auto", strip_prompt=False):
+        if max_length is not None:  # keras-hub takes 0 for "not given": the preprocessor's sequence_length
+            max_length = _length(max_length, "generate's max_length")
+        self._check_generation(inputs, max_length)
         if isinstance(stop_token_ids, str) and stop_token_ids == "auto":
             tokenizer = self.preprocessor.tokenizer if self.preprocessor is not None else None
             end = getattr(tokenizer, "end_token_id", None)
             stop_token_ids = None if end is None else [end]  # a stream LM has no end-of-text token
         return super().generate(inputs, max_length=max_length, stop_token_ids=stop_token_ids,
                                 strip_prompt=strip_prompt)
+
+    def _check_generation(self, inputs, max_length) -> None:
+        """generate's prompts and lengths, before keras-hub makes any tensor of them: text of the vocabulary (or
+        token ids without a preprocessor), and the positions of each row (max_length, else the preprocessor's
+        sequence_length), the number of prompts and the sampler's beams against the memory this process can
+        allocate (`configs.check_generation_size`); a sampler's top-k at most the vocabulary."""
+        model, sampler = self.backbone.transformer_xl, self.sampler
+        k = getattr(sampler, "k", None)
+        if isinstance(k, numbers.Integral) and not isinstance(k, bool) and not 1 <= k <= model.n_token:
+            raise ConfigError(f"{type(sampler).__name__}(k={k}) must keep between 1 and the vocabulary's "
+                              f"{model.n_token} tokens; compile with a sampler of a k in that range")
+        beams = getattr(sampler, "num_beams", 1)
+        if isinstance(beams, bool) or not isinstance(beams, numbers.Integral) or beams < 1:
+            raise ConfigError(f"{type(sampler).__name__}(num_beams={str(beams)[:40]}) must be a whole number >= 1; "
+                              "compile with another sampler")
+        rows, width = _prompt_rows(inputs, self.preprocessor)
+        if rows is None:  # a tf.data.Dataset: keras-hub generates batch by batch
+            return
+        name = "generate's max_length"
+        if max_length is None and self.preprocessor is not None:
+            max_length, name = self.preprocessor.sequence_length, "the preprocessor's sequence_length"
+        check_generation_size(model, batch_size=rows, length=max_length or width, segment_len=self.backbone.segment_len,
+                              mem_len=self.backbone.protocol.mem_len, beams=int(beams), name=name,
+                              batch_name="the number of prompts", beams_name=f"{type(sampler).__name__}'s num_beams")
 
     # ---- fit(), evaluate() and score() -------------------------------------------------------------------
     def compile(self, optimizer="auto", loss="auto", *, metrics=None, weighted_metrics=None, sampler="top_k",
@@ -535,6 +687,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         if metrics is None and weighted_metrics is None:
             self._compile_metrics = None  # Keras keeps an earlier compile's metrics otherwise
         self.train_function = self.test_function = None  # traced with the earlier loss and metrics
+        _check_learning_rate(self.optimizer)
 
     def make_generate_function(self):
         if self.generate_function is not None or self.run_eagerly:
@@ -572,6 +725,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
 
         The loss (compile's "auto") is the mean negative log-likelihood (nats) of the adaptive softmax.
         """
+        _check_learning_rate(self.optimizer)  # a NaN rate would turn every weight into NaN without a word
         if not _is_stream(x):
             return super().fit(x, y, epochs=epochs, callbacks=callbacks, validation_data=validation_data,
                                **kwargs)
@@ -581,11 +735,16 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         if validation_data is not None and self._recurrence.reset(
                 "test", _stream_rows(validation_data, "fit's validation_data"), self.backbone.transformer_xl):
             self.test_function = None
+        n_token = self.backbone.transformer_xl.n_token
+        x = _checked_ids(x, n_token)
+        if validation_data is not None:
+            validation_data = _checked_ids(validation_data, n_token)
         callbacks = [*(callbacks or []), _ResetMemory(self._recurrence)]
         kwargs.setdefault("shuffle", False)  # the stream's order is the point
-        # keras.Model's fit: the batches are token ids already.
-        return keras.Model.fit(self, x, y, epochs=epochs, callbacks=callbacks, validation_data=validation_data,
-                               **kwargs)
+        # keras.Model's fit: the batches are token ids already, checked in range on the host.
+        with _ids_in_range("fit", n_token):
+            return keras.Model.fit(self, x, y, epochs=epochs, callbacks=callbacks, validation_data=validation_data,
+                                   **kwargs)
 
     def evaluate(self, x=None, y=None, **kwargs):
         """The loss (and compiled metrics) of texts or of a stream-ordered dataset, as `fit` takes them; a
@@ -594,9 +753,11 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             return keras.Model.evaluate(self, x, y, **kwargs)
         if not _is_stream(x):
             return super().evaluate(x, y, **kwargs)
+        n_token = self.backbone.transformer_xl.n_token
         if self._recurrence.reset("test", _stream_rows(x, "evaluate"), self.backbone.transformer_xl):
             self.test_function = None
-        return keras.Model.evaluate(self, x, y, **kwargs)
+        with _ids_in_range("evaluate", n_token):
+            return keras.Model.evaluate(self, _checked_ids(x, n_token), y, **kwargs)
 
     @property
     def _recurrence(self):
@@ -708,8 +869,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         arguments `which`, `gin_file`, `gin_param`, `dtype` pass on)."""
         if isinstance(preset, str) and os.path.isdir(preset) and not _is_hub_preset(preset):
             return cls.from_txl(preset, **kwargs)
-        if isinstance(preset, str) and os.path.isdir(preset):
-            _check_preset_files(preset)
+        _check_local(preset, load_weights=load_weights)
         return super().from_preset(preset, load_weights=load_weights, **kwargs)
 
     @classmethod
@@ -743,6 +903,9 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
                 super(TransformerXLCausalLM, self).save_to_preset(tmp, max_shard_size=max_shard_size)
             finally:
                 del self.backbone.__dict__["_txl_tf_in_task_save"]
+            tokenizer = getattr(self.preprocessor, "tokenizer", None)
+            if isinstance(tokenizer, TransformerXLTokenizer) and tokenizer._graph is not None:
+                hub_files.record_vocabulary(tmp, tokenizer.vocab)  # checked against the model on every load
 
         return _staged_save(preset_dir, overwrite, save)
 
@@ -824,6 +987,102 @@ def _stream_rows(dataset, what: str) -> int:
     return int(rows)
 
 
+def _prompt_rows(inputs, preprocessor) -> tuple[int | None, int]:
+    """(the number of prompts, the width of given token ids or 0) of generate's `inputs`; None for a
+    tf.data.Dataset. With a preprocessor the prompts are text: a str, or a non-empty list, tuple or array of str,
+    each of symbols of the vocabulary (bytes are a TypeError naming the fix, an empty list or a symbol outside the
+    vocabulary a ConfigError)."""
+    if isinstance(inputs, tf.data.Dataset):
+        return None, 0
+    if preprocessor is None:  # token ids: {"token_ids": [B, T], "padding_mask": [B, T]}, made by the caller
+        ids = inputs.get("token_ids") if isinstance(inputs, dict) else inputs
+        shape = tuple(getattr(ids, "shape", ()))
+        return (shape[0] if len(shape) == 2 else 1), (shape[-1] if shape else 0)
+    if isinstance(inputs, (bytes, bytearray, memoryview)):
+        raise TypeError(f"generate's prompt is text: got {type(inputs).__name__}; decode it first, e.g. "
+                        "prompt.decode('utf-8')")
+    if tf.is_tensor(inputs) or isinstance(inputs, np.ndarray):
+        inputs = np.asarray(inputs).reshape([-1]).tolist()
+        inputs = [text.decode("utf-8", "replace") if isinstance(text, bytes) else text for text in inputs]
+    texts = [inputs] if isinstance(inputs, str) else inputs
+    if not isinstance(texts, (list, tuple)):
+        raise TypeError(f"generate's inputs must be a str or a list of str; got {type(inputs).__name__}")
+    if not texts:
+        raise ConfigError("generate got no prompt (an empty list); give a str or a non-empty list of str")
+    vocab = getattr(preprocessor.tokenizer, "vocab", None)
+    for index, text in enumerate(texts):
+        what, not_text = f"the prompt {str(text)[:40]!r}", f"generate's prompt [{index}] must be a str"
+        if vocab is not None:
+            vocab.encode_prompt(text, what, not_text)
+        elif not isinstance(text, str):
+            raise TypeError(f"{not_text}; got {type(text).__name__}")
+    return len(texts), 0
+
+
+def _check_learning_rate(optimizer) -> None:
+    """The optimizer's current learning rate must be a finite number >= 0: a NaN or infinite one turns every
+    weight into NaN at the first step, and a negative one climbs the loss (one-line ConfigError)."""
+    if optimizer is None or isinstance(optimizer, str):
+        return
+    try:
+        rate = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    except (AttributeError, TypeError, ValueError):  # not a Keras optimizer: Keras says so
+        return
+    if not (math.isfinite(rate) and rate >= 0):
+        raise ConfigError(f"the optimizer's learning_rate is {rate}: it must be a finite number >= 0 (a NaN rate "
+                          "turns every weight into NaN); compile with e.g. keras.optimizers.Adam(1e-3)")
+
+
+_RANGE_MARK = "txl_tf ids out of range:"
+
+
+def _checked_ids(dataset, n_token: int):
+    """`dataset` (of fit's or evaluate's (tokens, targets[, sample_weight]) batches) with each batch's ids checked
+    on the host before it reaches the step: token ids and targets in [0, n_token) (tf.data runs the check, so it
+    holds under XLA and on every device, where a gather would not refuse an id)."""
+
+    def checked(*element):
+        x = element[0]
+        parts = [("token ids", x["token_ids"] if isinstance(x, dict) else x)]
+        if len(element) > 1 and element[1] is not None:
+            parts.append(("targets", element[1]))
+        checks = []
+        for what, ids in parts:
+            ids = tf.convert_to_tensor(ids)
+            if not ids.dtype.is_integer:
+                continue  # the step says what it cannot take
+            low, high = tf.reduce_min(ids), tf.reduce_max(ids)
+            checks.append(tf.debugging.Assert((low >= 0) & (high < n_token), [f"{_RANGE_MARK} {what}", low, high]))
+        with tf.control_dependencies(checks):
+            element = tf.nest.map_structure(tf.identity, element)
+        return element if len(element) > 1 else element[0]
+
+    return dataset.map(checked)
+
+
+class _ids_in_range:  # noqa: N801  (used as a context manager, like a function)
+    """Turns the error of `_checked_ids`' check, raised from inside Keras' loop, into one ConfigError line naming
+    the ids and the fix."""
+
+    def __init__(self, what: str, n_token: int):
+        self.what, self.n_token = what, n_token
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if not isinstance(error, tf.errors.InvalidArgumentError) or _RANGE_MARK not in str(error):
+            return False
+        found = re.search(re.escape(_RANGE_MARK) + r" (token ids|targets)\]? ?\[?(-?\d+)\]? ?\[?(-?\d+)",
+                          str(error))
+        part, low, high = found.groups() if found else ("ids", "?", "?")
+        fix = ("give token ids of this model's tokenizer" if part == "token ids" else
+               "targets are the next token ids; leave a position out of the loss with sample_weight 0 (and any id in "
+               "range), not with -1")
+        raise ConfigError(f"{self.what}: a batch's {part} range from {low} to {high}, outside [0, {self.n_token}) "
+                          f"(the model's vocabulary); {fix}") from None
+
+
 def _is_hub_preset(path: str) -> bool:
     config = os.path.join(path, "config.json")
     if not os.path.isfile(config):
@@ -832,13 +1091,11 @@ def _is_hub_preset(path: str) -> bool:
     return isinstance(data, dict) and "registered_name" in data
 
 
-def _check_preset_files(path: str) -> None:
-    """The JSON files of a keras-hub preset as untrusted input, before keras-hub reads them: regular files of at
-    most JSON_LIMIT bytes, strict JSON, bounded nesting (a one-line UserError names the file)."""
-    for name in HUB_FILES:
-        file = os.path.join(path, name)
-        if os.path.lexists(file):
-            untrusted.load_json(file, max_bytes=untrusted.JSON_LIMIT, what=f"the preset's {name}")
+def _check_local(preset, **kwargs) -> None:
+    """Every file of a local keras-hub preset (`hub_files.check(preset, **kwargs)`) before keras-hub reads any;
+    a kaggle:// or hf:// handle is keras-hub's to download and read (docs/python.md)."""
+    if hub_files.is_local(preset):
+        hub_files.check(preset, **kwargs)
 
 
 def _staged_save(preset_dir, overwrite: bool, save) -> str:
@@ -848,7 +1105,8 @@ def _staged_save(preset_dir, overwrite: bool, save) -> str:
     directory = paths.replaceable_dir(preset_dir, "the preset directory", kind=PRESET_KIND, overwrite=overwrite,
                                       overwrite_hint="overwrite=True")
     staging.remove_stale(directory)
-    with staging.staged_dir(directory, kind=PRESET_KIND) as tmp:
+    with staging.staged_dir(directory, kind=PRESET_KIND, name="the preset directory", overwrite=overwrite,
+                            overwrite_hint="overwrite=True") as tmp:  # checks again under its claim
         save(tmp)
     return directory
 

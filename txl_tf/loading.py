@@ -2,7 +2,9 @@
 
     dtype_policy(dtype)              Keras' global dtype policy while layers are created
     build_model(model_config, ...)   a TransformerXL of a ModelConfig (checked by one tiny forward pass)
-    restore_weights(model, prefix)   the weights (key `model`) of one checkpoint; every weight must match
+    restore_weights(model, prefix)   the weights (key `model`) of one checkpoint; every weight must match, and no
+                                     model variable of the checkpoint may be left unread
+    check_weights_file(weights, ...) a Keras .weights.h5 holds exactly these weights (the presets' loaders)
     restore_newest(model, source)    the newest checkpoint of a prefix or run directory that restores intact
     vocab_size(data_config)          the vocabulary size of the prepared data, if it is there
     load_model(model_dir, ...)       all of it: the configs, the model and its newest intact checkpoint
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from txl_tf import errors, run_dir
-from txl_tf.configs import Configs, DataConfig, ModelConfig, check_inference_size
+from txl_tf.configs import Configs, DataConfig, ModelConfig, architecture, check_inference_size
 from txl_tf.errors import ConfigError
 
 
@@ -37,6 +39,7 @@ def dtype_policy(dtype: str | None):
     """
     import keras
 
+    check_dtype(dtype)
     previous = keras.config.dtype_policy()
     if dtype:
         keras.config.set_dtype_policy(dtype)
@@ -44,6 +47,18 @@ def dtype_policy(dtype: str | None):
         yield
     finally:
         keras.config.set_dtype_policy(previous)
+
+
+def check_dtype(dtype) -> None:
+    """A dtype policy given by name must be one Keras knows (a one-line ConfigError, not Keras' ValueError)."""
+    import keras
+
+    if isinstance(dtype, str):
+        try:
+            keras.dtype_policies.get(dtype)
+        except ValueError:
+            raise ConfigError(f"dtype={dtype[:40]!r} is not a Keras dtype policy; give one such as 'float32', "
+                              "'bfloat16' or 'mixed_bfloat16'") from None
 
 
 def build_model(model_config: ModelConfig, n_token: int | None = None, dtype: str | None = None, *,
@@ -69,13 +84,15 @@ def build_model(model_config: ModelConfig, n_token: int | None = None, dtype: st
 
 
 def restore_weights(model, checkpoint_prefix: str) -> None:
-    """Restores `model` from a checkpoint saved as tf.train.Checkpoint(model=model); every weight must match.
+    """Restores `model` from a checkpoint saved as tf.train.Checkpoint(model=model); every weight must match, and
+    every variable of the checkpoint's model must have its place in `model` (none left unread).
 
     An intact checkpoint that does not fit the model is a run_dir.CheckpointMismatchError naming the variable,
     both shapes and the config field (`run_dir.mismatch`); a damaged one raises TensorFlow's error. A checkpoint
     written before the attention's projections became layers is read through `txl_tf.upgrade`."""
     from txl_tf import upgrade
 
+    run_dir.check_checkpoint(checkpoint_prefix)  # regular files before anything opens them (a FIFO would hang)
     try:
         legacy = upgrade.legacy_checkpoint(checkpoint_prefix)
     except run_dir.RESTORE_ERRORS:
@@ -100,6 +117,44 @@ def _restore(model, prefix: str, named: str) -> None:
             raise ConfigError(f"checkpoint {named} does not match the configured model "
                               f"({errors.one_line(error)}); check ModelConfig in the gin config") from error
         raise
+    # Every variable of the model came from the checkpoint; none of the checkpoint's model may be left over either
+    # (an XL checkpoint restored into a 'vaswani' model leaves its position projections and biases unread).
+    problem = run_dir.mismatch(prefix, root)
+    if problem:
+        raise run_dir.CheckpointMismatchError(f"checkpoint {problem.replace(prefix, named)}")
+
+
+def check_weights_file(weights, path: str, fix: str) -> None:
+    """Refuses, in one UserError line naming `path` and ending with `fix`, a Keras weights file (.weights.h5) that
+    is not one (garbage, an empty file) or whose variables are not exactly `weights` (a model's weights: as many,
+    of the same shapes). Keras' own loading reads the variables the model asks for and leaves the file's others
+    unread without a word: an XL model's weights would load into a 'vaswani' model."""
+    import collections
+
+    import h5py
+
+    saved = []
+
+    def visit(name, item):
+        if isinstance(item, h5py.Dataset):
+            saved.append((name, tuple(item.shape)))
+
+    try:
+        with h5py.File(path, "r") as f:
+            f.visititems(visit)
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        raise errors.UserError(f"{path} is not a Keras weights file ({errors.one_line(error)}); {fix}") from None
+    mine = collections.Counter(tuple(weight.shape) for weight in weights)
+    theirs = collections.Counter(shape for _, shape in saved)
+    if mine == theirs:
+        return
+    extra, missing = theirs - mine, mine - theirs
+    what = "; ".join(f"{sum(counts.values())} {whose} (of shape(s) {', '.join(str(list(s)) for s in sorted(counts))}) "
+                     f"{verb}" for whose, verb, counts in (("of the file's weights", "have no place in the model", extra),
+                                                          ("of the model's weights", "are not in the file", missing))
+                     if counts)
+    raise errors.UserError(f"{path} holds {len(saved)} weights and the model {sum(mine.values())}: {what} (the file "
+                           f"is of another architecture or size); {fix}")
 
 
 def restore_newest(model, source: str, which: str = "latest", log=None, found=None) -> str:
@@ -139,7 +194,8 @@ def load_model(model_dir: str | None = None, checkpoint: str | None = None, *, w
     `checkpoint` (a prefix or a directory) defaults to `model_dir`; the newest checkpoint that restores intact
     is used. The configs are `run_dir.read_configs(model_dir, gin_files, gin_params, checkpoint)`. The vocabulary
     size comes from ModelConfig.n_token, else from the prepared data in DataConfig.data_dir, whose vocabulary must be
-    the one the run recorded (`run_dir.check_vocabulary`: one line otherwise). The model's sizes and
+    the one the run recorded (`run_dir.check_vocabulary`: one line otherwise), and the configured architecture the
+    one its checkpoints were saved from (`run_dir.check_architecture`). The model's sizes and
     EvalConfig's lengths are checked against the machine's memory before the model is built (one ConfigError line).
     """
     source = checkpoint or model_dir
@@ -152,6 +208,8 @@ def load_model(model_dir: str | None = None, checkpoint: str | None = None, *, w
         raise ConfigError(f"the vocabulary size is unknown: bind ModelConfig.n_token or prepare the data in "
                           f"DataConfig.data_dir={configs.data.data_dir!r}")
     found = run_dir.find_checkpoints(source, which)  # a missing checkpoint is reported before the model is built
+    # The architecture the checkpoints were trained with (a record beside them), before the model is built.
+    run_dir.check_architecture(run_dir.run_folder(source), architecture(configs.model, n_token), "load its weights")
     if configs.data.data_dir and os.path.isdir(configs.data.data_dir):  # the ids must mean what they were trained on
         run_dir.check_vocabulary(run_dir.run_folder(source), configs.data.data_dir, "load its weights")
     # The evaluation's lengths with one row (every use needs that much): before the model is built.

@@ -33,6 +33,13 @@ from txl_tf.softmax import AdaptiveSoftmax
 from txl_tf.state import Cache, Memory, check_type
 
 
+def _check_clamp(encoding, clamp_len: int, what: str) -> None:
+    """ValueError when `clamp_len` > 0 goes to an encoding that ignores it (`Encoding.clamp_problem`)."""
+    problem = encoding.clamp_problem(clamp_len)
+    if problem:
+        raise ValueError(f"{what}: {problem}; pass clamp_len=-1")
+
+
 @keras.saving.register_keras_serializable(package="txl_tf")
 class TransformerXL(keras.Model):
     """Transformer-XL (Dai et al., 2019) with the TF original's numerics by default.
@@ -83,6 +90,7 @@ class TransformerXL(keras.Model):
                  init_std=0.02, proj_init_std=0.01, max_position=1024, same_length_keys="tf", **kwargs):
         super().__init__(**kwargs)
         self.encoding = encodings.get(attn_type)
+        _check_clamp(self.encoding, clamp_len, "clamp_len")
         if same_length_keys not in ("tf", "pytorch"):
             raise ValueError(f"same_length_keys must be 'tf' or 'pytorch', got {same_length_keys!r}")
         self.n_token = n_token
@@ -172,6 +180,7 @@ class TransformerXL(keras.Model):
         the window.
         """
         protocol = protocol or self.protocol
+        _check_clamp(self.encoding, protocol.clamp_len, "the protocol's clamp_len")
         if not self.supports_cache(protocol):
             raise ValueError(f"a keys/values cache cannot carry pre_lnorm attn_type={self.attn_type!r} with a "
                              "memory; use the hidden-state memory (initial_memory)")
@@ -201,6 +210,7 @@ class TransformerXL(keras.Model):
 
     def _forward(self, tokens, state, protocol, lengths, training, return_probs, policy=None):
         protocol = protocol or self.protocol
+        _check_clamp(self.encoding, protocol.clamp_len, "the protocol's clamp_len")
         policy = policy or DEFAULT
         tokens = tf.convert_to_tensor(tokens)
         state = self._checked_state(tokens, state, protocol)

@@ -83,7 +83,8 @@ def _protected() -> dict:
 
 def output_dir(path, name: str) -> str:
     """A folder to write into (created if missing): returned as given; refused in one line when empty, a link,
-    a file, `/`, the working directory, the home directory or a folder above either."""
+    a file, `/`, the working directory, the home directory or a folder above either, under a file, or with a name
+    longer than its file system allows."""
     text = given(path, name)
     absolute = os.path.abspath(text)
     why = _protected().get(absolute) or _protected().get(os.path.realpath(text))
@@ -95,7 +96,26 @@ def output_dir(path, name: str) -> str:
                         "give the folder itself")
     if os.path.lexists(text) and not os.path.isdir(text):
         raise PathError(f"{name}={text} is a file, not a folder; give a folder")
+    _check_folders_above(text, name)
     return text
+
+
+def _check_folders_above(text: str, name: str) -> None:
+    """One line when a name in `text` is longer than its file system allows, or the nearest existing folder above
+    it is a file (nothing could be made there)."""
+    above = os.path.dirname(os.path.abspath(text))
+    while not os.path.lexists(above):
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        raise PathError(f"{name}={text}: {above} is a file, not a folder; give a path in a folder")
+    try:
+        limit = os.pathconf(above, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    for part in os.path.abspath(text).split(os.sep):
+        if len(os.fsencode(part)) > limit:
+            raise PathError(f"{name}={text}: the name {part[:20]}... is {len(os.fsencode(part))} bytes long, more "
+                            f"than the {limit} its file system allows; give a shorter name")
 
 
 def output_file(path, name: str, example: str = "out") -> str:

@@ -13,8 +13,15 @@ import tempfile
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from txl_tf import errors, loading, paths, run_dir, untrusted, upgrade
-from txl_tf.configs import EvalConfig, ModelConfig, check_inference_size
+from txl_tf import errors, hub_files, loading, paths, run_dir, untrusted, upgrade
+from txl_tf.configs import (
+    EvalConfig,
+    ModelConfig,
+    architecture,
+    check_clamp,
+    check_inference_size,
+    differing_architecture,
+)
 from txl_tf.data.vocab import VOCAB_FILE, Vocab
 from txl_tf.errors import ConfigError, UserError
 
@@ -93,6 +100,7 @@ def _from_preset_dir(path: str, dtype: str | None) -> Loaded:
     weights = os.path.join(path, PRESET_WEIGHTS)
     if not os.path.exists(weights):
         raise UserError(f"the preset {path} has no {PRESET_WEIGHTS}; save it again with save_to_preset")
+    hub_files.check_weights(weights)  # a regular file within the machine's memory, before h5py opens it
     try:
         vocab = Vocab.load(os.path.join(path, PRESET_VOCAB))
     except (OSError, ValueError, untrusted.UntrustedFileError) as error:
@@ -105,13 +113,19 @@ def _from_preset_dir(path: str, dtype: str | None) -> Loaded:
         raise UserError(f"the preset {path} does not fit together: its {PRESET_CONFIG} has model n_token="
                         f"{model_config.n_token} but its {PRESET_VOCAB} holds {len(vocab)} symbols; save the "
                         "preset again with save_to_preset")
+    _check_architecture(path, model_config)
     model = loading.build_model(model_config, dtype=dtype or _compute_dtype(eval_config))
     try:
         if upgrade.legacy_weights_file(weights):  # written before the attention's projections were layers
             with tempfile.TemporaryDirectory(prefix="txl_tf-upgrade-") as tmp:
                 model.load_weights(upgrade.upgraded_weights_file(weights, tmp))
         else:
+            # exactly the model's variables: none of the file's left unread (Keras would skip them without a word)
+            loading.check_weights_file(model.weights, weights, f"it does not fit the model of "
+                                       f"{os.path.join(path, PRESET_CONFIG)}: save the preset again with save_to_preset")
             model.load_weights(weights)
+    except UserError:
+        raise
     except (OSError, ValueError, KeyError) as error:
         raise UserError(f"{weights} does not fit the model of {os.path.join(path, PRESET_CONFIG)} "
                         f"({errors.one_line(error)}); save the preset again with save_to_preset") from None
@@ -156,9 +170,26 @@ def read_preset_config(path: str) -> tuple[ModelConfig, EvalConfig]:
         raise UserError(f"{config_path} has no model n_token; save the preset again with save_to_preset")
     try:  # the evaluation's lengths with one row (what every use needs), before the model is built
         check_inference_size(made[0], batch_size=1, tgt_len=made[1].tgt_len, mem_len=made[1].mem_len)
+        check_clamp(made[0].attn_type, made[1].clamp_len)  # no clamp the encoding ignores
     except ConfigError as error:
         raise ConfigError(f"{config_path}: {error}") from None
     return made[0], made[1]
+
+
+def _check_architecture(path: str, model_config: ModelConfig) -> None:
+    """config.json's "architecture" (what the weights were saved from; presets saved since the record exists) must
+    be its "model" (one line naming the field and both values): a model edited to another encoding would load the
+    weights as another function."""
+    config_path = os.path.join(path, PRESET_CONFIG)
+    recorded = untrusted.load_json(config_path, max_bytes=untrusted.JSON_LIMIT,
+                                   what="the preset's config.json").get("architecture")
+    if recorded is None:
+        return
+    difference = differing_architecture(recorded, architecture(model_config)) if isinstance(recorded, dict) \
+        else f"its 'architecture' is a {type(recorded).__name__}, not a mapping"
+    if difference:
+        raise ConfigError(f"{config_path}: its 'model' is not the architecture its weights were saved from "
+                          f"({difference}); save the preset again with save_to_preset")
 
 
 def _compute_dtype(eval_config: EvalConfig) -> str | None:

@@ -8,6 +8,8 @@
     model_dir/best/ckpt-N.*      the best validation checkpoint
     model_dir/set_aside/<time>/  broken checkpoints newer than the one a run resumed from (moved, never deleted)
     model_dir/vocab_fingerprint.json  the fingerprint of the vocabulary the run trains on (`record_vocabulary`)
+    model_dir/architecture.json  the architecture its checkpoints hold (`record_architecture`; also in averaged/
+                                 and a converted directory)
     DIR/ckpt-1 + DIR/model.gin   a checkpoint converted from the authors' TF code (`python -m txl_tf.convert`):
                                  the key `model` and its ModelConfig; pass `--checkpoint=DIR` and the setup's
                                  `--gin_file` for the data and evaluation protocol
@@ -33,6 +35,9 @@ builds and restores models from what this module finds, txl_tf.configs parses th
   when training starts; resuming, evaluating (and every other load through txl_tf.loading) and fine-tuning from the
   run on data whose vocabulary has another fingerprint are refused in one line (ids would mean other symbols),
   unless $TXL_TF_ALLOW_OTHER_VOCAB=1. A run without the record (written before it existed) is not checked.
+* The architecture (`txl_tf.configs.architecture`) is recorded when training starts (architecture.json, also in
+  averaged/ and a converted directory); a load, resume, evaluation, fine-tuning or average with a configured model
+  of another architecture is refused in one line naming the field and both values (`check_architecture`).
 * Gin files are read in this order (`read_configs`): `model_dir/config.gin` (or the converter's model.gin), then
   `gin_files`, then `gin_params`, so later values override earlier ones.
 """
@@ -60,8 +65,10 @@ BEST_DIR = "best"
 STATE_FILE = "checkpoint"
 SET_ASIDE_DIR = "set_aside"
 VOCAB_FINGERPRINT_FILE = "vocab_fingerprint.json"  # {"sha256", "level", "size", "vocab_file"}
+ARCHITECTURE_FILE = "architecture.json"  # txl_tf.configs.architecture of the model the checkpoints hold
 ALLOW_OTHER_VOCAB_ENV = "TXL_TF_ALLOW_OTHER_VOCAB"  # "1": load or resume a run on another vocabulary anyway
 _FILE = re.compile(r"ckpt-(\d+)\.(?:index|data-(\d+)-of-(\d+))")
+INDEX_LIMIT = 256 << 20  # a checkpoint's .index, which TensorFlow reads whole (KiBs to a few MiB for txl_tf's models)
 # What a damaged checkpoint raises while restoring (DataLossError and NotFoundError are OpErrors; a truncated
 # .data file raises IndexError "Read less bytes than requested"; a mismatch raises AssertionError/ValueError).
 RESTORE_ERRORS = (tf.errors.OpError, IndexError, ValueError, AssertionError)
@@ -77,6 +84,10 @@ class CheckpointMismatchError(errors.ConfigError):
 
 class OtherVocabularyError(errors.ConfigError):
     """The data's vocabulary is not the one the run was trained on (`check_vocabulary`)."""
+
+
+class ArchitectureMismatchError(errors.ConfigError):
+    """The configured model is another architecture than the one a folder recorded (`check_architecture`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +135,7 @@ def candidates(directory: str) -> list[Candidate]:
             missing = sorted(set(range(total)) - have)
             if missing:
                 problem = f"ckpt-{step}.data-{missing[0]:05d}-of-{total:05d} is missing"
-        found[step] = Candidate(step, prefix, problem)
+        found[step] = Candidate(step, prefix, problem or checkpoint_problem(prefix))
     for prefix in _state_entries(directory):
         match = re.fullmatch(r"ckpt-(\d+)", os.path.basename(prefix))
         if match and int(match.group(1)) not in found:
@@ -134,7 +145,48 @@ def candidates(directory: str) -> list[Candidate]:
     return [found[step] for step in sorted(found, reverse=True)]
 
 
+def checkpoint_problem(prefix: str) -> str | None:
+    """Why the files of the checkpoint `prefix` must not be opened, or None. Its .index and every .data shard on
+    disk must be regular files (TensorFlow's reader waits forever on a FIFO and reads a device without end), the
+    .index at most INDEX_LIMIT bytes (it is read whole; a shard is read only where the index points, each tensor
+    checked against the model's shape and its checksum). Missing files are the restore's to report; a remote
+    prefix (gs://...) is not checked."""
+    from txl_tf import untrusted
+
+    if "://" in prefix:
+        return None
+    directory, name = os.path.split(prefix)
+    try:
+        names = sorted(f for f in os.listdir(directory or ".") if f == f"{name}.index" or f.startswith(f"{name}.data-"))
+    except OSError:
+        return None
+    for file in names:
+        limit = INDEX_LIMIT if file.endswith(".index") else sys.maxsize
+        try:
+            untrusted.check_regular(os.path.join(directory, file), max_bytes=limit, what="the checkpoint file")
+        except FileNotFoundError:
+            continue
+        except untrusted.UntrustedFileError as error:
+            return errors.one_line(error).rsplit("; ", 1)[0]  # the caller says what to do
+    return None
+
+
+def check_checkpoint(prefix: str) -> None:
+    """`checkpoint_problem` as a one-line RunDirError, before anything opens the checkpoint `prefix`."""
+    problem = checkpoint_problem(prefix)
+    if problem:
+        raise RunDirError(f"{problem}; restore the checkpoint's files or pass another checkpoint")
+
+
 def _state_entries(directory: str) -> list[str]:
+    from txl_tf import untrusted
+
+    try:  # the state file is read whole by TensorFlow: a FIFO or a device there must not hang or exhaust it
+        if "://" not in directory:
+            untrusted.check_regular(os.path.join(directory, STATE_FILE), max_bytes=INDEX_LIMIT,
+                                    what="the state file")
+    except (FileNotFoundError, untrusted.UntrustedFileError):
+        return []  # none, or unreadable: the files on disk still count
     try:
         state = tf.train.get_checkpoint_state(directory)
     except (tf.errors.OpError, ValueError):  # an unreadable state file: the files on disk still count
@@ -523,6 +575,57 @@ def check_vocabulary(model_dir: str, data_dir: str, what: str) -> None:
         "vocabulary anyway")
 
 
+# ---- the architecture a run trains -------------------------------------------------------------------------
+def recorded_architecture(folder: str) -> dict | None:
+    """The architecture recorded in `folder` (`record_architecture`; a run, best/'s run, averaged/, a converted
+    directory), or None for a folder without the record (written before it existed)."""
+    from txl_tf import untrusted
+
+    path = os.path.join(folder, ARCHITECTURE_FILE)
+    if not os.path.lexists(path):
+        return None
+    record = untrusted.load_json(path, max_bytes=1 << 16, what="the architecture record")
+    if not (isinstance(record, dict) and isinstance(record.get("attn_type"), str)):
+        raise RunDirError(f"{path} is not an architecture record written by txl_tf (no \"attn_type\"); restore it "
+                          "from the run's copy, or delete it to load the checkpoints by their variables alone")
+    return record
+
+
+def check_architecture(folder: str, architecture: dict, what: str) -> None:
+    """Refuses (ArchitectureMismatchError, one line naming the field, both values and the fix) when `folder`
+    recorded another architecture than `architecture` (`txl_tf.configs.architecture` of the model about to be
+    loaded): its weights would load into a model that computes something else (an XL run as 'vaswani', a RoPE run
+    as 'alibi'). `what` says what was to be done. A folder without the record is not checked here (the restore
+    still requires every checkpoint variable to fit the model: `txl_tf.loading.restore_weights`)."""
+    from txl_tf.configs import differing_architecture
+
+    recorded = recorded_architecture(folder)
+    difference = None if recorded is None else differing_architecture(recorded, architecture)
+    if difference:
+        vocabulary = difference.startswith("ModelConfig.n_token ")
+        raise ArchitectureMismatchError(
+            f"{folder} was trained as another model: {difference} ({os.path.join(folder, ARCHITECTURE_FILE)} "
+            "against the configured model" + (": the vocabulary of DataConfig.data_dir, else ModelConfig.n_token"
+                                              if vocabulary else "")
+            + "); nothing was done: configure the model as it was trained (its config.gin, --gin_file, --gin_param"
+            + (", DataConfig.data_dir of the data it was trained on" if vocabulary else "")
+            + f") to {what}, or use another run")
+
+
+def record_architecture(folder: str, architecture: dict) -> None:
+    """Writes folder/architecture.json (renamed into place) unless it is there; a record of another architecture
+    is refused first (`check_architecture`)."""
+    check_architecture(folder, architecture, "write into it")
+    path = os.path.join(folder, ARCHITECTURE_FILE)
+    if os.path.lexists(path):
+        return
+    os.makedirs(folder, exist_ok=True)
+    with open(f"{path}.partial", "w") as f:
+        json.dump(architecture, f, indent=1)
+        f.write("\n")
+    os.replace(f"{path}.partial", path)
+
+
 # ---- finding a run's checkpoints --------------------------------------------------------------------------
 def _search_dirs(path: str, which: str) -> list:
     if which not in ("latest", "best"):
@@ -534,7 +637,7 @@ def find_checkpoints(path: str, which: str = "latest") -> list:
     """The checkpoints (Candidate) to try for `path`, newest first: a prefix itself, or those of a
     model_dir (`which` = "latest": model_dir, then best/; "best": best/ only)."""
     if tf.io.gfile.exists(path + ".index"):
-        return [Candidate(-1, path)]
+        return [Candidate(-1, path, checkpoint_problem(path))]
     if not tf.io.gfile.isdir(path):
         raise FileNotFoundError(f"{path} is neither a checkpoint prefix (no {path}.index) nor a directory; "
                                 "pass a model_dir or a checkpoint prefix")
@@ -559,10 +662,13 @@ def find_checkpoint(path: str, which: str = "latest") -> str:
 
 # ---- the saved configuration ------------------------------------------------------------------------------
 def config_files(model_dir: str | None, checkpoint: str | None = None) -> list:
-    """The gin file a run was made with: model_dir/config.gin, else the converter's model.gin beside a converted
-    checkpoint, when present ([] when neither is)."""
+    """The gin file a run was made with: model_dir/config.gin; without a model_dir, the config.gin of the run
+    `checkpoint` belongs to (`run_folder`: its folder, or the run of its best/); else the converter's model.gin
+    beside a converted checkpoint, when present ([] when none is)."""
     if model_dir and os.path.exists(os.path.join(model_dir, CONFIG_FILE)):
         return [os.path.join(model_dir, CONFIG_FILE)]
+    if checkpoint and not model_dir and os.path.exists(os.path.join(run_folder(checkpoint), CONFIG_FILE)):
+        return [os.path.join(run_folder(checkpoint), CONFIG_FILE)]
     if checkpoint:
         directory = checkpoint if os.path.isdir(checkpoint) else os.path.dirname(checkpoint)
         if os.path.exists(os.path.join(directory, CONVERTED_CONFIG_FILE)):

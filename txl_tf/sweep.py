@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from absl import flags
 
 from txl_tf import cli, loading, paths, run_dir
+from txl_tf.configs import check_clamp
 from txl_tf.errors import ConfigError
 
 AXES = ("tgt_len", "mem_len", "clamp_len", "same_length", "batch_size")
@@ -73,6 +74,8 @@ def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_pa
     if base.protocol != "xl":
         raise ConfigError(f"the sweep varies the Transformer-XL protocol; EvalConfig.protocol={base.protocol!r}")
     points = protocols(base, grid or {})
+    for clamp_len in (grid or {}).get("clamp_len", ()):  # EvalConfig's own was checked with the configs
+        check_clamp(configs.model.attn_type, clamp_len, "--grid clamp_len")
     evaluation.check_split(configs.data.data_dir, split, sorted({p.batch_size for p in points}), base.layout,
                            name="batch_size")  # EvalConfig.batch_size or a --grid value
     dtype = None if base.compute_dtype == "float32" else base.compute_dtype

@@ -125,7 +125,7 @@ def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=Non
     """
     import gin
 
-    from txl_tf import distribute, run_dir
+    from txl_tf import configs, distribute, run_dir
     from txl_tf.controller import Controller, default_actions
     from txl_tf.data import pipeline
     from txl_tf.run_lock import RunLock
@@ -142,6 +142,8 @@ def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=Non
         pipeline.check_vocab_size(data_config.data_dir, made.model.n_token)
     if saved is not None:  # a resume: another vocabulary is refused before anything in the run folder changes
         run_dir.check_vocabulary(model_dir, data_config.data_dir, "resume training")
+    # and another architecture than its checkpoints hold (an edited config.gin: its record beside them)
+    run_dir.check_architecture(model_dir, configs.architecture(made.model, len(vocab)), "resume training")
     chief = distribute.is_chief(strategy_obj)
     # One writer per run directory (the chief's; other workers write only their own temporary folders).
     with RunLock(model_dir) if chief else contextlib.nullcontext():

@@ -9,6 +9,8 @@ JSON nested 200,000 levels deep must end in one line naming the file, not in a h
 
 `load_json` refuses NaN, Infinity and numbers that overflow to them (every number it returns is finite) and
 nesting deeper than `MAX_DEPTH`. Its errors are `UntrustedFileError` (a `UserError`: one line, exit status 2).
+A file that a library opens itself (Keras' weights, a TensorFlow checkpoint) is checked first with
+`check_regular(path, max_bytes=...)`: a regular file within the limit, without reading it.
 
 Sizes that come from such input (a model's sizes in a config, a corpus given to prepare) are bounded by the memory
 of the machine: `machine_memory()` (the physical memory, or the container's limit where that is lower) and
@@ -72,6 +74,52 @@ def machine_memory() -> int:
     return min(physical, limit) if limit else physical
 
 
+def _kib_field(path: str, name: str) -> int | None:
+    """The bytes of the `name:  N kB` line of a /proc file (/proc/meminfo, /proc/self/status), or None."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(name + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_free() -> int | None:
+    """The bytes this process's cgroup (v2, else v1) may still take (its limit less its usage), or None."""
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                          "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit) as f, open(usage) as g:
+                cap, used = f.read(64).strip(), g.read(64).strip()
+        except OSError:
+            continue
+        if cap.isdigit() and used.isdigit():
+            return max(int(cap) - int(used), 0)
+    return None
+
+
+def available_memory() -> int:
+    """Bytes this process can still allocate now: the least of the machine's available memory (MemAvailable of
+    /proc/meminfo, else SC_AVPHYS_PAGES), what its container's limit leaves, and what the address-space limit
+    (RLIMIT_AS, `ulimit -v`) leaves beside what the process maps already. Read afresh at each call."""
+    import resource
+
+    sizes = [_kib_field("/proc/meminfo", "MemAvailable")]
+    if sizes[0] is None:
+        try:
+            sizes[0] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            sizes[0] = machine_memory()
+    sizes.append(_cgroup_free())
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        sizes.append(max(soft - (_kib_field("/proc/self/status", "VmSize") or 0), 0))
+    return min(size for size in sizes if size is not None)
+
+
 CORPUS_FACTOR = 6  # a corpus read whole is held with its int32 ids (4 bytes a byte at char level) and a copy
 
 
@@ -81,14 +129,9 @@ def corpus_limit() -> int:
     return machine_memory() // CORPUS_FACTOR
 
 
-def read_bytes(path, *, max_bytes: int, what: str = "the file") -> bytes:
-    """The content of the regular file `path` (a link to one is followed), at most `max_bytes` bytes.
-
-    A device, FIFO, socket or directory, or a file over the limit, is an UntrustedFileError naming the file; a
-    missing file is FileNotFoundError (callers that expect one catch it). The file is opened first and then
-    checked through its descriptor, so what is read is what was checked.
-    """
-    path = os.fspath(path)
+def _open_checked(path: str, max_bytes: int, what: str) -> int:
+    """A descriptor of the regular file `path` of at most `max_bytes` bytes (UntrustedFileError otherwise; a missing
+    file is FileNotFoundError). Opened without blocking (a FIFO must not hang) and checked through the descriptor."""
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)  # a FIFO must not block
     fd = os.open(path, flags)
     try:
@@ -99,6 +142,35 @@ def read_bytes(path, *, max_bytes: int, what: str = "the file") -> bytes:
         if info.st_size > max_bytes:
             raise UntrustedFileError(f"{what} {path} holds {_size(info.st_size)}, more than the {_size(max_bytes)} "
                                      "such a file may hold; give the right file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_regular(path, *, max_bytes: int, what: str = "the file") -> int:
+    """The size of the regular file `path` (a link to one is followed) of at most `max_bytes` bytes, for a file that
+    a library then opens itself (Keras' weights, a TensorFlow checkpoint): a device, FIFO, socket or directory, or
+    a file over the limit, is an UntrustedFileError naming it (a FIFO never blocks the check); a missing file is
+    FileNotFoundError."""
+    path = os.fspath(path)
+    fd = _open_checked(path, max_bytes, what)
+    try:
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
+def read_bytes(path, *, max_bytes: int, what: str = "the file") -> bytes:
+    """The content of the regular file `path` (a link to one is followed), at most `max_bytes` bytes.
+
+    A device, FIFO, socket or directory, or a file over the limit, is an UntrustedFileError naming the file; a
+    missing file is FileNotFoundError (callers that expect one catch it). The file is opened first and then
+    checked through its descriptor, so what is read is what was checked.
+    """
+    path = os.fspath(path)
+    fd = _open_checked(path, max_bytes, what)
+    try:
         chunks, total = [], 0
         while True:
             chunk = os.read(fd, min(MIB, max_bytes + 1 - total))

@@ -132,6 +132,15 @@ def _intact(path: str, name: Optional[str] = None):
                           "intact copy with --source") from None
 
 
+@dataclasses.dataclass(frozen=True)
+class Limit:
+    """An expected size that bounds what is read: at most `size` bytes, which `source` names for the error line
+    ("the 6,763,885 bytes of networkx 3.7's sources")."""
+
+    size: int
+    source: str
+
+
 class Archive:
     """Uniform read access to a zip, a tar(.gz/.bz2), a directory or a single file, by member base name."""
 
@@ -141,17 +150,23 @@ class Archive:
             self.kind = "dir"
             self._names = sorted(os.path.relpath(os.path.join(d, f), path)
                                  for d, _, files in os.walk(path) for f in files)
+            self._sizes = {n: _disk_size(os.path.join(path, n)) for n in self._names}
         elif zipfile.is_zipfile(path):
             self.kind = "zip"
             with _intact(path), zipfile.ZipFile(path) as zf:
-                self._names = [n for n in zf.namelist() if not n.endswith("/")]
+                infos = [i for i in zf.infolist() if not i.filename.endswith("/")]
+            self._names = [i.filename for i in infos]
+            self._sizes = {i.filename: i.file_size for i in infos}
         elif tarfile.is_tarfile(path):
             self.kind = "tar"
             with _intact(path), tarfile.open(path) as tf:
-                self._names = [m.name for m in tf.getmembers() if m.isfile()]
+                members = [m for m in tf.getmembers() if m.isfile()]
+            self._names = [m.name for m in members]
+            self._sizes = {m.name: m.size for m in members}
         else:
             self.kind = "file"
             self._names = [os.path.basename(path)]
+            self._sizes = {self._names[0]: _disk_size(path)}
 
     def find(self, basename: str, required: bool = True) -> Optional[str]:
         hits = [n for n in self._names if os.path.basename(n) == basename]
@@ -163,22 +178,26 @@ class Archive:
     def names(self) -> list:
         return list(self._names)
 
-    def read(self, name: str) -> bytes:
+    def size(self, name: str) -> int:
+        """A member's size as the archive's directory declares it (a file's: its size on disk), known before it is
+        read; what is read is bounded again, since a declaration can lie."""
+        return self._sizes[name]
+
+    def read(self, name: str, limit: Optional[Limit] = None) -> bytes:
         """A member's content, read whole: a regular file (a folder's member may be a link to one) or an archive
-        member of at most `untrusted.corpus_limit()` bytes; a SourceError naming it otherwise."""
+        member of at most `untrusted.corpus_limit()` bytes, and of at most `limit` when given (an expected size):
+        one refused by its declared size is never inflated, and reading stops one byte past the bound whatever
+        the declaration said; a SourceError naming it otherwise."""
+        _check_member_size(self.path, name, self.size(name), limit)  # before anything is inflated
         if self.kind == "dir":
-            return sources.read_source(os.path.join(self.path, name))
+            return _read_file(os.path.join(self.path, name), limit)
         if self.kind == "zip":
-            with _intact(self.path, name), zipfile.ZipFile(self.path) as zf:
-                _check_member_size(self.path, name, zf.getinfo(name).file_size)
-                with zf.open(name) as member:
-                    return _read_member(self.path, name, member)
+            with _intact(self.path, name), zipfile.ZipFile(self.path) as zf, zf.open(name) as member:
+                return _read_member(self.path, name, member, limit)
         if self.kind == "tar":
             with _intact(self.path, name), tarfile.open(self.path) as tf:
-                member = tf.getmember(name)
-                _check_member_size(self.path, name, member.size)
-                return _read_member(self.path, name, tf.extractfile(member))
-        return sources.read_source(self.path)
+                return _read_member(self.path, name, tf.extractfile(tf.getmember(name)), limit)
+        return _read_file(self.path, limit)
 
     def iter_files(self, names: list) -> Iterator[tuple[str, bytes]]:
         """(name, content) for `names`, streaming a tar once instead of seeking for every member."""
@@ -194,20 +213,39 @@ class Archive:
                     yield member.name, _read_member(self.path, member.name, tf.extractfile(member))
 
 
-def _check_member_size(archive: str, name: str, size: int) -> None:
-    limit = untrusted.corpus_limit()
-    if size > limit:
+def _disk_size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0  # a dangling link: named when it is read
+
+
+def _check_member_size(archive: str, name: str, size: int, limit: Optional[Limit] = None) -> None:
+    if limit is not None and size > limit.size:
+        raise SourceError(f"{archive}: {name} holds {size:,} bytes, more than {limit.source}; not the expected "
+                          f"source (refused before it was inflated or read whole): {NOT_VERIFIED}")
+    most = untrusted.corpus_limit()
+    if size > most:
         raise SourceError(f"{archive}: {name} holds {untrusted.size_text(size)}, more than the "
-                          f"{untrusted.size_text(limit)} a corpus file may hold on this machine (a sixth of its "
+                          f"{untrusted.size_text(most)} a corpus file may hold on this machine (a sixth of its "
                           f"memory); prepare it on a machine with more memory")
 
 
-def _read_member(archive: str, name: str, member) -> bytes:
-    """An archive member's bytes, at most `untrusted.corpus_limit()` of them (whatever its header says)."""
-    limit = untrusted.corpus_limit()
-    data = member.read(limit + 1)
-    if len(data) > limit:
-        _check_member_size(archive, name, len(data))
+def _read_member(archive: str, name: str, member, limit: Optional[Limit] = None) -> bytes:
+    """An archive member's bytes, at most `untrusted.corpus_limit()` of them and at most `limit` (whatever its
+    header says: reading stops one byte past the bound)."""
+    most = untrusted.corpus_limit() if limit is None else min(limit.size, untrusted.corpus_limit())
+    data = member.read(most + 1)
+    if len(data) > most:
+        _check_member_size(archive, name, len(data), limit)
+    return data
+
+
+def _read_file(path: str, limit: Optional[Limit]) -> bytes:
+    """A corpus file (`sources.read_source`, its size checked before), of at most `limit` bytes when given."""
+    data = sources.read_source(path)
+    if limit is not None and len(data) > limit.size:  # it grew since its size was checked
+        _check_member_size(os.path.dirname(path), os.path.basename(path), len(data), limit)
     return data
 
 
@@ -242,7 +280,9 @@ def _char_corpus(dataset: str, data: bytes, n_valid: int, n_test: int, keep_newl
 def _standard_char(dataset: str, member: str, settings: Settings, default_keep: bool) -> Prepared:
     path = _source_path(settings, dataset)
     archive = Archive(path)
-    data = archive.read(archive.find(member) if archive.kind != "file" else archive.names()[0])
+    size = EXPECTED[dataset]["bytes"]
+    expected = Limit(size, f"the {size:,} bytes of the official {dataset}") if settings.verify else None
+    data = archive.read(archive.find(member) if archive.kind != "file" else archive.names()[0], expected)
     _expect(dataset, "bytes", len(data), settings)
     keep = default_keep if settings.keep_newlines is None else settings.keep_newlines
     vocab, splits = _char_corpus(dataset, data, 5_000_000, 5_000_000, keep)
@@ -261,8 +301,6 @@ def prepare_text8(settings: Settings) -> Prepared:
 
 
 def _enwiki_sample_bytes(settings: Settings) -> tuple[bytes, str]:
-    import bz2
-
     if settings.source:
         path = sources.fetch(settings.source, settings.cache_dir, sha256=settings.source_sha256)
         archive = Archive(path)
@@ -279,7 +317,13 @@ def _enwiki_sample_bytes(settings: Settings) -> tuple[bytes, str]:
         data = sources.read_source(path, "the cached sample")
         location = f"pypi:{GENSIM_WHEEL}/{ENWIKI_MEMBER}"
     if data[:3] == b"BZh":
-        data = bz2.decompress(data)
+        if settings.verify:  # the expected size bounds what is inflated
+            data = _bunzip2(data, ENWIKI_SIZE, location, f"the {ENWIKI_SIZE:,} bytes of the expected Wikipedia "
+                            "sample", f"not the expected source: {NOT_VERIFIED}")
+        else:
+            most = untrusted.corpus_limit()
+            data = _bunzip2(data, most, location, f"the {untrusted.size_text(most)} a corpus may hold on this "
+                            "machine (a sixth of its memory)", "prepare it on a machine with more memory")
     if settings.verify and hashlib.sha256(data).hexdigest() != ENWIKI_SHA256:
         if not settings.source:
             os.remove(path)  # do not keep a bad cached copy
@@ -287,6 +331,30 @@ def _enwiki_sample_bytes(settings: Settings) -> tuple[bytes, str]:
                           f"different sha256 than the expected {ENWIKI_SHA256} ({ENWIKI_SIZE} bytes); "
                           f"{NOT_VERIFIED}")
     return data, location
+
+
+def _bunzip2(data: bytes, limit: int, location: str, bound: str, fix: str) -> bytes:
+    """`data` decompressed (bzip2, its streams one after another), stopping one byte past `limit` bytes: a
+    SourceError naming `location`, `bound` (what the limit is) and `fix` when there is more, or when it is
+    damaged."""
+    import bz2
+
+    out, size = [], 0
+    while data:
+        decompressor = bz2.BZ2Decompressor()
+        try:
+            out.append(decompressor.decompress(data, max_length=limit + 1 - size))
+        except (OSError, EOFError, ValueError) as error:
+            raise SourceError(f"{location} cannot be read, the bzip2 data is damaged ({error}); download it again "
+                              "or give an intact copy with --source") from None
+        size += len(out[-1])
+        if size > limit:
+            raise SourceError(f"{location} decompresses to more than {bound} (decompression stopped there); {fix}")
+        if not decompressor.eof:
+            raise SourceError(f"{location} cannot be read, the bzip2 data is truncated; download it again or give "
+                              "an intact copy with --source")
+        data = decompressor.unused_data
+    return b"".join(out)
 
 
 def prepare_enwik8_sample(settings: Settings) -> Prepared:
@@ -299,24 +367,35 @@ def prepare_enwik8_sample(settings: Settings) -> Prepared:
                     {"keep_newlines": keep, "split": "first 90% train, next 5% valid, last 5% test (bytes)"})
 
 
-def python_sources(archive: Archive) -> bytes:
+def python_sources(archive: Archive, limit: Optional[Limit] = None) -> bytes:
     """The `.py` files of a wheel (or of a folder), in sorted path order, each preceded by `# file: PATH`.
 
     Every file ends with a newline (one is added where it lacks it); the whole may hold at most
-    `untrusted.corpus_limit()` bytes, like any corpus file.
+    `untrusted.corpus_limit()` bytes, like any corpus file, and at most `limit` when given (the expected size):
+    files whose declared sizes add up to more are refused before any is inflated, and each read stops one byte
+    past what is left of it.
     """
     names = {name.replace(os.sep, "/"): name for name in archive.names() if name.endswith(".py")}
     if not names:
         raise SourceError(f"{archive.path} holds no .py file; give the networkx wheel or a folder of Python files")
-    parts, total, limit = [], 0, untrusted.corpus_limit()
+    headers = {path: CODE_FILE_HEADER + path.encode("utf-8") + b"\n" for path in names}
+    if limit is not None:
+        declared = sum(len(headers[path]) + archive.size(name) for path, name in names.items())
+        if declared > limit.size:
+            raise SourceError(f"the .py files of {archive.path} hold {declared:,} bytes as its directory declares "
+                              f"them, more than {limit.source}; not the expected source (refused before any was "
+                              f"inflated): {NOT_VERIFIED}")
+    parts, total, most = [], 0, untrusted.corpus_limit()
     for path in sorted(names):
-        body = archive.read(names[path])
+        left = None if limit is None else Limit(limit.size - total - len(headers[path]),
+                                                f"what is left of {limit.source}")
+        body = archive.read(names[path], left)
         if body and not body.endswith(b"\n"):
             body += b"\n"
-        parts.append(CODE_FILE_HEADER + path.encode("utf-8") + b"\n" + body)
+        parts.append(headers[path] + body)
         total += len(parts[-1])
-        if total > limit:
-            raise SourceError(f"the .py files of {archive.path} hold more than the {untrusted.size_text(limit)} a "
+        if total > most:
+            raise SourceError(f"the .py files of {archive.path} hold more than the {untrusted.size_text(most)} a "
                               "corpus may hold on this machine (a sixth of its memory); give a smaller package")
     return b"".join(parts)
 
@@ -333,7 +412,8 @@ def _networkx_bytes(settings: Settings) -> tuple[bytes, str, dict]:
     archive = Archive(path)
     if archive.kind not in ("zip", "dir"):
         raise SourceError(f"{path}: give the networkx wheel (a zip) or a folder of Python files")
-    data = python_sources(archive)
+    expected = Limit(NETWORKX_SIZE, f"the {NETWORKX_SIZE:,} bytes of {NETWORKX_WHEEL}'s sources")
+    data = python_sources(archive, expected if settings.verify else None)
     if settings.verify and hashlib.sha256(data).hexdigest() != NETWORKX_SHA256:
         raise SourceError(f"networkx_code: the .py files of {location} make {len(data)} bytes with a different "
                           f"sha256 than the expected {NETWORKX_SHA256} ({NETWORKX_SIZE} bytes of {NETWORKX_WHEEL}); "
@@ -365,6 +445,21 @@ def text_blocks(data: bytes, block_bytes: int = 1 << 24) -> Iterator[str]:
             end = n if newline < 0 else newline + 1
         yield data[start:end].decode("utf-8")
         start = end
+
+
+def check_plain_text(data: bytes, name: str) -> None:
+    """Raises SourceError naming `name` when `data` is not plain text: a compressed file or an archive (its magic
+    bytes: `sources.archive_format`), or binary data (a NUL byte, which no text file holds)."""
+    kind = sources.archive_format(data[:512])
+    if kind:
+        raise SourceError(f"{name} is a {kind} file, not plain text, and --dataset=text reads text as it is; "
+                          "decompress or unpack it first and pass the text file (or a folder with train.txt, "
+                          "valid.txt and test.txt), or prepare an official corpus with its own --dataset, which "
+                          "reads its archive")
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise SourceError(f"{name} holds a NUL byte (at byte {nul:,}): binary data, not the plain text --dataset=text "
+                          "reads; give a text file (UTF-16 text: convert it to UTF-8 first, e.g. with iconv)")
 
 
 def check_utf8(data: bytes, name: str, block_bytes: int = 1 << 24) -> None:
@@ -568,13 +663,16 @@ def prepare_text(settings: Settings) -> Prepared:
     level = given_vocab.level if given_vocab else settings.level  # --vocab_from decides the level
     if os.path.isdir(path):
         archive = Archive(path)
-        texts = {s: archive.read(archive.find(f"{s}.txt")) for s in SPLITS}
-        if level == "word":
-            for split in SPLITS:
-                check_utf8(texts[split], os.path.join(path, f"{split}.txt"))
+        names = {s: archive.find(f"{s}.txt") for s in SPLITS}
+        texts = {s: archive.read(names[s]) for s in SPLITS}
+        for split in SPLITS:
+            check_plain_text(texts[split], os.path.join(path, names[split]))
+            if level == "word":
+                check_utf8(texts[split], os.path.join(path, names[split]))
         split_rule = "train.txt / valid.txt / test.txt"
     else:
         data = sources.read_source(path, "the --source text")
+        check_plain_text(data, path)
         if level == "word":
             check_utf8(data, path)
         texts = _split_text(data, level)

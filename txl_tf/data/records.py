@@ -205,7 +205,7 @@ def write_prepared(
 
     if os.path.exists(data_dir) and os.listdir(data_dir) and not overwrite:
         raise FileExistsError(f"{data_dir} already exists; pass --overwrite to replace it")
-    with staging.staged_dir(data_dir, kind=KIND) as tmp:
+    with staging.staged_dir(data_dir, kind=KIND, name="--data_dir", overwrite=overwrite) as tmp:
         vocab.save(os.path.join(tmp, VOCAB_FILE))
         split_meta = {
             name: write_split(tmp, name, ids, len(vocab), chunk_size=chunk_size, shard_chunks=shard_chunks)

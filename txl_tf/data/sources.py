@@ -11,6 +11,7 @@ A *source* is one of
 A local source is a regular file (a link to one is followed) or a directory: a device, FIFO or socket (e.g.
 /dev/zero) is refused in one line. A corpus file is read whole (`read_source`), so it may hold at most
 `untrusted.corpus_limit()` bytes (a sixth of the machine's memory: its bytes and their int32 ids must fit).
+`archive_format` tells a compressed file or an archive by its first bytes (plain text must not be one).
 """
 
 from __future__ import annotations
@@ -124,6 +125,31 @@ def fetch(source: str, cache_dir: str, *, size: Optional[int] = None, sha256: Op
     if stat.S_ISREG(mode):
         check_file(path, size=size, sha256=sha256, what="source")
     return path
+
+
+# How a compressed file or an archive begins: (format, offset, magic bytes).
+ARCHIVE_MAGIC = (
+    ("gzip", 0, b"\x1f\x8b\x08"),
+    ("bzip2", 0, b"BZh"),  # then a block size digit and a block or end-of-stream magic (`archive_format`)
+    ("xz", 0, b"\xfd7zXZ\x00"),
+    ("zip", 0, b"PK\x03\x04"),
+    ("zip", 0, b"PK\x05\x06"),  # an empty zip
+    ("zstd", 0, b"\x28\xb5\x2f\xfd"),
+    ("7z", 0, b"7z\xbc\xaf\x27\x1c"),
+    ("tar", 257, b"ustar"),
+)
+_BZIP2_NEXT = (b"1AY&SY", b"\x17rE8P\x90")  # after "BZh" and the digit: a block, or the end of an empty stream
+
+
+def archive_format(head: bytes) -> Optional[str]:
+    """The compressed or archive format whose magic bytes begin `head` (the first 512 bytes of a file: "gzip",
+    "bzip2", "xz", "zip", "zstd", "7z", "tar"), or None for anything else (plain text included)."""
+    for name, offset, magic in ARCHIVE_MAGIC:
+        if head[offset:offset + len(magic)] == magic:
+            if name == "bzip2" and not (head[3:4].isdigit() and head[4:10] in _BZIP2_NEXT):
+                continue  # text that happens to begin with "BZh"
+            return name
+    return None
 
 
 def read_source(path: str, what: str = "source file") -> bytes:

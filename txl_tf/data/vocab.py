@@ -30,7 +30,7 @@ from typing import Optional, Union
 import numpy as np
 
 from txl_tf import untrusted
-from txl_tf.errors import UserError
+from txl_tf.errors import ConfigError, UserError, one_line
 
 VOCAB_FILE = "vocab.json"
 VOCAB_FORMAT = "txl_tf.vocab"
@@ -134,6 +134,22 @@ class Vocab:
     def encode(self, text: Union[str, bytes]) -> list[int]:
         """Text -> ids (see the module docstring for the line convention)."""
         return self.encode_array(text).tolist()
+
+    def encode_prompt(self, text, what: str, not_text: str) -> list[int]:
+        """A prompt a user gave -> ids, refusing in one line what is not text of this vocabulary: a TypeError
+        (`not_text`, then what `text` is) for anything but a str, a ConfigError naming `what` for a symbol outside
+        the vocabulary or text that encodes to no tokens."""
+        if not isinstance(text, str):
+            raise TypeError(f"{not_text}; got {type(text).__name__}"
+                            + ("; decode it first, e.g. prompt.decode('utf-8')" if isinstance(text, bytes) else ""))
+        try:
+            ids = self.encode(text)
+        except (KeyError, ValueError) as error:
+            raise ConfigError(f"{what} has a symbol outside the {self.level}-level vocabulary "
+                              f"({one_line(error).strip(chr(34))}); change the prompt") from None
+        if not ids:
+            raise ConfigError(f"{what} encodes to no tokens; give some text")
+        return ids
 
     def encode_array(self, text: Union[str, bytes]) -> np.ndarray:
         """Like `encode`, as an int32 array (vectorised for char level)."""

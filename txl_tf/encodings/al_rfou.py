@@ -1,5 +1,9 @@
 """The vanilla Transformer of Al-Rfou et al. (2018): learned absolute positions [max_position, d] per layer,
-added to each layer's memory and inputs (key position p gets row p; positions past the table its last row)."""
+added to each layer's memory and inputs (key position p gets row p; positions past the table its last row).
+
+Trained on windows of max_position tokens, row max_position - 1 learns from the window's last prediction alone (no
+later query attends to its key), and a trained model predicts worst there: the position a sliding window of
+max_position tokens scores (tests/test_vanilla_baseline.py; txl_tf.study.sanity flags such a baseline)."""
 
 from __future__ import annotations
 

@@ -31,6 +31,7 @@ def slopes(n_head: int) -> list:
 class ALiBi(Encoding):
     name = "alibi"
     citation = "Press et al. (2022)"
+    clamps = True
     clamp = "distances above clamp_len get the penalty of clamp_len"
 
     def prepare(self, model, mlen, qlen, protocol, training, cached, kernels=False) -> Prepared:

@@ -16,7 +16,8 @@ An encoding answers, for the layers that call it:
                  (q + v).r, aligned by rel_shift: xl, shaw) and `layer_biases` (xl's u and v).
   the cache      `cache_encoding` and `position_keys_cached`: what the keys/values cache keeps for the encoding
                  besides keys and values (xl's and shaw's position keys for every distance it serves).
-  clamping       `clamp`: how distances beyond `clamp_len` (or the learned tables) are treated.
+  clamping       `clamps`: whether `clamp_len` changes the scores (xl, vaswani, alibi); `clamp`: how distances
+                 beyond `clamp_len` (or the learned tables) are treated; `clamp_problem`: why a clamp_len is refused.
   FLOPs          `flops`: the matrix-product FLOPs the encoding adds to one layer's forward pass.
 
 The attention layer holds the encoding and asks it; it never compares names.
@@ -46,10 +47,17 @@ class Encoding:
     position_keys_cached = False  # the keys/values cache keeps position keys [N, P, D] (xl, shaw)
     absolute = False  # positions are added to the inputs, so keys depend on the window (vaswani, al_rfou)
     uses_max_position = False  # a learned table of ModelConfig.max_position rows (shaw, al_rfou)
+    clamps = False  # clamp_len changes the scores; where it does not, a clamp_len > 0 is refused (`clamp_problem`)
     clamp = "clamp_len does not apply"
 
     def problem(self, *, d_model: int, d_head: int) -> str | None:
         """Why the encoding cannot go with these sizes (e.g. "d_head must be even"), or None."""
+        return None
+
+    def clamp_problem(self, clamp_len: int) -> str | None:
+        """Why `clamp_len` cannot go with this encoding (a clamp > 0 that it ignores), or None."""
+        if clamp_len > 0 and not self.clamps:
+            return f"attn_type {self.name!r} ignores clamp_len ({self.clamp}), so clamp_len={clamp_len} would go unused"
         return None
 
     # ---- weights ---------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ class Vaswani(Encoding):
     name = "vaswani"
     citation = "Vaswani et al. (2017)"
     absolute = True
+    clamps = True
     clamp = "window positions above clamp_len share the sinusoid of clamp_len"
 
     def prepare(self, model, mlen, qlen, protocol, training, cached, kernels=False) -> Prepared:

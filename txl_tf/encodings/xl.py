@@ -19,6 +19,7 @@ class XL(Encoding):
     name = "xl"
     citation = "Dai et al. (2019), section 3.3"
     position_keys_cached = True
+    clamps = True
     clamp = "distances above clamp_len share the sinusoid of clamp_len (the authors' clamp_len)"
 
     def build_model(self, model) -> None:

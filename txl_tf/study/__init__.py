@@ -8,4 +8,5 @@
                  enwik8_sample and networkx_code
     ptb.py       study `ptb`: a Penn Treebank recipe for 2 CPU cores, with a vanilla model on the same budget
     report.py    report.md / docs/reproduction.md and the plots, rendered from results.json only
+    results_schema.py  the shape of results.json the report reads, checked when it is read
 """

@@ -1,13 +1,15 @@
 r"""Reproduce the paper's findings at CPU scale: training runs, evaluations, results.json and a report.
 
-    python -m txl_tf.study --study=ablation --output_dir=studies/cpu          # 6 variants x 4 attention lengths
+    python -m txl_tf.study --study=ablation --output_dir=studies/cpu          # 6 variants x 3 seeds x 4 lengths
+    python -m txl_tf.study --study=ablation_shaw --output_dir=studies/cpu     # one variant's seeds, archived
     python -m txl_tf.study --study=recl --output_dir=studies/cpu              # the same runs + RECL
     python -m txl_tf.study --study=ptb --output_dir=studies/cpu               # Penn Treebank recipe + vanilla
     python -m txl_tf.study --study=report --output_dir=studies/cpu --publish=docs --readme=README.md
     python -m txl_tf.study --study=context_code_rope --output_dir=studies/cpu --archive_dir=studies/archive
     python -m txl_tf.study --study=ablation --quick --output_dir=/tmp/q      # tiny: checks the pipeline (~2 min)
 
-Each study writes DIR/results.json (its own section, merged with the others'), DIR/report.md and PNG plots. Re-running
+The verdicts follow docs/study_plan.md (three seeds per model, a t interval over the seeds, Holm within a table);
+the full study trains only from committed code. Each study writes DIR/results.json (its own section, merged with the others'), DIR/report.md and PNG plots. Re-running
 skips finished runs and cached evaluations and resumes an interrupted run from its latest checkpoint. Corpora are
 prepared under --data_root when missing. The ablation and the context studies archive each scored model
 (--archive_dir, 1-2 MB each: txl_tf.study.archive); the repository's studies/archive holds the published ones, so

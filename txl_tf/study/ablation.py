@@ -225,18 +225,25 @@ def _compare(cells: dict, a: tuple, b: tuple, settings: Settings, vanilla: froze
     return {"a": list(a), "b": list(b), **stats}
 
 
-def _compare_seeds(cells: dict, seeds: dict, a: str, b: str, length: int, settings: Settings,
-                   vanilla: frozenset) -> dict:
-    """The mean over seeds of a - b at one length (seed k of a against seed k of b) with its 95% block-bootstrap
-    interval, and each seed's own difference under "seeds"."""
-    from txl_tf.study import archive
+def seed_claims(cells: dict, seeds: dict, length: int, settings: Settings, vanilla: frozenset) -> dict:
+    """The ablation's family of claims (docs/study_plan.md): XL against each other variant at attention length
+    `length`, one paired difference per seed (seed k against seed k), decided together (evidence.decide: t
+    interval over seeds, Holm within the family, every seed's sign). Each entry keeps every seed's own block
+    bootstrap over the scored characters under "per_seed" (the evaluation noise, not the claim's interval)."""
+    from txl_tf.study import evidence
 
-    pairs = list(zip(seeds[a], seeds[b], strict=True))
-    per_seed = [_compare(cells, (x, length), (y, length), settings, vanilla)["mean"] for x, y in pairs]
-    plus, minus = [cells[x][("test", length, -1)] for x, _ in pairs], [cells[y][("test", length, -1)] for _, y in pairs]
-    on_subset = not vanilla.isdisjoint({name for pair in pairs for name in pair})
-    stats = (archive.compare_subset if on_subset else archive.compare)(plus, minus, settings.bootstrap_block)
-    return {"a": [a, length], "b": [b, length], **{k: v / len(pairs) for k, v in stats.items()}, "seeds": per_seed}
+    per_seed, family = {}, {}
+    for variant in VARIANTS[1:]:
+        n = variant.name
+        if BASELINE not in seeds or n not in seeds:
+            continue
+        pairs = list(zip(seeds[BASELINE], seeds[n], strict=True))
+        per_seed[n] = [_compare(cells, (x, length), (y, length), settings, vanilla) for x, y in pairs]
+        family[n] = [c["mean"] for c in per_seed[n]]
+    decided = evidence.decide(family)
+    return {n: decided[n] | {"a": [BASELINE, length], "b": [n, length], "per_seed": per_seed[n],
+                             "runs": [list(pair) for pair in zip(seeds[BASELINE], seeds[n], strict=True)]}
+            for n in family}
 
 
 def _best_length(cells: dict, name: str, lengths) -> int:
@@ -300,7 +307,6 @@ def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool 
     on_subset = _subset_losses(losses, list(best))  # ranked on the tokens every variant is scored on
     ranked = sorted(best, key=lambda n: float(np.mean(on_subset[n][best[n]], dtype=np.float64)))
     top = _compare(losses, (ranked[0], best[ranked[0]]), (ranked[1], best[ranked[1]]), settings, vanilla)
-    second_seed = len(settings.seeds) > 1
 
     tried = {"xl_clamp": {"run": BASELINE, "clamp_len": settings.train_attention,
                           "bpc": {str(length): losses[BASELINE][("test", length, settings.train_attention)].bits()
@@ -313,9 +319,8 @@ def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool 
                                                      vanilla)
         comparisons[f"{BASELINE}_vs_{n}_init"] = _compare(
             losses, (BASELINE, settings.train_attention), (n, settings.train_attention), settings, vanilla)
-        if BASELINE in seeds and n in seeds:  # the pair trained twice: the claim reads both seeds
-            comparisons[f"{BASELINE}_vs_{n}_init_seeds"] = _compare_seeds(
-                losses, seeds, BASELINE, n, settings.train_attention, settings, vanilla)
+    for n, claim in seed_claims(losses, seeds, settings.train_attention, settings, vanilla).items():
+        comparisons[f"{BASELINE}_vs_{n}_seeds"] = claim
     for variant in VARIANTS:  # does a longer attention at evaluation help? (best length against the training one)
         n = variant.name
         comparisons[f"{n}_longer"] = _compare(losses, (n, best[n]), (n, settings.train_attention), settings,
@@ -334,13 +339,18 @@ def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool 
         "runs": records,
         "best_length": best,
         "ranking": ranked,
-        "second_seed": {"ran": second_seed, "runs": seeds},
+        "seeds": seeds,
+        "plan": "docs/study_plan.md, version 1",
         "comparisons": comparisons,
         "tried": tried,
     }
     if with_recl:
+        from txl_tf.study import evidence
+
         section["recl"] = recl_section(_subset_losses(losses, [v.name for v in VARIANTS]), settings)
         section["recl"]["tokens"] = int(subset.shape[0])
+        section["recl"]["by_seed"] = recl_by_seed(losses, seeds, settings)
+        section["recl"]["verdict"] = evidence.longest_recl_verdict(section["recl"]["by_seed"], BASELINE)
     return section
 
 
@@ -364,6 +374,23 @@ def _recl_group(losses: dict, names, contexts, best_up_to: bool) -> dict:
         result = recl.compute_recl(group, contexts, r=r)
         out["ratios"][str(r)] = {"recl": [int(x) for x in result.recl], "truncated": [bool(x) for x in result.truncated],
                                  "gains": np.round(result.gains, 6).tolist()}
+    return out
+
+
+def recl_by_seed(losses: dict, seeds: dict, settings: Settings, names=PAPER_GROUP) -> list[dict]:
+    """RECL of the group `names` once per seed (the group of seed k of every model), each at exactly each context
+    of the grid as appendix C reads, with each model's noise share (evidence.recl_noise_share), and the verdict
+    "XL has the longest RECL" at r = 0.1 over the seeds (docs/study_plan.md, section 6)."""
+    from txl_tf.study import evidence
+
+    contexts = tuple(settings.recl_contexts)
+    out = []
+    for k in range(min(len(seeds[n]) for n in names)):
+        runs_k = [seeds[n][k] for n in names]
+        on_subset = _subset_losses(losses, runs_k)
+        group = np.stack([np.stack([on_subset[run][c] for c in contexts]) for run in runs_k])  # [models, C, T]
+        out.append({"seed": k + 1, "models": list(names), "runs": runs_k, "contexts": list(contexts),
+                    "ratios": evidence.recl_with_noise(group, contexts)})
     return out
 
 

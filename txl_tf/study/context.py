@@ -125,6 +125,7 @@ class Settings:
     vanilla_batch: int = 32
     max_tokens: int = 0  # 0 = the whole split
     checkpoint_fractions: tuple = (3, 3)  # (numerator limit, denominator): checkpoints at 1/3 and 2/3
+    seeds: tuple = (1, 2, 3)  # every model, every seed (docs/study_plan.md)
     probe: probe_lib.Probe = probe_lib.Probe()
     train_params: tuple = ()
     recurrent_params: tuple = ()
@@ -150,7 +151,7 @@ class Settings:
 FULL = Settings()
 QUICK = Settings(
     memories=(8, 16, 32, 64), train_memory=16, train_span=32, recl_contexts=tuple(range(8, 65, 8)),
-    eval_tgt_len=16, eval_batch=4, n_layer=2, block=20, vanilla_blocks=4, vanilla_batch=16, max_tokens=3001,
+    eval_tgt_len=16, eval_batch=4, n_layer=2, block=20, vanilla_blocks=4, vanilla_batch=16, max_tokens=3001, seeds=(1, 2),
     probe=probe_lib.Probe(distances=(16, 32, 64, 128, 256), span=8, examples=3, lead=80),
     train_params=(*ablation.QUICK.train_params, "TrainConfig.checkpoint_every = 10"),  # the same tiny model
     recurrent_params=ablation.QUICK.recurrent_params, nonrecurrent_params=ablation.QUICK.nonrecurrent_params,
@@ -161,16 +162,17 @@ def settings_for(quick: bool) -> Settings:
     return QUICK if quick else FULL
 
 
-def run_spec(model: Model, settings: Settings, data_dir: str, quick: bool, corpus: Corpus = CORPORA[0]
-             ) -> runs.RunSpec:
+def run_spec(model: Model, settings: Settings, data_dir: str, quick: bool, corpus: Corpus = CORPORA[0],
+             seed: int = 1) -> runs.RunSpec:
     params = [f"DATA_DIR = '{data_dir}'", *settings.train_params]
     if corpus.dataset != CORPORA[0].dataset:  # the gin files name enwik8_sample
         params.append(f"DataConfig.dataset = '{corpus.dataset}'")
     if quick:
         params += settings.recurrent_params if model.recurrent else settings.nonrecurrent_params
         params += model.quick_params
-    return runs.RunSpec(name=f"{corpus.key}_{model.name}", gin_files=(f"study/context_{model.name}.gin",),
-                        gin_params=tuple(params), label=model.label)
+    params += runs.seed_params(seed)
+    return runs.RunSpec(name=runs.seed_name(f"{corpus.key}_{model.name}", seed),
+                        gin_files=(f"study/context_{model.name}.gin",), gin_params=tuple(params), label=model.label)
 
 
 @dataclasses.dataclass
@@ -201,7 +203,10 @@ class Scorer:
 
     def __init__(self, run_dir: str, model, spec: Model, settings: Settings, prefix: str = ""):
         self.run_dir, self.model, self.settings, self.prefix = run_dir, model, settings, prefix
-        self.vanilla, self.clamped = spec.vanilla, spec.clamped and not spec.vanilla
+        # The study's list and the model's encoding must both say clamp_len changes its scores (rope and shaw
+        # ignore it, and TransformerXL refuses a clamp it would ignore).
+        self.vanilla = spec.vanilla
+        self.clamped = spec.clamped and model.encoding.clamps and not spec.vanilla
 
     def _key(self, split: str, scored: scoring.ScoredTokens, length: int, clamp: int) -> str:
         where = f"b{scored.batch_size}_d{scored.drop}_n{scored.tokens.shape[0]}"
@@ -317,10 +322,12 @@ def _cells(losses: dict, settings: Settings, data: Splits, vanilla: bool) -> dic
 
 
 def train_and_score(model: Model, output_dir: str, data_dir: str, data: Splits, settings: Settings,
-                    quick: bool, corpus: Corpus = CORPORA[0], archive_dir: str | None = None) -> tuple[dict, dict]:
-    """Trains one model (or finds it finished) and computes (or reads back) every score the section needs; a
-    model in `archive_dir` (default OUTPUT_DIR/archive) is read from there without its run, and a model scored
-    here is archived there.
+                    quick: bool, corpus: Corpus = CORPORA[0], archive_dir: str | None = None, seed: int = 1
+                    ) -> tuple[dict, dict]:
+    """Trains one seed of a model (or finds it finished) and computes (or reads back) every score the section
+    needs; a model in `archive_dir` (default OUTPUT_DIR/archive) is read from there without its run, and a model
+    scored here is archived there. The full study trains from committed code only and refuses archives that were
+    not (runs.require_clean_tree); the baseline's early checkpoints are scored for its first seed.
 
     Returns (record with parameters and training tokens, scores: {"cells": {(split, memory, clamp): archive.Cell},
     "probe": {memory: probe summary}, and for the baseline "checkpoints": {step: cells}, "checkpoint_tokens"}).
@@ -330,16 +337,16 @@ def train_and_score(model: Model, output_dir: str, data_dir: str, data: Splits, 
     from txl_tf.study import archive
 
     archive_dir = archive_dir or os.path.join(output_dir, "archive")
-    spec = run_spec(model, settings, data_dir, quick, corpus)
+    spec = run_spec(model, settings, data_dir, quick, corpus, seed)
     facts = archive_facts(data, settings, corpus)
-    archived = archive.load(archive_dir, spec.name, facts, spec.digest(portable=True))
+    archived = archive.load(archive_dir, spec.name, facts, spec.digest(portable=True), clean=not quick)
     if archived is not None:
-        runs.log(f"[{corpus.key}] {model.name}: scores read from {archive.paths_of(archive_dir, spec.name)[0]}")
+        runs.log(f"[{corpus.key}] {spec.name}: scores read from {archive.paths_of(archive_dir, spec.name)[0]}")
         return archived
     run_dir = os.path.join(output_dir, "runs", spec.name)
-    runs.log(f"[{corpus.key}] {model.name}: training ({', '.join(spec.gin_files)}) in {run_dir}")
-    record = dict(runs.train_run(spec, run_dir))
-    runs.log(f"[{corpus.key}] {model.name}: trained {record['steps']} steps in {record['wall_seconds'] / 60:.1f} min; "
+    runs.log(f"[{corpus.key}] {spec.name}: training ({', '.join(spec.gin_files)}) in {run_dir}")
+    record = dict(runs.train_run(spec, run_dir, clean=not quick))
+    runs.log(f"[{corpus.key}] {spec.name}: trained {record['steps']} steps in {record['wall_seconds'] / 60:.1f} min; "
              "scoring")
     loaded, configs = runs.load_run_model(run_dir)
     tokens_per_step = configs.train.batch_size * configs.train.tgt_len
@@ -349,7 +356,7 @@ def train_and_score(model: Model, output_dir: str, data_dir: str, data: Splits, 
     scores = {"cells": _cells(_grid(scorer, data, settings), settings, data, model.vanilla),
               "probe": {m: probe_lib.summarize(*scorer.probe(data.test_tokens, m), settings.probe)
                         for m in settings.memories}}
-    if model.name == BASELINE:
+    if model.name == BASELINE and seed == 1:
         scores["checkpoints"], scores["checkpoint_tokens"] = {}, {}
         for step in _checkpoint_steps(record["steps"], settings):
             early, _ = runs.load_run_model(run_dir, checkpoint=os.path.join(run_dir, f"ckpt-{step}"))
@@ -359,5 +366,5 @@ def train_and_score(model: Model, output_dir: str, data_dir: str, data: Splits, 
             scores["checkpoint_tokens"][step] = step * tokens_per_step
     keras.backend.clear_session()
     path = archive.save(archive_dir, spec.name, spec.digest(portable=True), record, scores, facts)
-    runs.log(f"[{corpus.key}] {model.name}: archived in {path}")
+    runs.log(f"[{corpus.key}] {spec.name}: archived in {path}")
     return record, scores

@@ -155,9 +155,9 @@ def section(records: dict, scores: dict, data, settings: Settings, *, quick: boo
 
 
 def _finished(output_dir: str, archive_dir: str, model: context.Model, settings: Settings, data_dir: str,
-              quick: bool, corpus: Corpus) -> bool:
-    """Whether `model` is archived (checked when it is read) or its run here is finished."""
-    spec = context.run_spec(model, settings, data_dir, quick, corpus)
+              quick: bool, corpus: Corpus, seed: int = 1) -> bool:
+    """Whether seed `seed` of `model` is archived (checked when it is read) or its run here is finished."""
+    spec = context.run_spec(model, settings, data_dir, quick, corpus, seed)
     if os.path.lexists(archive.paths_of(archive_dir, spec.name)[0]):
         return True
     record = runs.read_record(os.path.join(output_dir, "runs", spec.name))
@@ -166,16 +166,27 @@ def _finished(output_dir: str, archive_dir: str, model: context.Model, settings:
 
 def run(output_dir: str, data_dir: str, *, models=None, quick: bool = False,
         corpus: Corpus = context.CORPORA[0], archive_dir: str | None = None) -> dict:
-    """Trains and scores `models` (names; default all six) on `corpus` (prepared in `data_dir`), then assembles
-    the corpus' section from every model that is archived in `archive_dir` (default OUTPUT_DIR/archive) or whose
-    run is finished here (scores read back from the archive or the cache, or computed now)."""
+    """Trains and scores every seed of `models` (names; default all six) on `corpus` (prepared in `data_dir`),
+    then assembles the corpus' section from every model seed that is archived in `archive_dir` (default
+    OUTPUT_DIR/archive) or whose run is finished here (scores read back from the archive or the cache, or computed
+    now): the first seeds' tables and comparisons, and the claims over every seed (`by_seed`:
+    txl_tf.study.context_seeds)."""
+    from txl_tf.study import context_seeds
+
     settings = context.settings_for(quick)
     data = context.splits(data_dir, settings)
     archive_dir = archive_dir or os.path.join(output_dir, "archive")
-    records, scores = {}, {}
+    records, scores, seed_scores = {}, {}, {}
     for model in MODELS:
-        if (models is None or model.name in models) or _finished(output_dir, archive_dir, model, settings,
-                                                                 data_dir, quick, corpus):
-            records[model.name], scores[model.name] = context.train_and_score(
-                model, output_dir, data_dir, data, settings, quick, corpus, archive_dir)
-    return section(records, scores, data, settings, quick=quick, corpus=corpus)
+        for seed in settings.seeds:  # seeds in order: a model's seeds are 1..k
+            if not ((models is None or model.name in models) or _finished(
+                    output_dir, archive_dir, model, settings, data_dir, quick, corpus, seed)):
+                break
+            record, scored = context.train_and_score(model, output_dir, data_dir, data, settings, quick, corpus,
+                                                     archive_dir, seed)
+            if seed == 1:
+                records[model.name], scores[model.name] = record, scored
+            seed_scores.setdefault(model.name, []).append(scored)
+    out = section(records, scores, data, settings, quick=quick, corpus=corpus)
+    out["by_seed"] = context_seeds.section(seed_scores, settings)
+    return out

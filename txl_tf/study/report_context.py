@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from txl_tf import paths
+from txl_tf.study import evidence, tables
 from txl_tf.study.tables import PAPER, TIMES, interval, label, markdown_table, verdict
 
 REPLACED_CLAIMS = ("A longer attention at evaluation helps", "... and only with the relative encoding",
@@ -114,8 +115,68 @@ def claims(section: dict, tagged: bool = True) -> list[tuple[str, str, str, str]
         ours = ", ".join(f"{p['mean']:+.4f} after {p['tokens'] / 1e6:.1f}M" for p in curve)
         rows.append(("(finding) Transformer-XL's gain from a longer memory grows with training", "(not in the paper)",
                      ours + " characters", "grows" if grows else "does not grow steadily"))
+    rows = _over_seeds(section, rows)
     prefix = _prefix(section) if tagged else ""
     return [(prefix + claim, *rest) for claim, *rest in rows]
+
+
+def _over_seeds(section: dict, rows: list) -> list:
+    """The rows with their verdicts read over seeds (study v4: section["by_seed"], txl_tf.study.context_seeds)
+    where the section has them; every other verdict reads seed 1 alone and is undecided (tables.one_seed)."""
+    decided = section.get("by_seed", {}).get("claims", {})
+    label_of = {n: label(section, n) for n in section["runs"]}
+    keys = {"A longer memory at evaluation helps Transformer-XL": "longer_beyond_xl",
+            "Recurrence helps": "xl_vs_no_recurrence", "Our relative encoding beats Shaw": "xl_vs_shaw",
+            "Transformer-XL beats the vanilla": "xl_vs_al_rfou",
+            "Transformer-XL copies text from beyond": "probe_xl"}
+    for name in LATER_ENCODINGS:
+        if name in label_of:
+            keys[f"{label_of[name]} vs. the paper's"] = f"xl_vs_{name}"
+            keys[f"A longer memory at evaluation helps {label_of[name]}"] = f"longer_beyond_{name}"
+    span = section["setup"]["train_span"]
+    out = []
+    for claim, paper, ours, result in rows:
+        key = next((k for prefix, k in keys.items() if claim.startswith(prefix)), None)
+        if key in decided:
+            c = decided[key]
+            if key.startswith("longer_beyond_"):
+                name = key.removeprefix("longer_beyond_")
+                inside = [p["inside"] for p in section["by_seed"]["parts"][name]]
+                claim = claim.replace("A longer memory at evaluation helps",
+                                      f"A longer memory beyond the training span ({span}) helps")
+                ours = (f"{tables.seeds_text(c)} (from memory {span} to the validation's best beyond it; inside the "
+                        f"span: {', '.join(f'{x:+.4f}' for x in inside)})")
+                out.append((claim, paper, ours, tables.seeds_verdict(c)))
+            elif key.startswith("xl_vs_") and key.removeprefix("xl_vs_") in LATER_ENCODINGS:
+                name = key.removeprefix("xl_vs_")
+                text = {"reversed": f"{name} beats XL", "reproduced": f"{name} loses to XL"}.get(c["verdict"])
+                reason = evidence.why(c)
+                out.append((claim, paper, tables.seeds_text(c),
+                            text or f"undecided{f' ({reason})' if reason else ''}"))
+            else:
+                out.append((claim, paper, tables.seeds_text(c), tables.seeds_verdict(c)))
+        elif claim.startswith("... and more than with Shaw") and any(
+                f"longer_beyond_xl_vs_{n}" in decided for n in ("shaw", "no_recurrence")):
+            parts = {n: decided[f"longer_beyond_xl_vs_{n}"] for n in ("shaw", "no_recurrence")
+                     if f"longer_beyond_xl_vs_{n}" in decided}
+            verdicts = [c["verdict"] for c in parts.values()]
+            result = ("reproduced" if all(v == "reproduced" for v in verdicts) else
+                      "reversed" if "reversed" in verdicts else "undecided")
+            ours = "; ".join(f"XL's gain beyond the span minus {n}'s: {tables.seeds_text(c)}" for n, c in parts.items())
+            out.append((claim.replace("... and more", "... and more beyond the span"), paper, ours, result))
+        elif claim.startswith("Transformer-XL has the longest RECL") and "recl" in section.get("by_seed", {}):
+            by_seed = section["by_seed"]
+            ours = "; ".join(f"seed {e['seed']}: " + ", ".join(
+                f"{n} {v} (noise share {x:.0%})" for n, v, x in zip(
+                    e["models"], e["ratios"]["0.1"]["recl"], e["ratios"]["0.1"]["noise_share"], strict=True))
+                for e in by_seed["recl"])
+            out.append((claim.replace("(appendix C", f"(appendix C, grid {', '.join(map(str, by_seed['recl_grid']))}"),
+                        paper, ours, by_seed["recl_verdict"]))
+        elif claim.startswith("(finding)"):
+            out.append((claim, paper, ours, result))  # a description of seed 1's training, not a verdict
+        else:
+            out.append((claim, paper, ours, tables.one_seed(result)))
+    return out
 
 
 def _furthest_copy(cells: dict, distances: list) -> int:
@@ -309,8 +370,8 @@ def _probe_lines(section: dict, images: str) -> list[str]:
            f"{p['span']} characters are the same and have no earlier occurrence. Cells: bpc on the second copy "
            f"minus the control (characters 2 .. {p['span']} of the copy), negative = the model uses the first "
            "copy; in brackets the 95% interval over the examples. Training span "
-           f"{setup['train_span']}; a direct attention reaches memory + {setup['eval_tgt_len']} characters back at "
-           "most.", ""]
+           f"{setup['train_span']}; with same_length every character attends to the `memory` characters before it "
+           "(and itself), so a distance beyond the memory is reached only through the layers' recurrence.", ""]
     rows, versus_first = [], []
     ends = (str(setup["train_memory"]), str(max(setup["memories"])))
     for name in _names(section):

@@ -302,16 +302,51 @@ def bootstrap_blocks(mean: float, blocks: np.ndarray, *, samples: int = 2000, se
 
 
 def write_results(output_dir: str, study: str, section: dict) -> dict:
-    """Merges one study's section into output_dir/results.json; returns the whole document."""
+    """Merges one study's section into output_dir/results.json (`read_results` when there is one); returns the
+    whole document."""
     path = os.path.join(output_dir, "results.json")
-    document = _read_json(path) or {"schema": 1, "studies": {}}
+    document = read_results(path) if os.path.lexists(path) else {"schema": 1, "studies": {}}
     document["studies"][study] = section
     write_json(path, document)
     return document
 
 
+RESULTS_FIX = ("re-run the study that writes that section (python -m txl_tf.study --study=NAME --output_dir=DIR), "
+               "or restore the file")
+
+
+def json_kind(value) -> str:
+    """What a JSON value is, for an error line: "a list", "the string 'abc'", "null", "3.5"."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return f"the string {value[:40]!r}"
+    return "null" if value is None else json.dumps(value)
+
+
+def results_error(path: str, field: str, problem: str) -> StudyError:
+    """The one line for a results.json of the wrong shape: the file, the first wrong field, the fix."""
+    return StudyError(f"{path} is not a study's results.json as this version reads it: {field} {problem}; "
+                      f"{RESULTS_FIX}")
+
+
 def read_results(path: str) -> dict:
-    document = _read_json(path)
-    if document is None:
+    """The results document at `path`: an object {"schema": int, "studies": {name: object}} (a `results_error`
+    otherwise; the sections' own shape is txl_tf.study.results_schema's to check)."""
+    if not os.path.lexists(path):
         raise StudyError(f"{path} does not exist; run a study first (python -m txl_tf.study --study=ablation ...)")
+    document = _read_json(path)
+    if not isinstance(document, dict):
+        raise results_error(path, "the document", f"is {json_kind(document)}, not an object")
+    for key, what in (("schema", "an integer"), ("studies", "an object")):
+        value = document.get(key)
+        if key not in document:
+            raise results_error(path, key, "is missing")
+        if (isinstance(value, bool) or not isinstance(value, int)) if key == "schema" else not isinstance(value, dict):
+            raise results_error(path, key, f"is {json_kind(value)}, not {what}")
+    for name, section in document["studies"].items():
+        if not isinstance(section, dict):
+            raise results_error(path, f"studies.{name}", f"is {json_kind(section)}, not an object")
     return document

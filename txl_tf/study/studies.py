@@ -32,7 +32,7 @@ def run(studies, output_dir: str, *, quick: bool = False, data_root: str = "data
     context studies' scored models are read from and written to `archive_dir` (default OUTPUT_DIR/archive:
     txl_tf.study.archive)."""
     from txl_tf import paths
-    from txl_tf.study import report, runs
+    from txl_tf.study import report, results_schema, runs
 
     paths.output_dir(output_dir, "--output_dir")
     paths.output_dir(data_root, "--data_root")
@@ -43,6 +43,8 @@ def run(studies, output_dir: str, *, quick: bool = False, data_root: str = "data
         raise runs.StudyError(f"unknown study {unknown[0]!r}; choose from {', '.join(STUDIES)}")
     os.makedirs(output_dir, exist_ok=True)
     results_path = os.path.join(output_dir, "results.json")
+    if os.path.lexists(results_path):  # a results.json of the wrong shape is refused before any study runs
+        results_schema.read(results_path)
     for study in studies:
         if study in ("ablation", "recl"):
             previous = runs.read_results(results_path)["studies"].get("ablation", {}) \
@@ -76,7 +78,7 @@ def run(studies, output_dir: str, *, quick: bool = False, data_root: str = "data
     if not os.path.exists(results_path):  # only variants trained (ablation_<variant>): no section yet
         runs.log(f"no results.json in {output_dir} yet: the report waits for a section")
         return {"schema": 1, "studies": {}}
-    document = runs.read_results(results_path)
+    document = results_schema.read(results_path)
     path = report.write(document, output_dir)
     runs.log(f"wrote {path}")
     return document

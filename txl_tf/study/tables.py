@@ -59,6 +59,35 @@ def seeded_verdict(comparison: dict) -> str:
     return verdict(comparison)
 
 
+def seeds_text(claim: dict, digits: int = 4, unit: str = " bpc") -> str:
+    """A claim decided over seeds (txl_tf.study.evidence.decide): "-0.0250 bpc [-0.0700, +0.0200] over 3 seeds:
+    -0.0039, -0.0461, -0.0250", with no interval when the seeds cannot give one (no parenthesis: the README's short
+    form keeps all of it)."""
+    seeds = ", ".join(f"{x:+.{digits}f}" for x in claim["seeds"])
+    n = len(claim["seeds"])
+    if claim["low"] == float("-inf"):
+        return f"{claim['mean']:+.{digits}f}{unit}, no interval from {n} seed{'s' if n > 1 else ''}: {seeds}"
+    return (f"{claim['mean']:+.{digits}f}{unit} [{claim['low']:+.{digits}f}, {claim['high']:+.{digits}f}] over "
+            f"{n} seeds: {seeds}")
+
+
+def one_seed(verdict_text: str, seeds: int = 1) -> str:
+    """The verdict of a claim read from fewer seeds than the plan's (docs/study_plan.md): undecided, with what
+    the seeds alone read (an interval over characters, not over training runs)."""
+    from txl_tf.study import evidence
+
+    return (f"undecided ({seeds} seed{'s' if seeds > 1 else ''}, the plan needs {evidence.MIN_SEEDS}; "
+            f"alone: {verdict_text})")
+
+
+def seeds_verdict(claim: dict) -> str:
+    """The verdict of a claim decided over seeds, with why when it is undecided."""
+    from txl_tf.study import evidence
+
+    reason = evidence.why(claim)
+    return claim["verdict"] + (f" ({reason})" if reason else "")
+
+
 def interval(comparison: dict, digits: int = 4, unit: str = " bpc") -> str:
     """A comparison's mean and 95% interval: "+0.0123 bpc [+0.0100, +0.0150]"."""
     c = comparison
