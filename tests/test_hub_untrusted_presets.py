@@ -25,6 +25,7 @@ import pytest
 from train_utils import REPO_ROOT, make_run, subprocess_env
 
 from txl_tf.configs import EvalConfig, ModelConfig
+from txl_tf.data import corpora, prepare
 from txl_tf.data.vocab import Vocab
 from txl_tf.errors import ConfigError, UserError
 from txl_tf.hub import (
@@ -280,6 +281,10 @@ def test_a_fifo_or_a_device_in_a_run_folders_checkpoints_is_one_line(tmp_path):
     whose .index is a FIFO: one line each, within the time limit (TensorFlow's reader would wait forever)."""
     run = tmp_path / "run"
     make_run(run, [0.0, 1.0])  # ckpt-10 and ckpt-20
+    (tmp_path / "corpus.txt").write_text("abcdefghij\n" * 300)  # the run's 11 symbols, so evaluate reaches the weights
+    data_dir = tmp_path / "data"
+    prepare.prepare("text", str(data_dir), corpora.Settings(source=str(tmp_path / "corpus.txt"), level="char",
+                                                            cache_dir=str(tmp_path)))
     (run / "ckpt-20.index").unlink()
     os.mkfifo(run / "ckpt-20.index")
     (run / "ckpt-10.data-00000-of-00001").unlink()
@@ -291,7 +296,8 @@ def test_a_fifo_or_a_device_in_a_run_folders_checkpoints_is_one_line(tmp_path):
     os.mkfifo(original / "model.ckpt-5.index")
     (original / "model.ckpt-5.data-00000-of-00001").write_bytes(b"\0" * 64)
     commands = {
-        "evaluate": [sys.executable, "-m", "txl_tf.evaluate", f"--model_dir={run}"],
+        "evaluate": [sys.executable, "-m", "txl_tf.evaluate", f"--model_dir={run}",
+                     f"--gin_param=DataConfig.data_dir='{data_dir}'"],
         "convert": [sys.executable, "-m", "txl_tf.convert", f"--checkpoint={original / 'model.ckpt-5'}",
                     f"--output_dir={tmp_path / 'converted'}"],
     }
