@@ -16,6 +16,8 @@ materialising r_{i-j} per (i, j) pair.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from typing import NamedTuple
 
 import keras
@@ -25,6 +27,21 @@ from txl_tf import encodings, fused
 from txl_tf.dropout import Dropout
 from txl_tf.projection import dense, dense_row, halves, kernel_of, project, projection, quantized
 from txl_tf.state import LayerCache, LayerMemory, check_type
+
+# Whether calls traced now add TensorFlow's runtime asserts (tf.debugging.assert_*): not in a function XLA
+# compiles, which drops every Assert op with a warning line each time it compiles (`without_runtime_asserts`).
+_RUNTIME_ASSERTS = contextvars.ContextVar("txl_tf_runtime_asserts", default=True)
+
+
+@contextlib.contextmanager
+def without_runtime_asserts():
+    """Traces without runtime asserts, for a function XLA compiles: what it would check is checked where the
+    shapes are known when traced, and the rest the caller has checked before (generate's lengths)."""
+    token = _RUNTIME_ASSERTS.set(False)
+    try:
+        yield
+    finally:
+        _RUNTIME_ASSERTS.reset(token)
 
 ATTN_TYPES = encodings.NAMES
 MASK_VALUE = -1e30  # the TF original's value for blocked scores
@@ -439,9 +456,13 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         if self.encoding.position_keys_cached:
             table = cache.position_keys  # [N, P, D], descending distance
             klen, rows = tf.shape(k)[time], tf.shape(table)[1]
-            tf.debugging.assert_less_equal(klen, rows, message="a call with a cache passes at most the max_len "
-                                           "tokens the cache was made for (its position keys cover mem_len + "
-                                           "max_len distances)")
+            too_long = ("a call with a cache passes at most the max_len tokens the cache was made for (its position "
+                        "keys cover mem_len + max_len distances)")
+            if k.shape[time] is not None and table.shape[1] is not None:  # known when traced: checked now
+                if k.shape[time] > table.shape[1]:
+                    raise ValueError(f"{too_long}: {k.shape[time]} keys, {table.shape[1]} distances")
+            elif _RUNTIME_ASSERTS.get():
+                tf.debugging.assert_less_equal(klen, rows, message=too_long)
             r = tf.cast(table[:, rows - klen:], dtype)  # [N, K, D]: distances K-1 .. 0
         out = self._attend(h, _Operands(q, k, v, r), terms, return_probs, False, position_encoding=position_encoding)
         return (out[0], new_cache, *out[1:])

@@ -28,8 +28,8 @@ given (a word-level vocabulary's "<eos>" is a line end, not the end of a text).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import functools
 import math
 import numbers
 import os
@@ -41,6 +41,7 @@ import numpy as np
 import tensorflow as tf
 
 from txl_tf import hub_files, paths, staging, untrusted
+from txl_tf.attention import without_runtime_asserts
 from txl_tf.configs import (
     EvalConfig,
     ModelConfig,
@@ -275,7 +276,9 @@ class TransformerXLTokenizer(keras_hub.tokenizers.Tokenizer):
       vocabulary: a `txl_tf.data.vocab.Vocab`, its `to_json()` dict, or the path of a vocab.json (not in a config
         read from a file: `from_config`); None until `load_assets` (a preset's assets/tokenizer/vocab.json).
 
-    No start or end token (a stream language model has none); pad id 0 (padding never reaches the state).
+    No start or end token (a stream language model has none). The pad id is 0, which is a real symbol (a trained
+    vocabulary has no spare id): padding is told by the padding mask, never by its id, so it never reaches the
+    state and a generated id 0 is kept. Tokens are str, as keras-hub's tokenizers give them (`get_vocabulary`).
     """
 
     backbone_cls = TransformerXLBackbone
@@ -314,12 +317,20 @@ class TransformerXLTokenizer(keras_hub.tokenizers.Tokenizer):
         return self._tokenizer().vocabulary_size()
 
     def get_vocabulary(self) -> list:
-        return self._tokenizer().get_vocabulary()
+        """Every token in id order, as str (keras-hub's tokenizers' type): words, or at character level each byte
+        as a one-character str (a byte of 128..255, part of a UTF-8 character, as a lone surrogate, the
+        "surrogateescape" form that `token_to_id` takes back)."""
+        return [_token_str(token) for token in self._tokenizer().get_vocabulary()]
 
     def id_to_token(self, id):
-        return self._tokenizer().id_to_token(id)
+        """The token of one id as str (see `get_vocabulary`)."""
+        return _token_str(self._tokenizer().id_to_token(id))
 
     def token_to_id(self, token):
+        """The id of a token of `get_vocabulary` (at character level also a byte value 0..255 or one byte)."""
+        if isinstance(token, str) and self._tokenizer().level == "char" and len(token) == 1 \
+                and "\udc80" <= token <= "\udcff":
+            token = token.encode("utf-8", "surrogateescape")
         return self._tokenizer().token_to_id(token)
 
     def tokenize(self, inputs, *args, **kwargs):
@@ -330,8 +341,8 @@ class TransformerXLTokenizer(keras_hub.tokenizers.Tokenizer):
         if not tf.executing_eagerly():
             return text
         text = text.numpy()  # Python strings, as keras-hub's tokenizers give eagerly
-        if text.ndim == 0:
-            return text.decode("utf-8", "replace")
+        if isinstance(text, bytes) or text.ndim == 0:  # one sequence [T] gives one string
+            return (text if isinstance(text, bytes) else text.item()).decode("utf-8", "replace")
         return [row.decode("utf-8", "replace") for row in text.tolist()]
 
     def save_assets(self, dir_path):
@@ -387,6 +398,12 @@ class TransformerXLCausalLMPreprocessor(keras_hub.models.CausalLMPreprocessor):
         (`txl_tf.hub_files`)."""
         _check_local(preset, load_weights=False, tokenizer=True)
         return super().from_preset(preset, config_file=config_file, **kwargs)
+
+
+def _token_str(token) -> str:
+    """A vocabulary symbol as keras-hub's tokenizers give tokens: a word as it is, a byte value as a one-character
+    str (bytes 128..255 as lone surrogates, `bytes.decode("utf-8", "surrogateescape")`)."""
+    return bytes([token]).decode("utf-8", "surrogateescape") if isinstance(token, int) else token
 
 
 def _to_hub(state):
@@ -696,7 +713,12 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         if jit is None:
             jit = not self.backbone.transformer_xl.encoding.absolute
         # The choices of this compile() are fixed now: the function traces at its first call.
-        step = functools.partial(self.generate_step, ring=self._decodes_in_a_ring())
+        ring = self._decodes_in_a_ring()
+
+        def step(*args, **kwargs):  # traced at the first call; under XLA without the Assert ops it would drop
+            with without_runtime_asserts() if jit else contextlib.nullcontext():
+                return self.generate_step(*args, ring=ring, **kwargs)
+
         self.generate_function = tf.function(step, jit_compile=bool(jit))
         return self.generate_function
 
@@ -867,10 +889,22 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         """A keras-hub preset of this model, or anything `txl_tf.TransformerXLCausalLM.from_preset` loads (run
         folders, best/, averaged/, converted authors' checkpoints, presets of txl_tf's earlier format; its keyword
         arguments `which`, `gin_file`, `gin_param`, `dtype` pass on)."""
+        sequence_length = kwargs.pop("sequence_length", None)
         if isinstance(preset, str) and os.path.isdir(preset) and not _is_hub_preset(preset):
-            return cls.from_txl(preset, **kwargs)
+            return cls.from_txl(preset, **({} if sequence_length is None else {"sequence_length": sequence_length}),
+                                **kwargs)
         _check_local(preset, load_weights=load_weights)
-        return super().from_preset(preset, load_weights=load_weights, **kwargs)
+        lm = super().from_preset(preset, load_weights=load_weights, **kwargs)
+        if sequence_length is not None:  # as for a run folder: the preprocessor's, checked as its constructor does
+            if lm.preprocessor is None:
+                raise ConfigError(f"from_preset's sequence_length={sequence_length!r}: {preset} has no "
+                                  "preprocessor to take it; drop it and give generate a max_length")
+            length = _length(sequence_length, "from_preset's sequence_length")
+            check_generation_size(lm.backbone.transformer_xl, batch_size=1, length=length,
+                                  segment_len=lm.backbone.segment_len, mem_len=lm.backbone.protocol.mem_len,
+                                  name="from_preset's sequence_length")
+            lm.preprocessor.sequence_length = length
+        return lm
 
     @classmethod
     def from_txl(cls, path, *, sequence_length=256, **kwargs):

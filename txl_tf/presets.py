@@ -85,7 +85,10 @@ def _from_checkpoints(model_dir, checkpoint, which, gin_files, gin_params, dtype
     source = model_dir or checkpoint
     try:
         configs = run_dir.read_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
-        vocab = _data_vocab(configs.data.data_dir, source, converted=checkpoint is not None)
+        data_dir = _recorded_data_dir(model_dir, configs.data.data_dir) if model_dir else configs.data.data_dir
+        if data_dir != configs.data.data_dir:  # the run's own prepared data, found from another directory
+            configs = dataclasses.replace(configs, data=dataclasses.replace(configs.data, data_dir=data_dir))
+        vocab = _data_vocab(data_dir, source, converted=checkpoint is not None)
         dtype = dtype or _compute_dtype(configs.eval)
         model, configs, _ = loading.load_model(model_dir, checkpoint, which=which, dtype=dtype,
                                                configs=configs)
@@ -195,6 +198,34 @@ def _check_architecture(path: str, model_config: ModelConfig) -> None:
 def _compute_dtype(eval_config: EvalConfig) -> str | None:
     """The layers' dtype policy evaluate uses: None (float32) or EvalConfig.compute_dtype."""
     return None if eval_config.compute_dtype == "float32" else eval_config.compute_dtype
+
+
+def _recorded_data_dir(model_dir: str, data_dir: str) -> str:
+    """`data_dir` as the run's config.gin names it, or, when that relative path holds no prepared data from this
+    working directory (a run loaded from elsewhere than where it trained), the prepared data the run recorded:
+    the folder of the vocabulary it recorded (`run_dir.record_vocabulary`, an absolute path), else `data_dir`
+    under the run folder's ancestors. A folder is taken only if its vocabulary has the recorded fingerprint."""
+    if not data_dir or os.path.isabs(data_dir) or os.path.isdir(data_dir):
+        return data_dir
+    record = run_dir.recorded_vocabulary(model_dir)
+    if record is None:
+        return data_dir
+    candidates = [os.path.dirname(str(record.get("vocab_file") or ""))]
+    folder = os.path.dirname(os.path.abspath(model_dir))
+    while True:
+        candidates.append(os.path.join(folder, data_dir))
+        if os.path.dirname(folder) == folder:
+            break
+        folder = os.path.dirname(folder)
+    for candidate in candidates:
+        if not (candidate and os.path.isdir(candidate)):
+            continue
+        try:
+            if run_dir.data_vocabulary(candidate)["sha256"] == record["sha256"]:
+                return candidate
+        except (OSError, ValueError, UserError):
+            continue
+    return data_dir
 
 
 def _data_vocab(data_dir: str, source: str, converted: bool) -> Vocab:
