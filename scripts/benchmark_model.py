@@ -226,7 +226,14 @@ def time_in_subprocess(mode, batch, kernels):
     result = subprocess.run(args, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"timing {mode} failed:\n{result.stderr[-3000:]}")
+    for line in result.stderr.splitlines():  # the autotuner's lines ("auto"): what it timed and where the choice came from
+        if line.startswith(AUTOTUNE_LINES) or line.startswith("  ") and ("tokens/s" in line or "cannot run" in line):
+            print(line, file=sys.stderr)
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+AUTOTUNE_LINES = ("choosing the training path", "checking the training path", "the cached training path",
+                  "training path (auto")
 
 
 PEER_PEAK = """

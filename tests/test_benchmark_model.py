@@ -58,8 +58,12 @@ def test_auto_mode_times_the_path_the_trainer_would_choose(tmp_path):
     row = re.search(r"^auto=(f32|bf16)(_xla)?(\+fused)?\s+1\s+[\d.]+\s+[\d.]+", proc.stdout, re.M)
     assert row, proc.stdout
     assert re.search(r"^f32\s+1\s+[\d.]+", proc.stdout, re.M)
-    choices = (tmp_path / "cache" / "choices.json").read_text()  # the child measured and recorded its choice
-    assert '"choice"' in choices and "tokens_per_second" in choices
+    # The child measured the candidates and cached its choice, unless the passes left the ranking unclear (a busy
+    # machine: then it says so and caches nothing).
+    cache = tmp_path / "cache" / "choices.json"
+    choices = cache.read_text() if cache.exists() else ""
+    assert "choosing the training path (auto): timing" in proc.stderr, proc.stderr[-3000:]
+    assert "tokens_per_second" in choices or "not cached: the passes moved by up to" in proc.stderr, proc.stderr[-3000:]
 
 
 def test_unknown_modes_are_a_one_line_error():

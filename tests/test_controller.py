@@ -177,3 +177,20 @@ def test_sigterm_saves_at_the_host_loop_boundary_and_puts_the_handler_back(char_
     resumed = tiny_trainer(char_data, train_steps=50)
     tiny_controller(resumed, tmp_path, char_data)
     assert int(resumed.step_var.numpy()) == 2
+
+
+@pytest.mark.parametrize("measured,said", [(1e12, 1), (1.0, 0)], ids=["far below", "at the rate"])
+def test_training_well_below_the_rate_its_path_was_measured_at_is_said_once(tmp_path, measured, said):
+    """The trainer's own tokens/s against the autotuner's rate of its path (issue 55): said once, from the second
+    logged window on, when it runs below 70% of it; nothing when it holds."""
+    from txl_tf import autotune
+
+    trainer = in_memory_trainer(train_steps=5, steps_per_loop=1, log_every=1)
+    trainer.path_measured = {trainer.path.describe(): measured}
+    lines = []
+    tiny_controller(trainer, tmp_path / "run", actions=[], log=lines.append).train()
+    lines = [line for line in lines if "was measured at" in line]
+    assert len(lines) == said
+    if said:
+        assert lines[0].startswith("training at ") and f"below the 1,000,000,000,000 its path ({trainer.path.describe()})" \
+            in lines[0] and lines[0].endswith(f"({autotune.MEASURE_ENV}=measure times every candidate again)")

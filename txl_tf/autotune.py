@@ -16,7 +16,8 @@ step (`txl_tf.trainer.choose_path`: a `Trainer` on that path, fed random tokens,
 warm-up step; this module does not import the trainer, which imports it); the trainer seeds the global random
 state again afterwards (a run with "auto" draws the same initial weights whatever was measured). A choice
 is kept in `choices.json` of the cache folder ($TXL_TF_CACHE, else ~/.cache/txl_tf), keyed by the CPU, the
-TensorFlow version, the devices, the model and the step's shape, so a machine measures a setting once. The run's
+TensorFlow version, the devices, the model and the step's shape; `choose` says how noise is kept from deciding
+for later runs (passes in alternating order, an unclear ranking not cached, a cached choice checked). The run's
 config.gin records the chosen path (`txl_tf.train.with_path`) and a resumed run trains on it without measuring.
 
 The cache is untrusted input: it is read only when it and every folder above it are safe from other users
@@ -367,15 +368,52 @@ def _key(kind: str, **parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
+MEASURE_ENV = "TXL_TF_AUTOTUNE"  # "measure": time every candidate again, whatever the cache holds
+NOISE = 0.10  # a candidate's passes may differ by this share of its rate and still read as one rate
+PASSES = 3  # at most: two passes over the candidates in opposite orders, a third when the ranking is not clear
+CHECK_SHARE = 0.85  # a cached choice timed below this share of its recorded rate (or below the runner-up) is redone
+
+
+def _top_two(rates: list) -> list:
+    """A candidate's two fastest passes (one outlier of three passes is let go: noise only slows)."""
+    return sorted(rates)[-2:]
+
+
+def clear_ranking(rates: dict) -> bool:
+    """Whether the passes `rates` ({path: [tokens/s of each pass]}, candidates that ran) rank the candidates
+    clearly: the fastest's second-fastest pass (its only one after one pass) beats every other candidate's fastest,
+    or every candidate's two fastest passes agree within NOISE (then the best of each is its rate, and near-equal
+    candidates may come either way)."""
+    ran = {p: r for p, r in rates.items() if r}
+    best = max(ran, key=lambda p: max(ran[p]))
+    if all(min(_top_two(ran[best])) > max(r) for p, r in ran.items() if p != best):
+        return True
+    return all(max(_top_two(r)) <= (1 + NOISE) * min(_top_two(r)) for r in ran.values())
+
+
+def spread(rates: dict) -> float:
+    """The largest share by which one candidate's two fastest passes differ (0.25: 25% apart)."""
+    return max((1 - min(_top_two(r)) / max(r) for r in rates.values() if r), default=0.0)
+
+
 def choose(model_kwargs: dict, train_config, batch: int, *, time_step: Callable[[TrainPath, int], float],
            accelerators: Sequence[str] = (), fused_why: str | None = None, log: Callable[[str], None] = print,
            steps: int = 3, use_cache: bool = True) -> tuple[TrainPath, dict]:
-    """(the fastest path among `candidates`, {path description: tokens/s measured, or "cached"}) for a step of
-    `model_kwargs` at the per-replica `batch` and TrainConfig `train_config`'s tgt_len. `time_step(path, steps)`:
-    the median seconds of one step on `path` over `steps` timed ones (`txl_tf.trainer.choose_path` passes the
-    trainer's). One candidate: no measurement. Logs one line per measured candidate (progress) and one for the
-    choice. When no candidate runs a step, a UserError names the first one's reason in one line (out of memory:
-    lower the batch)."""
+    """(the fastest path among `candidates`, {path description: tokens/s}) for a step of `model_kwargs` at the
+    per-replica `batch` and TrainConfig `train_config`'s tgt_len. `time_step(path, steps)`: the median seconds of one
+    step on `path` over `steps` timed ones (`txl_tf.trainer.choose_path` passes the trainer's). One candidate: no
+    measurement.
+
+    So that one noisy minute cannot decide for every later run:
+    - the candidates are timed in passes, the second in the opposite order of the first (a slow spell hits
+      different candidates), a third pass when the ranking is not clear (`clear_ranking`); each candidate's rate is
+      its fastest pass (noise only slows). A ranking still unclear after PASSES passes trains on the fastest but is
+      not cached, and the log says by how much the passes moved: the next run measures again;
+    - a cached choice is checked when a run starts: its path and the runner-up are timed once, and the choice
+      stands only when it runs at CHECK_SHARE of its recorded rate or more and no slower than the runner-up;
+      otherwise every candidate is measured again. $TXL_TF_AUTOTUNE=measure skips the cache.
+    Logs one line per timing (progress) and one saying where the choice came from. When no candidate runs a step, a
+    UserError names the first one's reason in one line (out of memory: lower the batch)."""
     paths = candidates(train_config, accelerators=accelerators, fused_why=fused_why)
     if len(paths) == 1:
         return paths[0], {}
@@ -383,37 +421,94 @@ def choose(model_kwargs: dict, train_config, batch: int, *, time_step: Callable[
     recompute = getattr(train_config, "recompute", "none")
     key = _key("path", model=model_kwargs, batch=batch, tgt_len=tgt_len, recompute=recompute,
                accelerators=sorted(accelerators), candidates=[dataclasses.asdict(p) for p in paths])
+    use_cache = use_cache and os.environ.get(MEASURE_ENV, "").strip().lower() != "measure"
     cached = _read_cache().get(key) if use_cache else None
-    if cached is not None:  # valid by the schema; its choice and rates must also be among these candidates
-        path = next((p for p in paths if p.bindings() == cached["choice"]), None)
-        rates = cached.get("tokens_per_second", {})
-        names = {p.describe() for p in paths}
-        if path is None or not set(rates) <= names:
-            _warn_cache(cache_file(), f"entry {key} names a path that is not among this run's candidates", _REWRITTEN)
-        else:
-            log(f"training path (auto, measured earlier on this machine; {cache_file()}): {path.describe()}")
-            return path, {p.describe(): float(rates[p.describe()]) for p in paths if p.describe() in rates}
-    log(f"choosing the training path (auto): timing {len(paths)} candidates at batch {batch} x {tgt_len} tokens")
-    rates, first_failure = {}, None
-    for i, path in enumerate(paths, 1):
-        start = time.perf_counter()
+    if cached is not None:
+        checked = _check_cached(cached, key, paths, batch, tgt_len, time_step, steps, log)
+        if checked is not None:
+            return checked
+    return _measure_all(paths, key, batch, tgt_len, time_step, steps, log)
+
+
+def _rate(path: TrainPath, batch: int, tgt_len: int, time_step, steps: int) -> float:
+    return batch * tgt_len / time_step(path, steps)
+
+
+def _check_cached(cached: dict, key: str, paths: list, batch: int, tgt_len: int, time_step, steps: int,
+                  log) -> tuple[TrainPath, dict] | None:
+    """The cached choice and its rates when it still holds (`choose`), else None (measure every candidate)."""
+    path = next((p for p in paths if p.bindings() == cached["choice"]), None)
+    rates = cached.get("tokens_per_second", {})
+    names = {p.describe() for p in paths}
+    if path is None or not set(rates) <= names or path.describe() not in rates:
+        _warn_cache(cache_file(), f"entry {key} names a path that is not among this run's candidates", _REWRITTEN)
+        return None
+    table = {p.describe(): float(rates[p.describe()]) for p in paths if p.describe() in rates}
+    recorded = table[path.describe()]
+    others = sorted((p for p in paths if p != path and p.describe() in table), key=lambda p: -table[p.describe()])
+    when = cached.get("measured", "an earlier run")
+    log(f"checking the training path cached on {when} ({cache_file()}): {path.describe()}, recorded at "
+        f"{recorded:,.0f} tokens/s" + (f", against the runner-up {others[0].describe()}" if others else ""))
+    now = {}
+    for candidate in [path, *others[:1]]:
         try:
-            seconds = time_step(path, steps)
-        except Exception as error:  # noqa: BLE001  (a candidate that cannot run here is not chosen)
-            reason = f"{type(error).__name__}: {one_line(error)[:200]}"
-            first_failure = first_failure or (path, error, reason)
-            log(f"  [{i}/{len(paths)}] {path.describe()}: cannot run here ({reason})")
+            now[candidate] = _rate(candidate, batch, tgt_len, time_step, steps)
+        except Exception as error:  # noqa: BLE001  (a path that cannot run now does not stand)
+            log(f"  {candidate.describe()}: cannot run here ({type(error).__name__}: {one_line(error)[:200]})")
+            now[candidate] = 0.0
             continue
-        rates[path] = batch * tgt_len / seconds
-        log(f"  [{i}/{len(paths)}] {path.describe()}: {rates[path]:,.0f} tokens/s "
-            f"({time.perf_counter() - start:.0f} s with compilation)")
-    if not rates:
-        raise _none_ran(paths, batch, tgt_len, *first_failure)
-    best = max(rates, key=rates.get)
-    table = {p.describe(): round(r, 1) for p, r in rates.items()}
+        log(f"  {candidate.describe()}: {now[candidate]:,.0f} tokens/s now")
+    runner_up = now.get(others[0], 0.0) if others else 0.0
+    if now[path] >= CHECK_SHARE * recorded and now[path] >= runner_up:
+        log(f"training path (auto, cached on {when}, checked now at {now[path]:,.0f} tokens/s): {path.describe()} "
+            f"(to measure every candidate again: {MEASURE_ENV}=measure)")
+        return path, table
+    why = (f"it ran at {now[path]:,.0f} tokens/s, under {CHECK_SHARE:.0%} of the {recorded:,.0f} recorded"
+           if now[path] < CHECK_SHARE * recorded else
+           f"the runner-up ran faster ({runner_up:,.0f} against {now[path]:,.0f} tokens/s)")
+    log(f"the cached training path does not hold now ({why}); measuring every candidate again")
+    return None
+
+
+def _measure_all(paths: list, key: str, batch: int, tgt_len: int, time_step, steps: int,
+                 log) -> tuple[TrainPath, dict]:
+    """Every candidate timed in passes (`choose`); the fastest, cached when the ranking is clear."""
+    log(f"choosing the training path (auto): timing {len(paths)} candidates at batch {batch} x {tgt_len} tokens, "
+        f"in 2 passes (a third if the ranking is not clear)")
+    rates, failed, first_failure = {p: [] for p in paths}, set(), None
+    for done in range(PASSES):
+        order = paths if done % 2 == 0 else paths[::-1]
+        for i, path in enumerate(order, 1):
+            if path in failed:
+                continue
+            start = time.perf_counter()
+            try:
+                rate = _rate(path, batch, tgt_len, time_step, steps)
+            except Exception as error:  # noqa: BLE001  (a candidate that cannot run here is not chosen)
+                reason = f"{type(error).__name__}: {one_line(error)[:200]}"
+                first_failure = first_failure or (path, error, reason)
+                failed.add(path)
+                log(f"  [pass {done + 1}, {i}/{len(paths)}] {path.describe()}: cannot run here ({reason})")
+                continue
+            rates[path].append(rate)
+            log(f"  [pass {done + 1}, {i}/{len(paths)}] {path.describe()}: {rate:,.0f} tokens/s "
+                f"({time.perf_counter() - start:.0f} s with compilation)")
+        if not any(rates.values()):
+            raise _none_ran(paths, batch, tgt_len, *first_failure)
+        if done >= 1 and clear_ranking(rates):
+            break
+    ran = {p: r for p, r in rates.items() if r}
+    best = max(ran, key=lambda p: max(ran[p]))
+    table = {p.describe(): round(max(r), 1) for p, r in ran.items()}
+    if not clear_ranking(ran):
+        log(f"training path (auto): {best.describe()} ({max(ran[best]):,.0f} tokens/s, the fastest of {len(ran)}), "
+            f"not cached: the passes moved by up to {spread(ran):.0%} and left the ranking unclear (a busy "
+            "machine?); the next run measures again")
+        return best, table
     _write_cache(key, {"choice": dataclasses.asdict(best), "tokens_per_second": table,
                        "measured": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu": cpu_name()})
-    log(f"training path (auto): {best.describe()} ({rates[best]:,.0f} tokens/s, the fastest of {len(rates)})")
+    log(f"training path (auto, measured now; cached in {cache_file()}): {best.describe()} "
+        f"({max(ran[best]):,.0f} tokens/s, the fastest of {len(ran)} over {len(max(ran.values(), key=len))} passes)")
     return best, table
 
 

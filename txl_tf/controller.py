@@ -39,6 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from txl_tf import distribute, flops, fused, loading, run_dir
+from txl_tf.autotune import MEASURE_ENV
 from txl_tf.configs import EvalConfig, architecture
 from txl_tf.evaluation import StopRequested
 from txl_tf.trainer import LoopStats, NonFiniteLossError, Trainer
@@ -259,6 +260,9 @@ class _StopRequest:
         self._note(signum)
 
 
+RATE_PARTS = 0.7  # training below this share of its path's measured rate is said in the log, once
+
+
 class Controller:
     """Trains `trainer` in model_dir until TrainConfig.train_steps or a stop request (`train()`).
 
@@ -293,6 +297,7 @@ class Controller:
         self.chief = distribute.is_chief(trainer.strategy)
         self.train_writer = self.valid_writer = tf.summary.create_noop_writer()
         self._stop = _StopRequest()
+        self._windows, self._rate_said = 0, False  # logged windows; whether the rate's parting was said
 
     # ---- cadence ----------------------------------------------------------------------------------------
     def next_boundary(self, step: int) -> int:
@@ -429,6 +434,20 @@ class Controller:
         last_metrics["step"] = step
         return last_metrics
 
+    def _compare_with_measured(self, tokens_per_s: float) -> None:
+        """Says once in the log when training runs well below the rate its "auto" path was measured at
+        (`Trainer.path_measured`), from the second logged window on (the first holds tracing and compilation)."""
+        self._windows += 1
+        measured = (getattr(self.trainer, "path_measured", None) or {}).get(self.trainer.path.describe())
+        if not measured or self._rate_said or self._windows < 2 or not self.chief or not math.isfinite(tokens_per_s):
+            return
+        per_replica = tokens_per_s / self.trainer.strategy.num_replicas_in_sync
+        if per_replica < RATE_PARTS * measured:
+            self._rate_said = True
+            self.log(f"training at {per_replica:,.0f} tokens/s a replica, {1 - per_replica / measured:.0%} below the "
+                     f"{measured:,.0f} its path ({self.trainer.path.describe()}) was measured at: a busy machine, or a "
+                     f"cached choice that no longer holds ({MEASURE_ENV}=measure times every candidate again)")
+
     def _log_train(self, step: int, window: LoopStats, flops_per_token: float, peak: float, progress) -> dict:
         """Summaries and a console line (or the progress bar) of the steps in `window`; returns the metrics."""
         level = self.level
@@ -436,6 +455,7 @@ class Controller:
         loss = window.loss
         lr = float(self.trainer.schedule(step - 1))  # the rate of the last step
         tokens_per_s = window.tokens / window.seconds if window.seconds else float("nan")
+        self._compare_with_measured(tokens_per_s)
         metrics = {
             "loss": loss, name: level_metric(loss, level), "learning_rate": lr,
             "grad_norm": window.grad_norm_sum / max(window.steps, 1), "tokens_per_second": tokens_per_s,
