@@ -9,4 +9,5 @@
     ptb.py       study `ptb`: a Penn Treebank recipe for 2 CPU cores, with a vanilla model on the same budget
     report.py    report.md / docs/reproduction.md and the plots, rendered from results.json only
     results_schema.py  the shape of results.json the report reads, checked when it is read
+    sanity.py    checks on a model's scores before a verdict reads them (a baseline worse at its own window)
 """
