@@ -1,6 +1,7 @@
 """A tiny Transformer-XL as txl_tf.hub's keras-hub classes, for the tests of the keras-hub face."""
 
 import keras
+import numpy as np
 
 from txl_tf.configs import EvalConfig, ModelConfig
 from txl_tf.data.vocab import Vocab
@@ -29,3 +30,20 @@ def tiny_lm(seed=3, tgt_len=4, mem_len=8, sequence_length=24, preprocessor=True,
     tokenizer = TransformerXLTokenizer(VOCAB)
     return TransformerXLCausalLM(backbone, TransformerXLCausalLMPreprocessor(tokenizer,
                                                                              sequence_length=sequence_length))
+
+
+def plain_greedy(lm, prompts, max_length):
+    """The greedy continuation by plain calls of the backbone's model: each prompt alone in segments, then one
+    token a call with the hidden-state memory (the paper's recurrence)."""
+    model, protocol, segment = lm.backbone.transformer_xl, lm.backbone.protocol, lm.backbone.segment_len
+    texts = []
+    for text in prompts:
+        ids = VOCAB.encode(text)
+        memory = model.initial_memory(1, protocol)
+        for start in range(0, len(ids), segment):
+            hidden, memory = model(np.array([ids[start:start + segment]], np.int32), memory, protocol=protocol)
+        while len(ids) < max_length:
+            ids.append(int(np.argmax(model.log_probs(hidden[:, -1:])[0, 0])))
+            hidden, memory = model(np.array([ids[-1:]], np.int32), memory, protocol=protocol)
+        texts.append(VOCAB.decode(ids))
+    return texts

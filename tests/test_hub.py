@@ -11,6 +11,7 @@ import keras_hub
 import numpy as np
 import pytest
 import tensorflow as tf
+from hub_utils import plain_greedy
 
 from txl_tf import paths
 from txl_tf.configs import EvalConfig, ModelConfig
@@ -43,30 +44,13 @@ def lm():
     return make_lm()
 
 
-def legacy_greedy(lm, prompts, max_length):
-    """The greedy continuation by plain calls of the model: each prompt alone in segments, then one token per call
-    with the hidden-state memory (the paper's recurrence)."""
-    model, protocol, segment = lm.backbone.transformer_xl, lm.backbone.protocol, lm.backbone.segment_len
-    texts = []
-    for text in prompts:
-        ids = VOCAB.encode(text)
-        memory = model.initial_memory(1, protocol)
-        for start in range(0, len(ids), segment):
-            hidden, memory = model(np.array([ids[start:start + segment]], np.int32), memory, protocol=protocol)
-        while len(ids) < max_length:
-            ids.append(int(np.argmax(model.log_probs(hidden[:, -1:])[0, 0])))
-            hidden, memory = model(np.array([ids[-1:]], np.int32), memory, protocol=protocol)
-        texts.append(VOCAB.decode(ids))
-    return texts
-
-
 @pytest.mark.slow  # ~10 s; the ring test above checks the same step against the cached call in the fast suite
 def test_greedy_generation_through_keras_hub_equals_txl_tf_decoding_past_the_memory(lm):
     """60 positions with a memory of 16: the continuation runs past every window; rows of different lengths."""
     lm.compile(sampler="greedy")
     out = lm.generate(PROMPTS, max_length=60)
     assert isinstance(out, list) and all(isinstance(text, str) for text in out)
-    assert out == legacy_greedy(lm, PROMPTS, 60)
+    assert out == plain_greedy(lm, PROMPTS, 60)
     assert [len(text) for text in out] == [60, 60]
 
 
@@ -74,7 +58,7 @@ def test_greedy_generation_through_keras_hub_equals_txl_tf_decoding_past_the_mem
 def test_other_encodings_generate_as_txl_tf_does(attn_type):
     lm = make_lm(attn_type=attn_type)
     lm.compile(sampler="greedy")
-    assert lm.generate(PROMPTS, max_length=40) == legacy_greedy(lm, PROMPTS, 40)
+    assert lm.generate(PROMPTS, max_length=40) == plain_greedy(lm, PROMPTS, 40)
 
 
 @pytest.mark.parametrize(("attn_type", "rows", "lora"), [("xl", 2, False), ("shaw", 2, False), ("xl", 1, True)])
@@ -121,7 +105,7 @@ def test_one_prompt_decodes_as_txl_tf_does_and_with_its_row_repeated():
     greedy text of plain calls; beam search repeats the row (two beams), and the step takes the general path."""
     lm = make_lm()
     lm.compile(sampler="greedy")
-    assert lm.generate(PROMPTS[:1], max_length=50) == legacy_greedy(lm, PROMPTS[:1], 50)
+    assert lm.generate(PROMPTS[:1], max_length=50) == plain_greedy(lm, PROMPTS[:1], 50)
     lm.compile(sampler=keras_hub.samplers.BeamSampler(num_beams=2))
     out = lm.generate(PROMPTS[:1], max_length=50)
     assert out[0].startswith(PROMPTS[0]) and len(out[0]) == 50, out

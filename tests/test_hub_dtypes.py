@@ -2,9 +2,8 @@
 in mixed_bfloat16 gives the text of the plain model in the same policy (decoded by its own calls)."""
 
 import keras_hub
-import numpy as np
 import pytest
-from hub_utils import PROMPTS, VOCAB, tiny_lm
+from hub_utils import PROMPTS, plain_greedy, tiny_lm
 
 MAX_LENGTH = 24
 
@@ -14,23 +13,6 @@ def preset(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("dtypes") / "preset")
     tiny_lm().save_to_preset(path)
     return path
-
-
-def plain_greedy(lm, prompts, max_length):
-    """The greedy continuation by plain calls of the backbone's model: each prompt alone in segments, then one
-    token a call with the hidden-state memory (the paper's recurrence)."""
-    model, protocol, segment = lm.backbone.transformer_xl, lm.backbone.protocol, lm.backbone.segment_len
-    texts = []
-    for text in prompts:
-        ids = VOCAB.encode(text)
-        memory = model.initial_memory(1, protocol)
-        for start in range(0, len(ids), segment):
-            hidden, memory = model(np.array([ids[start:start + segment]], np.int32), memory, protocol=protocol)
-        while len(ids) < max_length:
-            ids.append(int(np.argmax(model.log_probs(hidden[:, -1:])[0, 0])))
-            hidden, memory = model(np.array([ids[-1:]], np.int32), memory, protocol=protocol)
-        texts.append(VOCAB.decode(ids))
-    return texts
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "mixed_bfloat16", "float16"])
