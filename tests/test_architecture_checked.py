@@ -16,6 +16,7 @@ import keras
 import keras_hub
 import pytest
 import tensorflow as tf
+from legacy_presets import write_legacy_preset
 from train_utils import prepare_tiny_corpus, run_training, tiny_params
 
 import txl_tf
@@ -90,9 +91,8 @@ def test_a_run_without_the_record_still_refuses_checkpoint_variables_the_model_l
     assert "is intact but does not fit the configured model" in _one_line(raised.value)
 
 
-@pytest.mark.parametrize("face", ["txl_tf", "keras-hub"])
-def test_from_preset_of_a_run_refuses_a_gin_param_of_another_encoding(runs, face):
-    load = txl_tf.TransformerXLCausalLM.from_preset if face == "txl_tf" else TransformerXLCausalLM.from_preset
+def test_from_preset_of_a_run_refuses_a_gin_param_of_another_encoding(runs):
+    load = txl_tf.TransformerXLCausalLM.from_preset
     with pytest.raises(run_dir.ArchitectureMismatchError, match="'rope' there but 'alibi' here"):
         load(runs["rope"], gin_param="ModelConfig.attn_type = 'alibi'")
     assert load(runs["rope"]) is not None  # the recorded architecture itself loads
@@ -199,8 +199,7 @@ def txl_preset(tmp_path_factory):
     config = ModelConfig(**MODEL)
     model = config.build()
     model(tf.zeros([1, 2], tf.int32))
-    lm = txl_tf.TransformerXLCausalLM(model, VOCAB, config, EVAL)
-    return lm.save_to_preset(str(tmp_path_factory.mktemp("txl") / "xl"))
+    return write_legacy_preset(tmp_path_factory.mktemp("txl") / "xl", model, VOCAB, config, EVAL)
 
 
 @pytest.mark.parametrize("record", [True, False], ids=["recorded", "before the record"])

@@ -1,6 +1,7 @@
-"""TransformerXLCausalLM: the golden fixture through from_preset, streaming equal to one call, presets that reload
-bitwise, one-line errors, and (slow) a tiny trained run whose `generate` and `score` give the CLI's text and
-evaluate's figures."""
+"""txl_tf.TransformerXLCausalLM (the keras-hub task) as the model with its evaluation protocol: the golden fixture
+through from_preset, `stream_text` equal to one `score_text`, presets that reload bitwise, one-line errors, presets
+of the earlier format that still load, and (slow) a tiny trained run whose `generate` and `score_text` give the
+CLI's text and evaluate's figures."""
 
 import dataclasses
 import json
@@ -13,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 from golden_utils import FIXTURE_DIR, convert_golden, eval_gin, golden_data
+from legacy_presets import write_legacy_preset
 from train_utils import REPO_ROOT, prepare_tiny_corpus, run_training, subprocess_env, tiny_params
 
 from txl_tf import TransformerXLCausalLM, evaluate, evaluation, generation, loading
@@ -51,7 +53,7 @@ def test_converted_golden_fixture_reproduces_its_nll(converted, golden_lm):
     """The converted checkpoint with the setup's gin file (data, protocol) scores each golden stream as the
     authors' code did: per token and in the mean, within 1e-5."""
     golden = np.load(FIXTURE_DIR / "golden.npz")
-    results = golden_lm.score(golden_texts(golden_lm.vocab))
+    results = golden_lm.score_text(golden_texts(golden_lm.vocab))
     per_token = np.concatenate([golden[f"nll_{s}"] for s in range(3)]).T  # [3 streams, 15]
     np.testing.assert_allclose(np.stack([-r.log_probs for r in results]), per_token, atol=1e-5, rtol=0)
     mean = sum(r.nats for r in results) / sum(r.num_tokens for r in results)
@@ -60,24 +62,25 @@ def test_converted_golden_fixture_reproduces_its_nll(converted, golden_lm):
 
 
 def test_preset_reloads_bitwise_without_gin_or_data(golden_lm, tmp_path):
-    preset = golden_lm.save_to_preset(tmp_path / "preset")
-    assert sorted(p.name for p in (tmp_path / "preset").iterdir()) == [".txl_tf-manifest.json", "config.json",
-                                                                        "model.weights.h5", "vocab.json"]
+    preset = golden_lm.save_to_preset(tmp_path / "preset")  # keras-hub's layout, the one format written
+    assert sorted(p.name for p in (tmp_path / "preset").iterdir()) == [
+        ".txl_tf-manifest.json", "assets", "config.json", "metadata.json", "model.weights.h5", "preprocessor.json",
+        "task.json", "tokenizer.json"]
     reloaded = TransformerXLCausalLM.from_preset(preset)
     assert reloaded.vocab == golden_lm.vocab and reloaded.eval_config == golden_lm.eval_config
     tokens = np.load(FIXTURE_DIR / "golden.npz")["tokens"].T[:, :5]
-    before, after = golden_lm.model, reloaded.model
+    before, after = golden_lm.transformer_xl, reloaded.transformer_xl
     np.testing.assert_array_equal(after.log_probs(after(tokens)[0]).numpy(),
                                   before.log_probs(before(tokens)[0]).numpy())
     texts = golden_texts(golden_lm.vocab)
-    np.testing.assert_array_equal(reloaded.score(texts[1]).log_probs, golden_lm.score(texts[1]).log_probs)
+    np.testing.assert_array_equal(reloaded.score_text(texts[1]).log_probs, golden_lm.score_text(texts[1]).log_probs)
     # A preset is replaced only with overwrite=True, and a folder that holds anything else never.
-    with pytest.raises(FileExistsError, match="already holds a preset; pass overwrite=True"):
+    with pytest.raises(FileExistsError, match="already holds a keras-hub preset; pass overwrite=True"):
         golden_lm.save_to_preset(preset)
     golden_lm.save_to_preset(preset, overwrite=True)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="holds no preset written by txl_tf"):
+    with pytest.raises(FileExistsError, match="holds no keras-hub preset written by txl_tf"):
         golden_lm.save_to_preset(tmp_path / "other", overwrite=True)
     assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
 
@@ -90,8 +93,8 @@ def test_streaming_in_pieces_equals_one_call(converted, protocol):
     directory, gin_file, _ = converted
     lm = TransformerXLCausalLM.from_preset(directory, gin_file=gin_file, gin_param=protocol)
     text = "".join(golden_texts(lm.vocab))  # 48 tokens
-    whole = lm.score(text)
-    stream = lm.stream()
+    whole = lm.score_text(text)
+    stream = lm.stream_text()
     cuts = [0, 1, 1, 3, 4, 9, 10, 17, 22, 23, 35, 40, 48]  # pieces of 1 token, none, inside and across segments
     pieces = [stream.score(text[start:end]) for start, end in zip(cuts, cuts[1:], strict=False)]
     assert [p.num_tokens for p in pieces] == [0, 0, 2, 1, 5, 1, 7, 5, 1, 12, 5, 8]
@@ -99,7 +102,7 @@ def test_streaming_in_pieces_equals_one_call(converted, protocol):
     assert sum(p.nats for p in pieces) == pytest.approx(whole.nats, abs=1e-5)
     assert stream.result().nats == pytest.approx(whole.nats, abs=1e-5)
     stream.reset()  # a new text: zero memory again
-    np.testing.assert_allclose(stream.score(text[:20]).log_probs, lm.score(text[:20]).log_probs, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(stream.score(text[:20]).log_probs, lm.score_text(text[:20]).log_probs, atol=1e-5, rtol=0)
 
 
 @pytest.mark.slow  # ~17 s: the golden model's generation traced; CI's slow phase
@@ -115,7 +118,7 @@ def test_generate_text_in_text_out(golden_lm):
 
 def test_tokenizer_layer_gives_the_ids_of_encode(golden_lm):
     text = golden_texts(golden_lm.vocab)[0]
-    assert golden_lm.tokenizer(text).numpy().tolist() == golden_lm.encode(text).tolist()
+    assert golden_lm.preprocessor.tokenizer(text).numpy().tolist() == golden_lm.encode(text).tolist()
 
 
 def test_one_line_errors(converted, golden_lm, tmp_path, monkeypatch):
@@ -129,19 +132,19 @@ def test_one_line_errors(converted, golden_lm, tmp_path, monkeypatch):
     with pytest.raises(UserError, match="vocabulary of .*pass gin_file= the setup's gin file"):
         TransformerXLCausalLM.from_preset(directory)
     preset = golden_lm.save_to_preset(tmp_path / "preset")
-    with pytest.raises(ConfigError, match="is a preset.*takes no gin_file"):
+    with pytest.raises(ConfigError, match="is a keras-hub preset: it takes no gin_param"):
         TransformerXLCausalLM.from_preset(preset, gin_param=["EvalConfig.mem_len = 3"])
     (tmp_path / "preset" / "config.json").write_text('{"format": "something else"}')
     with pytest.raises(UserError, match=r"config.json is not a txl_tf.preset v1 config"):
         TransformerXLCausalLM.from_preset(preset)
-    with pytest.raises(ConfigError, match=r"max_length=3 must be an int above the longest prompt's 3 tokens"):
-        golden_lm.generate(["\x01\x02\x03", "\x04"], max_length=3)
+    with pytest.raises(ConfigError, match=r"max_length=3 must be above the longest prompt's 3 tokens"):
+        golden_lm.generate(["\x01\x02\x03", "\x04"], max_length=3, seed=1)
     with pytest.raises(ConfigError, match="--temperature=-1"):
         golden_lm.generate("\x01", max_length=3, temperature=-1)
     with pytest.raises(ConfigError, match="has a symbol outside the char-level vocabulary"):
-        golden_lm.score("\x01z")
+        golden_lm.score_text("\x01z")
     with pytest.raises(ConfigError, match="encodes to 1 token"):
-        golden_lm.score("\x01")
+        golden_lm.score_text("\x01")
 
 
 # slow: ~22 s on 2 cores (a tiny training run and one generate in subprocesses)
@@ -173,7 +176,7 @@ def test_tiny_run_generates_the_cli_text_and_scores_evaluate_figures(tmp_path):
     assert lm.vocab.encode(text) == tokens.tolist()
     expected = evaluate.run(model_dir, gin_params=["EvalConfig.batch_size = 1", "EvalConfig.max_steps = 0"],
                             token_losses=str(tmp_path / "losses.npy"), progress=False)
-    result = lm.score(text)
+    result = lm.score_text(text)
     assert result.num_tokens == expected.num_tokens == len(tokens) - 1
     assert result.loss == pytest.approx(expected.loss, abs=1e-5)
     np.testing.assert_allclose(-result.log_probs, np.load(tmp_path / "losses.npy"), atol=1e-5, rtol=0)
@@ -185,11 +188,11 @@ TINY_MODEL = dict(n_layer=2, d_model=64, n_head=2, d_head=32, d_inner=128, mem_l
 
 @pytest.fixture(scope="module")
 def tiny_preset(tmp_path_factory):
-    """A preset of an untrained tiny model (2 layers, d_model 64) with a 200-symbol char vocabulary."""
+    """A preset of the earlier format (its config.json's "model" and "eval" sections are edited below) of an
+    untrained tiny model (2 layers, d_model 64) with a 200-symbol char vocabulary."""
     config = ModelConfig(**TINY_MODEL)
-    lm = TransformerXLCausalLM(loading.build_model(config), Vocab(list(range(200)), "char"), config,
-                               EvalConfig(tgt_len=8, mem_len=16, batch_size=2))
-    return lm.save_to_preset(tmp_path_factory.mktemp("tiny") / "preset")
+    return write_legacy_preset(tmp_path_factory.mktemp("tiny") / "preset", loading.build_model(config),
+                               Vocab(list(range(200)), "char"), config, EvalConfig(tgt_len=8, mem_len=16, batch_size=2))
 
 
 def _edited(preset, tmp_path, section=None, fields=None, config_text=None):
@@ -240,24 +243,19 @@ def test_preset_evaluation_lengths_are_refused_when_loaded(tiny_preset, tmp_path
 
 def test_score_generate_evaluate_bound_their_lengths_before_any_tensor(tiny_preset):
     lm = TransformerXLCausalLM.from_preset(tiny_preset)
-    long = TransformerXLCausalLM(lm.model, lm.vocab, lm.model_config,
-                                 dataclasses.replace(lm.eval_config, mem_len=2**31 - 1))
     named = (r"^EvalConfig\.mem_len=2147483647: .* TiB of memory, more than the .* of this machine; lower "
              r"EvalConfig\.mem_len$")
     text = "".join(chr(i) for i in range(1, 40))
-    with pytest.raises(ConfigError, match=named):
-        long.score(text)
-    with pytest.raises(ConfigError, match=named):
-        long.generate(text, max_length=45, seed=1)
-    with pytest.raises(ConfigError, match=named):
-        long.stream()
+    with pytest.raises(ConfigError, match=named):  # the task's lengths, before it is built
+        TransformerXLCausalLM.around(lm.transformer_xl, dataclasses.replace(lm.eval_config, mem_len=2**31 - 1),
+                                     lm.vocab)
     protocol = Protocol(mem_len=2**31 - 1, clamp_len=-1, same_length=False)
     tokens = lm.encode(text)
     with pytest.raises(ConfigError, match=named):
-        evaluation.evaluate_tokens(lm.model, tokens, tgt_len=8, protocol=protocol, batch_size=2)
+        evaluation.evaluate_tokens(lm.transformer_xl, tokens, tgt_len=8, protocol=protocol, batch_size=2)
     with pytest.raises(ConfigError, match=named):
-        generation.generate_from_model(lm.model, [tokens.tolist()], max_tokens=2, protocol=protocol, segment_len=8)
-    assert lm.score(text).num_tokens == 38  # the preset's own lengths fit
+        generation.generate_from_model(lm.transformer_xl, [tokens.tolist()], max_tokens=2, protocol=protocol, segment_len=8)
+    assert lm.score_text(text).num_tokens == 38  # the preset's own lengths fit
 
 
 def test_an_infinite_number_in_a_preset_is_refused(tiny_preset, tmp_path):
@@ -275,14 +273,15 @@ def test_an_infinite_number_in_a_preset_is_refused(tiny_preset, tmp_path):
                                   *(pytest.param(c, marks=pytest.mark.slow) for c in ("encode", "stream"))])
 def test_text_must_be_str_and_anything_else_is_refused_by_type(tiny_preset, call):
     lm = TransformerXLCausalLM.from_preset(tiny_preset)
-    run, message = {
-        "generate": (lambda: lm.generate(b"abc", max_length=6), r"^prompts must be a str or a list of str; got bytes; "
-                                                                r"decode bytes first"),
-        "generate_list": (lambda: lm.generate(["ab", b"abc"], max_length=6), r"^prompts\[1\] must be a str; got bytes"),
-        "score": (lambda: lm.score(b"abc"), r"^texts must be a str or a list of str; got bytes"),
+    run, message = {  # keras-hub's generate and txl_tf's settings (seed=) check text alike
+        "generate": (lambda: lm.generate(b"abc", max_length=6), r"^generate's prompt is text: got bytes; decode it"),
+        "generate_list": (lambda: lm.generate(["ab", b"abc"], max_length=6, seed=1),
+                          r"^generate's prompt \[1\] must be a str; got bytes"),
+        "score": (lambda: lm.score_text(b"abc"), r"^texts must be a str or a list of str; got bytes"),
         "encode": (lambda: lm.encode(b"abc"), r"^the text must be a str; got bytes"),
-        "stream": (lambda: lm.stream().score(b"abc"), r"^the piece must be a str; got bytes"),
-        "generate_ids": (lambda: lm.generate(97, max_length=6), r"^prompts must be a str or a list of str; got int$"),
+        "stream": (lambda: lm.stream_text().score(b"abc"), r"^the piece must be a str; got bytes"),
+        "generate_ids": (lambda: lm.generate(97, max_length=6, seed=1),
+                         r"^generate's inputs must be a str or a list of str; got int$"),
     }[call]
     with pytest.raises(TypeError, match=message):
         run()

@@ -182,11 +182,11 @@ def test_a_keras_hub_preset_loads_through_keras_hubs_own_loaders(lm, tmp_path):
 
 
 def test_from_preset_still_loads_txl_tfs_earlier_preset_format(tmp_path):
-    from txl_tf.causal_lm import TransformerXLCausalLM as Legacy
+    from legacy_presets import write_legacy_preset
 
     lm = make_lm()
-    legacy = Legacy(lm.backbone.transformer_xl, VOCAB, lm.backbone.model_config, lm.backbone.eval_config)
-    legacy.save_to_preset(str(tmp_path / "old"))
+    write_legacy_preset(tmp_path / "old", lm.backbone.transformer_xl, VOCAB, lm.backbone.model_config,
+                        lm.backbone.eval_config)
     loaded = TransformerXLCausalLM.from_preset(str(tmp_path / "old"), sequence_length=50)
     assert type(loaded) is TransformerXLCausalLM and loaded.preprocessor.sequence_length == 50
     lm.compile(sampler="greedy", generate_jit_compile=False)

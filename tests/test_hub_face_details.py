@@ -120,3 +120,85 @@ def test_a_moved_project_finds_its_data_beside_the_run_only_with_the_recorded_vo
     shutil.copytree(relative_run / "data" / "tiny", moved / "data" / "tiny")  # the run's own data, moved along
     lm = TransformerXLCausalLM.from_preset(str(moved / "runs" / "tiny"), sequence_length=12)
     assert len(lm.generate("the ", max_length=12)) == 12
+
+
+# ---- item 6: one class per name, one engine, one protocol --------------------------------------------------------
+def test_one_class_per_name():
+    """Each public name is one class: txl_tf's top-level names are the keras-hub classes, and no module of the
+    package defines a second TransformerXL* class of the same name."""
+    import re
+
+    import keras
+
+    import txl_tf
+    from txl_tf import hub
+
+    defined = []
+    for folder, _, files in os.walk(os.path.join(REPO_ROOT, "txl_tf")):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name)) as f:
+                    defined += re.findall(r"^class (TransformerXL\w*)\b", f.read(), re.M)
+    assert sorted(defined) == sorted(set(defined)), defined
+    for name in txl_tf.HUB_CLASSES:
+        assert getattr(txl_tf, name) is getattr(hub, name)
+    assert issubclass(txl_tf.TransformerXLCausalLM, keras.Model)
+
+
+def test_generation_drops_same_length_in_one_place():
+    from txl_tf import generation
+    from txl_tf.configs import EvalConfig
+    from txl_tf.protocol import Protocol
+
+    protocol = Protocol(mem_len=6, clamp_len=3, same_length=True)
+    assert protocol.for_generation() == Protocol(mem_len=6, clamp_len=3, same_length=False)
+    eval_config = EvalConfig(tgt_len=4, mem_len=6, clamp_len=3, same_length=True)
+    assert eval_config.generation_protocol() == protocol.for_generation()
+    lm = tiny_lm()
+    model = lm.transformer_xl
+    assert generation.generation_protocol(model, protocol) == protocol.for_generation()  # a caller's same_length too
+    assert lm.backbone.protocol == lm.eval_config.generation_protocol()
+
+
+def test_generate_with_settings_is_the_command_lines_engine_and_adds_no_weights(tmp_path):
+    """`generate(..., temperature=, top_k=, seed=)` gives the tokens of `generation.generate_from_model` (what
+    `python -m txl_tf.generate` and the trainer run) for the same seed; its sampler's variables are no weights of
+    the model, so the preset saved afterwards loads and holds the same weights."""
+    from txl_tf import generation
+
+    lm = tiny_lm()
+    weights = len(lm.weights)
+    settings = dict(temperature=0.8, top_k=20, top_p=0.95, seed=7)
+    texts = lm.generate(["hello world", "ab"], max_length=20, **settings)
+    ids = [VOCAB.encode("hello world"), VOCAB.encode("ab")]
+    expected = generation.generate_from_model(lm.transformer_xl, ids, max_tokens=20 - 2,
+                                              protocol=lm.eval_config.attention_protocol(),
+                                              segment_len=lm.backbone.segment_len, **settings)
+    for text, prompt, row in zip(texts, ids, expected.tokens, strict=True):
+        assert text == VOCAB.decode(prompt + row[:20 - len(prompt)].tolist())
+    assert lm.generate("ab", max_length=20, **settings) != lm.generate("ab", max_length=20, **{**settings, "seed": 8})
+    assert len(lm.weights) == weights
+    lm.save_to_preset(tmp_path / "preset")
+    loaded = TransformerXLCausalLM.from_preset(tmp_path / "preset")  # a PathLike
+    assert len(loaded.weights) == weights
+    assert loaded.generate(["hello world", "ab"], max_length=20, **settings) == texts
+    greedy = loaded.generate("hello", max_length=16, temperature=0.0)
+    loaded.compile(sampler="greedy")
+    assert loaded.generate("hello", max_length=16) == greedy  # keras-hub's greedy sampler: the same engine
+
+
+@pytest.mark.parametrize("bad", [dict(seed=-1), dict(seed=2**31), dict(seed=1.5), dict(temperature=float("nan")),
+                                 dict(top_k=1000), dict(top_p=0.0), dict(seed=1, stop_token_ids=[3])])
+def test_generate_settings_out_of_range_are_one_line(bad):
+    lm = tiny_lm()
+    with pytest.raises(ConfigError) as raised:
+        lm.generate("ab", max_length=8, **bad)
+    assert "\n" not in str(raised.value)
+
+
+def test_from_preset_of_a_missing_path_or_a_file_is_one_line(tmp_path):
+    (tmp_path / "file.txt").write_text("x")
+    for path in (tmp_path / "missing", tmp_path / "file.txt", str(tmp_path / "missing")):
+        with pytest.raises(UserError, match="from_preset expects a preset directory") as raised:
+            TransformerXLCausalLM.from_preset(path)
+        assert "\n" not in str(raised.value)

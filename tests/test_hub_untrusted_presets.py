@@ -246,12 +246,11 @@ def test_a_fifo_or_a_device_as_the_weights_is_one_line_for_every_loader(saved, t
     is the backbone's), txl_tf.hub's and txl_tf's from_preset (the earlier preset format). keras-hub's CausalLM
     loader also reaches txl_tf's checks (through the tokenizer) before it reads the sharded index and the other
     files keras-hub itself does not read."""
-    from txl_tf.causal_lm import TransformerXLCausalLM as Legacy
+    from legacy_presets import write_legacy_preset
 
     lm = make_lm()
     legacy = tmp_path / "legacy"
-    Legacy(lm.backbone.transformer_xl, VOCAB, lm.backbone.model_config, lm.backbone.eval_config).save_to_preset(
-        str(legacy))
+    write_legacy_preset(legacy, lm.backbone.transformer_xl, VOCAB, lm.backbone.model_config, lm.backbone.eval_config)
     cases, expected = [], {}
     for kind in ("fifo", "zero"):
         path = damaged(saved, tmp_path, "model.weights.h5", kind)

@@ -128,11 +128,12 @@ def test_available_memory_follows_the_address_space_limit():
 def test_txl_tf_face_generate_bounds_max_length():
     keras.utils.set_random_seed(2)
     config = ModelConfig(**MODEL)
-    lm = txl_tf.TransformerXLCausalLM(config.build(), VOCAB, config, EVAL)
+    lm = txl_tf.TransformerXLCausalLM.from_parts(config.build(), config, EVAL, VOCAB)
     length = _beyond_memory()
-    with pytest.raises(ConfigError) as raised:
-        lm.generate("the ", max_length=length)
-    assert _one_line(raised.value).startswith(f"max_length={length}")
+    for settings in ({}, {"temperature": 0.5, "seed": 1}):  # keras-hub's sampler, txl_tf's settings
+        with pytest.raises(ConfigError) as raised:
+            lm.generate("the ", max_length=length, **settings)
+        assert _one_line(raised.value).startswith(f"generate's max_length={length}")
 
 
 def test_keras_hub_generate_bounds_max_length():

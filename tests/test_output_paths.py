@@ -22,8 +22,9 @@ LONGEST = "p" * 255  # the longest name ext4, xfs, btrfs and tmpfs allow: NAME.t
 @pytest.fixture(scope="module")
 def lm():
     config = ModelConfig(n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=16, mem_len=4, n_token=20, dropout=0.0)
-    return TransformerXLCausalLM(loading.build_model(config), Vocab(list(range(20)), "char"), config,
-                                 EvalConfig(tgt_len=4, mem_len=4, batch_size=1))
+    return TransformerXLCausalLM.from_parts(loading.build_model(config), config,
+                                            EvalConfig(tgt_len=4, mem_len=4, batch_size=1),
+                                            Vocab(list(range(20)), "char"))
 
 
 @pytest.fixture(scope="module")

@@ -46,18 +46,6 @@ def staging_writer():
     return write
 
 
-def preset_writer():
-    from txl_tf import TransformerXLCausalLM, loading
-    from txl_tf.configs import EvalConfig, ModelConfig
-    from txl_tf.data.vocab import Vocab
-
-    config = ModelConfig(n_layer=1 + role, d_model=8 * (1 + role), n_head=2, d_head=4, d_inner=12, mem_len=4,
-                         n_token=20, dropout=0.0)
-    lm = TransformerXLCausalLM(loading.build_model(config), Vocab(list(range(20)), "char"), config,
-                               EvalConfig(tgt_len=4, mem_len=4, batch_size=1))
-    return lm.save_to_preset
-
-
 def hub_preset_writer():
     from txl_tf.configs import EvalConfig, ModelConfig
     from txl_tf.data.vocab import Vocab
@@ -161,7 +149,7 @@ def _whose(command, target) -> int:
     """Which worker's output `target` holds, from its content (each worker writes something different)."""
     if command == "staging":
         return int((target / "saved_model.pb").read_text().split()[-1])
-    if command in ("preset", "hub_preset"):
+    if command == "hub_preset":
         d_models = set(_found(json.loads((target / "config.json").read_text()), "d_model"))
         assert len(d_models) == 1, d_models
         role = {8: 0, 16: 1}[d_models.pop()]
@@ -247,10 +235,10 @@ def test_a_folder_written_meanwhile_by_a_writer_without_the_lock_is_kept(tmp_pat
 
 
 def test_save_to_preset_prepare_and_average_racing_into_one_new_folder(tmp_path):
-    """~10 s on 2 cores: two workers importing TensorFlow, then 4 x 20 rounds of real writes."""
+    """~10 s on 2 cores: two workers importing TensorFlow, then 3 x 20 rounds of real writes."""
     (tmp_path / "source-0.txt").write_text(tiny_text(400, seed=0))
     (tmp_path / "source-1.txt").write_text(tiny_text(300, seed=1))
     make_run(tmp_path / "run", [0.0, 0.5, 1.0])
-    commands = ["preset", "hub_preset", "prepare", "average"]
+    commands = ["hub_preset", "prepare", "average"]
     outcomes = _race(tmp_path, commands)
     _check(tmp_path, commands, outcomes)

@@ -127,11 +127,10 @@ def _user_env(home) -> dict:
 def test_every_path_argument_of_the_python_api_refuses_bad_paths_in_one_line(world, trained):
     import tensorflow as tf
 
-    from txl_tf import TransformerXLCausalLM, average, export, train
+    from txl_tf import TransformerXLCausalLM, TransformerXLTokenizer, average, export, train
     from txl_tf.data import corpora, prepare
     from txl_tf.protocol import Protocol
     from txl_tf.study import report, studies
-    from txl_tf.tokenizer import TransformerXLTokenizer
 
     data_dir, run = trained
     lm = TransformerXLCausalLM.from_preset(run)
@@ -141,7 +140,7 @@ def test_every_path_argument_of_the_python_api_refuses_bad_paths_in_one_line(wor
         "save_to_preset": lambda v: lm.save_to_preset(v, overwrite=True),
         "train.run(model_dir)": lambda v: train.run(["gin/sample.gin"], tiny_params(data_dir), model_dir=v),
         "train.run(gin_files)": lambda v: train.run([v], tiny_params(data_dir), model_dir="new_run"),
-        "export.export_model": lambda v: export.export_model(lm.model, v, protocol=Protocol(3), max_len=2),
+        "export.export_model": lambda v: export.export_model(lm.transformer_xl, v, protocol=Protocol(3), max_len=2),
         "export.write_export": lambda v: export.write_export(lambda d: None, v),
         "prepare.prepare": lambda v: prepare.prepare("enwik8_sample", v, corpora.Settings(), overwrite=True),
         "average.average": lambda v: average.average([tf.train.latest_checkpoint(run)], v, model_dir=run,

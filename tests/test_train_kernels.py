@@ -117,10 +117,11 @@ def test_the_kernels_are_a_policy_a_fused_run_loads_and_scores_as_the_architectu
     recorded = (run / "config.gin").read_text()
     assert "TrainConfig.kernels = 'fused'" in recorded and "TrainConfig.recompute = 'block'" in recorded
     lm = TransformerXLCausalLM.from_preset(str(run))
-    plain = TransformerXL.from_config(lm.model.get_config())
-    plain.set_weights(lm.model.get_weights())
+    plain = TransformerXL.from_config(lm.transformer_xl.get_config())
+    plain.set_weights(lm.transformer_xl.get_weights())
     text = "0 the memory of a segment."
     ids = tf.constant([lm.vocab.encode(text)])
-    np.testing.assert_array_equal(plain.log_probs(plain(ids)[0]).numpy(), lm.model.log_probs(lm.model(ids)[0]).numpy())
-    again = TransformerXLCausalLM(plain, lm.vocab, lm.model_config, lm.eval_config)
-    np.testing.assert_array_equal(again.score(text).log_probs, lm.score(text).log_probs)
+    model = lm.transformer_xl
+    np.testing.assert_array_equal(plain.log_probs(plain(ids)[0]).numpy(), model.log_probs(model(ids)[0]).numpy())
+    again = TransformerXLCausalLM.around(plain, lm.eval_config, lm.vocab)
+    np.testing.assert_array_equal(again.score_text(text).log_probs, lm.score_text(text).log_probs)

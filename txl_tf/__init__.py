@@ -1,9 +1,11 @@
 """txl_tf: Transformer-XL (Dai et al., 2019) in TensorFlow 2 / Keras 3.
 
 Importing the package chooses Keras's TensorFlow backend (unless KERAS_BACKEND is already set) and imports
-nothing else: `txl_tf.TransformerXL` (the Keras model) and `txl_tf.TransformerXLCausalLM` (the model with its
-vocabulary and evaluation protocol: from_preset, generate, score, stream, save_to_preset) load TensorFlow on
-first use, so an entry point can set up its environment (txl_tf.cli) before TensorFlow starts.
+nothing else: `txl_tf.TransformerXL` (the Keras layer stack) and the keras-hub classes `txl_tf.TransformerXLCausalLM`
+(the model with its vocabulary and evaluation protocol: from_preset, generate, score, score_text, stream_text, fit,
+save_to_preset), `TransformerXLBackbone`, `TransformerXLCausalLMPreprocessor` and `TransformerXLTokenizer`
+(`txl_tf.hub`, one class per name) load TensorFlow on first use, so an entry point can set up its environment
+(txl_tf.cli) before TensorFlow starts.
 """
 
 import os
@@ -12,7 +14,9 @@ from txl_tf.version import __version__
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-__all__ = ["TransformerXL", "TransformerXLCausalLM", "__version__"]
+HUB_CLASSES = ("TransformerXLBackbone", "TransformerXLCausalLM", "TransformerXLCausalLMPreprocessor",
+               "TransformerXLTokenizer")
+__all__ = ["TransformerXL", *HUB_CLASSES, "__version__"]
 
 
 def __getattr__(name: str):
@@ -20,10 +24,10 @@ def __getattr__(name: str):
         from txl_tf.model import TransformerXL
 
         return TransformerXL
-    if name == "TransformerXLCausalLM":
-        from txl_tf.causal_lm import TransformerXLCausalLM
+    if name in HUB_CLASSES:
+        from txl_tf import hub
 
-        return TransformerXLCausalLM
+        return getattr(hub, name)
     raise AttributeError(f"module 'txl_tf' has no attribute {name!r}")
 
 

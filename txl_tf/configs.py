@@ -189,6 +189,10 @@ class EvalConfig:
         """The attention lengths as the immutable value evaluation, generation and export hand to the model."""
         return Protocol(mem_len=self.mem_len, clamp_len=self.clamp_len, same_length=self.same_length)
 
+    def generation_protocol(self):
+        """The attention lengths of generation: `attention_protocol().for_generation()` (no same_length)."""
+        return self.attention_protocol().for_generation()
+
 
 # ---- validation: every field's type and range, checked when a config is made (before anything is written) ----
 def _at_least(low):

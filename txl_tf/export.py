@@ -51,9 +51,8 @@ from txl_tf import cli
 import tensorflow as tf
 from absl import flags
 
-from txl_tf import loading, paths, run_dir
+from txl_tf import generation, loading, paths, run_dir
 from txl_tf.configs import architecture
-from txl_tf.generation import Generator
 from txl_tf.inference import Recurrent
 from txl_tf.protocol import Protocol
 from txl_tf.state import from_named
@@ -94,7 +93,7 @@ class TransformerXLServing(tf.Module):
             self._with_state(self._next_token_logits, 2, "tokens"),
             input_signature=[tokens, lengths, *state_specs.values()])
         scalar = lambda dtype, name: tf.TensorSpec([], dtype, name=name)  # noqa: E731
-        self.generator = Generator(model, protocol, max_len)
+        self.generator = generation.generator(model, protocol, max_len)
         self.generate = tf.function(self._generate, input_signature=[
             tf.TensorSpec([None, None], tf.int32, name="token_ids"),
             tf.TensorSpec([None, None], tf.int32, name="padding_mask"), scalar(tf.int32, "seed"),

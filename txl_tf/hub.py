@@ -33,7 +33,9 @@ import dataclasses
 import math
 import numbers
 import os
+import random
 import re
+from collections.abc import Sequence
 
 import keras
 import keras_hub
@@ -53,11 +55,15 @@ from txl_tf.configs import (
 from txl_tf.configs import architecture as configs_architecture
 from txl_tf.data.vocab import Vocab
 from txl_tf.errors import ConfigError, UserError, one_line
+from txl_tf.evaluation import evaluate_vanilla
+from txl_tf.inference import Recurrent, run_segments
 from txl_tf.loading import check_dtype, check_weights_file
 from txl_tf.model import TransformerXL
 from txl_tf.protocol import Protocol
+from txl_tf.sampling import Generator, check_settings, generate_with, with_prompt
 from txl_tf.state import Cache, Memory
-from txl_tf.tokenizer import TransformerXLTokenizer as _GraphTokenizer
+from txl_tf.text_scoring import ScoreResult, ScoreStream, as_texts, check_text, short_text
+from txl_tf.tokenizer import GraphTokenizer
 
 PACKAGE = "txl_tf.hub"
 VOCAB_ASSET = "vocab.json"
@@ -85,12 +91,6 @@ def model_config_of(model: TransformerXL) -> ModelConfig:
     fields = {field.name for field in dataclasses.fields(ModelConfig)}
     return _config(ModelConfig, {key: value for key, value in model.get_config().items() if key in fields},
                    "the model's config")
-
-
-def _generation_protocol(eval_config: EvalConfig) -> Protocol:
-    """The attention lengths of generation and scoring: the evaluation's memory and clamp lengths; every token sees
-    the whole memory (no same_length)."""
-    return Protocol(eval_config.mem_len, eval_config.clamp_len, same_length=False)
 
 
 def _with_padding_mask(inputs):
@@ -187,7 +187,7 @@ class TransformerXLBackbone(keras_hub.models.Backbone):
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
         padding_mask = keras.Input(shape=(None,), dtype="int32", name="padding_mask")
         lengths = keras.ops.sum(keras.ops.cast(padding_mask, "int32"), axis=1)  # right padding
-        hidden, _ = self.transformer_xl(token_ids, lengths=lengths, protocol=_generation_protocol(eval_config))
+        hidden, _ = self.transformer_xl(token_ids, lengths=lengths, protocol=eval_config.generation_protocol())
         super().__init__(inputs={"token_ids": token_ids, "padding_mask": padding_mask}, outputs=hidden, dtype=dtype,
                          **kwargs)
         # === Config ===
@@ -218,7 +218,7 @@ class TransformerXLBackbone(keras_hub.models.Backbone):
     def protocol(self) -> Protocol:
         """The attention lengths of generation: the evaluation's memory and clamp lengths; every token sees the
         whole memory (no same_length)."""
-        return _generation_protocol(self.eval_config)
+        return self.eval_config.generation_protocol()
 
     @property
     def segment_len(self) -> int:
@@ -294,16 +294,33 @@ class TransformerXLTokenizer(keras_hub.tokenizers.Tokenizer):
         self._graph = None
         self.set_vocabulary(vocabulary)
 
+    @classmethod
+    def from_vocab(cls, vocab: Vocab, **kwargs) -> TransformerXLTokenizer:
+        """The tokenizer of a `Vocab`."""
+        return cls(vocab, **kwargs)
+
+    @classmethod
+    def from_vocab_file(cls, path, **kwargs) -> TransformerXLTokenizer:
+        """The tokenizer of a vocabulary file (`vocab.json`, as `python -m txl_tf.data.prepare` writes it)."""
+        return cls(Vocab.load(os.fspath(path)), **kwargs)
+
+    @classmethod
+    def from_data_dir(cls, data_dir, **kwargs) -> TransformerXLTokenizer:
+        """The tokenizer of a prepared data directory (its vocabulary, checked against its metadata)."""
+        from txl_tf.data.pipeline import load_vocab
+
+        return cls(load_vocab(os.fspath(data_dir)), **kwargs)
+
     def set_vocabulary(self, vocabulary) -> None:
         if vocabulary is None:
             self._graph = None
             return
         if isinstance(vocabulary, str):
             vocabulary = Vocab.load(vocabulary)  # a regular file, size-limited, schema-checked
-        self._graph = _GraphTokenizer(vocabulary, dtype=self.compute_dtype if self.compute_dtype in ("int32", "int64")
+        self._graph = GraphTokenizer(vocabulary, dtype=self.compute_dtype if self.compute_dtype in ("int32", "int64")
                                       else "int32")
 
-    def _tokenizer(self) -> _GraphTokenizer:
+    def _tokenizer(self) -> GraphTokenizer:
         if self._graph is None:
             raise ConfigError("the tokenizer has no vocabulary; pass one (a Vocab or a vocab.json path) or load a "
                               "preset with TransformerXLTokenizer.from_preset(DIR)")
@@ -545,13 +562,21 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         cache = (*state, last_logits, last_hidden, lengths)
         return tf.transpose(hidden_states[:total], [1, 0, 2]), cache, position_keys
 
-    def _decodes_in_a_ring(self) -> bool:
+    def _decodes_in_a_ring(self, compiled: bool = True) -> bool:
         """Whether the loop's tokens go through `RelativeMultiHeadAttention.decode_ring` (the encodings whose
-        scores have position rows only: xl, shaw) rather than the cached call."""
+        scores have position rows only: xl, shaw) rather than the cached call; `compiled`: as compile's
+        `generate_ring` says (False: the default, whatever compile said)."""
         model = self.backbone.transformer_xl
         possible = (model.encoding.position_keys_cached and model.supports_cache(self.backbone.protocol)
                     and self.backbone.protocol.mem_len > 0)
-        return possible and getattr(self, "generate_ring", None) is not False
+        return possible and (not compiled or getattr(self, "generate_ring", None) is not False)
+
+    def _generate_jit(self, compiled: bool = True) -> bool:
+        """Whether generation runs under XLA: compile's `generate_jit_compile` (with `compiled`), by default for
+        the relative encodings, whose prompt segments have a static width (measured faster on CPU,
+        `scripts/benchmark_generate.py`)."""
+        jit = getattr(self, "generate_jit_compile", None) if compiled else None
+        return not self.backbone.transformer_xl.encoding.absolute if jit is None else bool(jit)
 
     def _ring_loop(self, cache, position_keys):
         """(`next`, its cache) of the ring decoding step, from the prompt's cache (`_build_cache`).
@@ -647,9 +672,32 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         after = tf.cumsum(ends, axis=-1) - ends  # positions after the first new stop token
         return {"token_ids": token_ids, "padding_mask": tf.equal(after, 0)}
 
-    def generate(self, inputs, max_length=None, stop_token_ids="auto", strip_prompt=False):
+    def generate(self, inputs, max_length=None, stop_token_ids="auto", strip_prompt=False, *, temperature=None,
+                 top_k=None, top_p=None, seed=None):
+        """keras-hub's `generate` (compile's sampler, every keras-hub sampler); with any of txl_tf's settings given,
+        the sampling engine of `python -m txl_tf.generate` and the SavedModel instead (the same tokens for the same
+        prompts, settings and seed).
+
+        Args:
+          inputs: text (a str or a list of str; token ids when the model has no preprocessor), or a dataset.
+          max_length: tokens per row in all, the prompt's included (None: the preprocessor's sequence_length).
+          stop_token_ids, strip_prompt: keras-hub's (a stream language model has no end token: "auto" is none).
+          temperature: >= 0; 0 is greedy, 1 the model's distribution (1 when another setting is given).
+          top_k: sample among the k likeliest tokens (0: all). top_p: nucleus sampling, in (0, 1] (1: off).
+          seed: the sampling seed, in [0, 2**31) (None: a random one). `python -m txl_tf.generate` with the same
+            prompts, settings, `--seed` and `--max_tokens` = max_length - (the shortest prompt's tokens) prints the
+            same text (each row there runs to that count).
+        """
         if max_length is not None:  # keras-hub takes 0 for "not given": the preprocessor's sequence_length
             max_length = _length(max_length, "generate's max_length")
+        if any(setting is not None for setting in (temperature, top_k, top_p, seed)):
+            if not (stop_token_ids is None or isinstance(stop_token_ids, str) and stop_token_ids == "auto"):
+                raise ConfigError("generate's stop_token_ids go with compile's sampler, not with temperature, top_k, "
+                                  "top_p or seed; drop one of them")
+            return self._generate_with_settings(
+                inputs, max_length, strip_prompt, temperature=1.0 if temperature is None else temperature,
+                top_k=0 if top_k is None else top_k, top_p=1.0 if top_p is None else top_p,
+                seed=random.SystemRandom().randrange(2**31) if seed is None else seed)
         self._check_generation(inputs, max_length)
         if isinstance(stop_token_ids, str) and stop_token_ids == "auto":
             tokenizer = self.preprocessor.tokenizer if self.preprocessor is not None else None
@@ -709,9 +757,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
     def make_generate_function(self):
         if self.generate_function is not None or self.run_eagerly:
             return super().make_generate_function()
-        jit = getattr(self, "generate_jit_compile", None)
-        if jit is None:
-            jit = not self.backbone.transformer_xl.encoding.absolute
+        jit = self._generate_jit()
         # The choices of this compile() are fixed now: the function traces at its first call.
         ring = self._decodes_in_a_ring()
 
@@ -883,16 +929,179 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             return model.log_probs(hidden)
         return model.nll(hidden, tf.convert_to_tensor(target_ids, tf.int32))
 
+
+    # ---- text with the evaluation protocol, settings, the parts ---------------------------------------------
+    @property
+    def transformer_xl(self) -> TransformerXL:
+        """The `txl_tf.TransformerXL` layer the backbone runs (the weights)."""
+        return self.backbone.transformer_xl
+
+    @property
+    def model_config(self) -> ModelConfig:
+        """The architecture (`txl_tf.configs.ModelConfig`), as a preset's config.json holds it."""
+        return self.backbone.model_config
+
+    @property
+    def eval_config(self) -> EvalConfig:
+        """The evaluation protocol that travels with the model (`EvalConfig`: segment, memory and clamp lengths,
+        same_length, the state form, the vanilla window)."""
+        return self.backbone.eval_config
+
+    @property
+    def eval_protocol(self) -> Protocol:
+        """The attention lengths of `score_text` and `stream_text` (`EvalConfig.attention_protocol()`, same_length
+        as evaluation has it); generation and keras-hub's `score` use `backbone.protocol` (no same_length)."""
+        return self.eval_config.attention_protocol()
+
+    @property
+    def vocab(self) -> Vocab:
+        """The vocabulary (`txl_tf.data.vocab.Vocab`) of the preprocessor's tokenizer."""
+        tokenizer = getattr(self.preprocessor, "tokenizer", None)
+        if not isinstance(tokenizer, TransformerXLTokenizer) or tokenizer._graph is None:
+            raise ConfigError("this model has no vocabulary (no preprocessor with a TransformerXLTokenizer); load it "
+                              "with from_preset, or build it with a TransformerXLCausalLMPreprocessor")
+        return tokenizer.vocab
+
+    def encode(self, text: str, what: str = "text") -> np.ndarray:
+        """Text (a str) -> int32 token ids [T] of the vocabulary; a symbol outside it is a one-line ConfigError,
+        anything but a str (bytes too) a one-line TypeError."""
+        check_text(text, f"the {what}")
+        vocab = self.vocab
+        try:
+            return vocab.encode_array(text)
+        except (KeyError, ValueError) as error:
+            raise ConfigError(f"the {what} {short_text(text)} has a symbol outside the {vocab.level}-level "
+                              f"vocabulary ({one_line(error).strip(chr(34))}); change the {what}") from None
+
+    def scorer(self) -> Recurrent:
+        """The model bound to the evaluation protocol and state form (EvalConfig.kv_cache), kept outside Keras's
+        tracking (it holds no weights of its own)."""
+        made = self.__dict__.get("_txl_tf_scorer")
+        if made is None:
+            made = Recurrent(self.transformer_xl, self.eval_protocol, max_len=self.eval_config.tgt_len,
+                             use_cache=self.eval_config.kv_cache)
+            object.__setattr__(self, "_txl_tf_scorer", made)
+        return made
+
+    def score_text(self, texts: str | Sequence[str]) -> ScoreResult | list[ScoreResult]:
+        """Scores each text as one stream with the model's evaluation protocol (`eval_protocol`, the figures of
+        `python -m txl_tf.evaluate`); a `ScoreResult` for a str, a list of them for a list.
+
+        Every token after the first is scored in segments of EvalConfig.tgt_len from a zero memory, the state
+        carried across segments (same_length and the state form as evaluation has them); the texts of a list are
+        the rows of one batch. With EvalConfig.protocol "vanilla" each prediction sees a window of tgt_len tokens
+        instead (txl_tf.evaluation.evaluate_vanilla). keras-hub's `score` takes token ids and the generation
+        protocol instead.
+        """
+        single, texts = as_texts(texts, "texts")
+        if not texts:
+            raise ConfigError("score_text() needs at least one text; got an empty list")
+        rows = [self.encode(text) for text in texts]
+        for text, row in zip(texts, rows, strict=True):
+            if row.size < 2:
+                raise ConfigError(f"the text {short_text(text)} encodes to {row.size} token(s); scoring needs at "
+                                  "least 2 (the first is context only)")
+        if self.eval_config.protocol == "vanilla":
+            log_probs = [-self._vanilla_nll(row) for row in rows]
+        else:
+            check_inference_size(self.transformer_xl, batch_size=len(rows), tgt_len=self.eval_config.tgt_len,
+                                 mem_len=self.eval_config.mem_len)
+            log_probs = [-nll for nll in self._stream_nll(rows)]
+        results = [ScoreResult(values, self.vocab.level) for values in log_probs]
+        return results[0] if single else results
+
+    def stream_text(self) -> ScoreStream:
+        """A `ScoreStream`: `stream.score(piece)` scores text piece by piece with the evaluation protocol, keeping
+        the state in between (the pieces' log-probabilities are those of `score_text` of their concatenation)."""
+        return ScoreStream(self)
+
+    def _stream_nll(self, rows: list[np.ndarray]) -> list[np.ndarray]:
+        """[T_b - 1] NLL of each row, the rows right-padded into one batch (a row's padding comes after all its
+        tokens, so causal attention keeps it out of their scores)."""
+        lengths = [row.size for row in rows]
+        tokens = np.zeros([len(rows), max(lengths)], np.int32)
+        for index, row in enumerate(rows):
+            tokens[index, :row.size] = row
+        scorer = self.scorer()
+        outputs, _ = run_segments(scorer.score, scorer.initial_state(len(rows)), tokens[:, :-1],
+                                  self.eval_config.tgt_len, targets=tokens[:, 1:])
+        nll = tf.concat(outputs, axis=1).numpy()
+        return [nll[index, :length - 1] for index, length in enumerate(lengths)]
+
+    def _vanilla_nll(self, row: np.ndarray) -> np.ndarray:
+        window = self.eval_config.tgt_len
+        if row.size <= window:
+            raise ConfigError(f"a text of {row.size} tokens is too short for the vanilla window of {window} "
+                              "(EvalConfig.tgt_len); give a longer text")
+        result = evaluate_vanilla(self.transformer_xl, row, window=window, batch_size=self.eval_config.batch_size,
+                                  clamp_len=self.eval_config.clamp_len, return_token_losses=True)
+        return result.token_losses
+
+    def _sampling_generator(self) -> Generator:
+        """The `txl_tf.sampling.Generator` of this task (what the command line and the SavedModel run), made once
+        and kept outside Keras's tracking: its settings and random state are no weights of the model."""
+        made = self.__dict__.get("_txl_tf_generator")
+        if made is None:
+            made = Generator(self)
+            object.__setattr__(self, "_txl_tf_generator", made)
+        return made
+
+    def _generate_with_settings(self, inputs, max_length, strip_prompt, *, temperature, top_k, top_p, seed):
+        """`generate` with txl_tf's settings: the sampling `Generator` (see `generate`)."""
+        if self.preprocessor is None:
+            raise ConfigError("generate(temperature=..., top_k=..., top_p=..., seed=...) takes text: this model has no "
+                              "preprocessor; compile(sampler=...) and generate token ids, or load it with from_preset")
+        rows, _ = _prompt_rows(inputs, self.preprocessor)  # keras-hub's path's checks of the text, its messages
+        if rows is None:
+            raise ConfigError("generate(temperature=..., top_k=..., top_p=..., seed=...) takes a str or a list of str, "
+                              "not a dataset; compile(sampler=...) and generate the dataset without them")
+        if tf.is_tensor(inputs) or isinstance(inputs, np.ndarray):
+            inputs = [text.decode("utf-8") if isinstance(text, bytes) else str(text)
+                      for text in np.asarray(inputs).reshape([-1]).tolist()]
+        single, texts = as_texts(inputs, "generate's inputs")
+        vocab = self.vocab
+        ids = check_settings(vocab, texts, max_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p)
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**31:
+            raise ConfigError(f"generate's seed={str(seed)[:40]!r} must be a whole number in [0, 2**31) (None: a "
+                              "random one)")
+        lengths = [len(row) for row in ids]
+        name = "generate's max_length"
+        if max_length is None:
+            max_length, name = self.preprocessor.sequence_length, "the preprocessor's sequence_length"
+        if max_length <= max(lengths):
+            raise ConfigError(f"{name}={max_length} must be above the longest prompt's {max(lengths)} tokens (it "
+                              "counts the prompt and the new tokens); raise it")
+        new = max_length - min(lengths)  # every row runs to the longest continuation, then is cut to max_length
+        check_generation_size(self.transformer_xl, batch_size=len(ids), length=max(lengths) + new, given=max_length,
+                              name=name, batch_name="the number of prompts", segment_len=self.backbone.segment_len,
+                              mem_len=self.backbone.protocol.mem_len)
+        result = generate_with(self._sampling_generator().generate, ids, max_tokens=new, temperature=temperature,
+                               top_k=top_k, top_p=top_p, seed=int(seed))
+        outputs = []
+        for text, row, length in zip(texts, result.tokens, lengths, strict=True):
+            continuation = vocab.decode(row[:max_length - length].tolist())
+            outputs.append(continuation if strip_prompt else with_prompt(vocab, text, continuation))
+        return outputs[0] if single else outputs
+
     # ---- presets -------------------------------------------------------------------------------------------
     @classmethod
     def from_preset(cls, preset, load_weights=True, **kwargs):
-        """A keras-hub preset of this model, or anything `txl_tf.TransformerXLCausalLM.from_preset` loads (run
-        folders, best/, averaged/, converted authors' checkpoints, presets of txl_tf's earlier format; its keyword
-        arguments `which`, `gin_file`, `gin_param`, `dtype` pass on)."""
+        """A keras-hub preset of this model, or anything `txl_tf.presets.load` loads (run folders, best/,
+        averaged/, converted authors' checkpoints, presets of txl_tf's earlier format; its keyword arguments
+        `which`, `gin_file`, `gin_param`, `dtype` pass on). A local path that holds no keras-hub preset goes to
+        `presets.load`, which says in one line what it found there; a kaggle:// or hf:// handle to keras-hub."""
         sequence_length = kwargs.pop("sequence_length", None)
-        if isinstance(preset, str) and os.path.isdir(preset) and not _is_hub_preset(preset):
+        if isinstance(preset, os.PathLike):
+            preset = os.fspath(preset)
+        if isinstance(preset, str) and "://" not in preset and not _is_hub_preset(preset):  # not keras-hub's
             return cls.from_txl(preset, **({} if sequence_length is None else {"sequence_length": sequence_length}),
                                 **kwargs)
+        given = [name for name in ("which", "gin_file", "gin_param") if kwargs.get(name)]
+        if given:
+            raise ConfigError(f"{preset} is a keras-hub preset: it takes no {', '.join(given)} (arguments of a run "
+                              "or converted folder; a preset holds its configs); drop them")
+        for name in ("which", "gin_file", "gin_param"):
+            kwargs.pop(name, None)
         _check_local(preset, load_weights=load_weights)
         lm = super().from_preset(preset, load_weights=load_weights, **kwargs)
         if sequence_length is not None:  # as for a run folder: the preprocessor's, checked as its constructor does
@@ -908,8 +1117,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
 
     @classmethod
     def from_txl(cls, path, *, sequence_length=256, **kwargs):
-        """The keras-hub model of what `txl_tf.presets.load(path, **kwargs)` loads (as
-        `txl_tf.TransformerXLCausalLM.from_preset` does)."""
+        """The keras-hub model of what `txl_tf.presets.load(path, **kwargs)` loads."""
         from txl_tf import presets
 
         loaded = presets.load(path, **kwargs)
@@ -925,6 +1133,17 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         tokenizer = TransformerXLTokenizer(vocab)
         preprocessor = TransformerXLCausalLMPreprocessor(tokenizer, sequence_length=sequence_length)
         return cls(backbone, preprocessor)
+
+    @classmethod
+    def around(cls, model, eval_config, vocab=None, *, sequence_length=256):
+        """The task around a built `TransformerXL` (its weights, not a copy: the engine of the trainer's samples,
+        the command line and the SavedModel), with `vocab`'s preprocessor when given. To save a preset, load or
+        build with `from_parts`, whose weights are its own."""
+        preprocessor = None
+        if vocab is not None:
+            preprocessor = TransformerXLCausalLMPreprocessor(TransformerXLTokenizer(vocab),
+                                                             sequence_length=sequence_length)
+        return cls(TransformerXLBackbone(None, eval_config, transformer_xl=model), preprocessor)
 
     def save_to_preset(self, preset_dir, max_shard_size=10, *, overwrite=False):
         """Writes a keras-hub preset (config.json, task.json, preprocessor.json, tokenizer.json, the weights and
@@ -1118,6 +1337,9 @@ class _ids_in_range:  # noqa: N801  (used as a context manager, like a function)
 
 
 def _is_hub_preset(path: str) -> bool:
+    """Whether the folder `path` holds a keras-hub preset (a config.json naming its registered class)."""
+    if not path or not os.path.isdir(path):
+        return False
     config = os.path.join(path, "config.json")
     if not os.path.isfile(config):
         return False

@@ -50,5 +50,11 @@ class Protocol:
         """A copy with some fields changed (the value itself never changes)."""
         return dataclasses.replace(self, **changes)
 
+    def for_generation(self) -> Protocol:
+        """The protocol of generation and of keras-hub's `score`: these lengths, every token seeing the whole memory
+        (no same_length). The one place that derives it (`EvalConfig.generation_protocol`, `txl_tf.generation`,
+        the keras-hub classes)."""
+        return self.replace(same_length=False)
+
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

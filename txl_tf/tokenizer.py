@@ -1,4 +1,5 @@
-"""`TransformerXLTokenizer`: a model's vocabulary as a Keras layer (text -> ids -> text inside TensorFlow).
+"""`GraphTokenizer`: a model's vocabulary as a Keras layer (text -> ids -> text inside TensorFlow), the layer inside
+the keras-hub tokenizer `txl_tf.GraphTokenizer` (`txl_tf.hub`) and beside the SavedModel's.
 
 A thin Keras face over `txl_tf.data.tf_tokenize.TFTokenizer`, the in-graph tokenizer the SavedModel already
 uses, so ids equal `Vocab.encode`'s and text equals `Vocab.decode`'s. It works eagerly, inside `tf.function` and
@@ -6,7 +7,7 @@ inside `tf.data.Dataset.map`. Unknown symbols are handled as the vocabulary says
 unknown-word symbol maps unknown words to it; one without (and every char-level vocabulary, whose symbols are the
 bytes seen in the training data) fails with InvalidArgumentError naming the vocabulary.
 
-    tokenizer = TransformerXLTokenizer.from_data_dir("data/wt103")
+    tokenizer = GraphTokenizer.from_data_dir("data/wt103")
     ids = tokenizer(["the cat sat\\n", "on the"])  # tf.RaggedTensor int32 [2, (T)]
     tokenizer.detokenize(ids)                      # tf.Tensor string [2]: b"the cat sat\\n", b"on the"
     dataset = tf.data.Dataset.from_tensor_slices(texts).map(tokenizer)
@@ -48,8 +49,9 @@ def _as_ids(inputs):
         return tf.ragged.constant(inputs)
 
 
-@keras.saving.register_keras_serializable(package="txl_tf")
-class TransformerXLTokenizer(keras.layers.Layer):
+# Registered under its earlier name, so that .keras files holding it load.
+@keras.saving.register_keras_serializable(package="txl_tf", name="TransformerXLTokenizer")
+class GraphTokenizer(keras.layers.Layer):
     """Text <-> token ids of a Transformer-XL vocabulary (char or word level), in the TensorFlow graph.
 
     `call` (the layer's `__call__`) is `tokenize`. A scalar string gives a dense int tensor [T]; a batch of
@@ -65,7 +67,7 @@ class TransformerXLTokenizer(keras.layers.Layer):
 
     >>> from txl_tf.data.vocab import Vocab
     >>> vocab = Vocab(["<eos>", "the", "cat", "<unk>"], "word", eos="<eos>", unk="<unk>")
-    >>> tokenizer = TransformerXLTokenizer(vocab)
+    >>> tokenizer = GraphTokenizer(vocab)
     >>> tokenizer(["the cat\\n", "the dog"]).to_list()
     [[1, 2, 0], [1, 3]]
     >>> tokenizer.detokenize([[1, 2, 0], [1, 3]]).numpy().tolist()
@@ -77,7 +79,7 @@ class TransformerXLTokenizer(keras.layers.Layer):
             vocabulary = Vocab.from_json(vocabulary, where="the tokenizer's vocabulary")
         if not isinstance(vocabulary, Vocab):
             raise ConfigError(f"vocabulary must be a txl_tf Vocab or its to_json() dict, got "
-                              f"{type(vocabulary).__name__}; use TransformerXLTokenizer.from_data_dir(DIR) or "
+                              f"{type(vocabulary).__name__}; use GraphTokenizer.from_data_dir(DIR) or "
                               "from_vocab_file(PATH)")
         super().__init__(dtype=dtype, **kwargs)
         if self.compute_dtype not in ("int32", "int64"):
@@ -89,17 +91,17 @@ class TransformerXLTokenizer(keras.layers.Layer):
 
     # ---- constructors ---------------------------------------------------------------------------------
     @classmethod
-    def from_vocab(cls, vocab: Vocab, **kwargs) -> TransformerXLTokenizer:
+    def from_vocab(cls, vocab: Vocab, **kwargs) -> GraphTokenizer:
         """The tokenizer of a `Vocab`."""
         return cls(vocab, **kwargs)
 
     @classmethod
-    def from_vocab_file(cls, path: str, **kwargs) -> TransformerXLTokenizer:
+    def from_vocab_file(cls, path: str, **kwargs) -> GraphTokenizer:
         """The tokenizer of a vocabulary file (`vocab.json`, as `python -m txl_tf.data.prepare` writes it)."""
         return cls(Vocab.load(path), **kwargs)
 
     @classmethod
-    def from_data_dir(cls, data_dir: str, **kwargs) -> TransformerXLTokenizer:
+    def from_data_dir(cls, data_dir: str, **kwargs) -> GraphTokenizer:
         """The tokenizer of a prepared data directory (its vocabulary, checked against its metadata)."""
         from txl_tf.data.pipeline import load_vocab
 
