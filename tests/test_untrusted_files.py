@@ -16,7 +16,7 @@ import gin
 import pytest
 from train_utils import REPO_ROOT, subprocess_env, tiny_params
 
-from txl_tf import configs, fused, run_dir
+from txl_tf import configs, fused, run_dir, untrusted
 from txl_tf.errors import ConfigError
 
 ALLOW_IMPORTS = "TXL_TF_GIN_ALLOW_IMPORTS"  # the opt-in (configs.ALLOW_IMPORTS_ENV)
@@ -213,17 +213,17 @@ def test_untrusted_refuses_other_owners_and_shared_write_bits(tmp_path):
     def info(mode, uid):
         return os.stat_result((mode, 0, 0, 1, uid, 0, 0, 0, 0, 0))
 
-    assert fused.untrusted(info(stat.S_IFDIR | 0o700, 1000), uid=1000) is None
-    assert fused.untrusted(info(stat.S_IFREG | 0o755, 1000), uid=1000) is None
-    assert fused.untrusted(info(stat.S_IFDIR | 0o700, 1001), uid=1000) == "owned by uid 1001, not 1000"
-    assert fused.untrusted(info(stat.S_IFDIR | 0o1777, 1000), uid=1000) == "writable by group and others (mode 1777)"
-    assert fused.untrusted(info(stat.S_IFREG | 0o664, 1000), uid=1000) == "writable by group (mode 664)"
+    assert untrusted.owner_problem(info(stat.S_IFDIR | 0o700, 1000), uid=1000) is None
+    assert untrusted.owner_problem(info(stat.S_IFREG | 0o755, 1000), uid=1000) is None
+    assert untrusted.owner_problem(info(stat.S_IFDIR | 0o700, 1001), uid=1000) == "owned by uid 1001, not 1000"
+    assert untrusted.owner_problem(info(stat.S_IFDIR | 0o1777, 1000), uid=1000) == "writable by group and others (mode 1777)"
+    assert untrusted.owner_problem(info(stat.S_IFREG | 0o664, 1000), uid=1000) == "writable by group (mode 664)"
     library = tmp_path / "fused_ops.so"
     library.write_bytes(b"")
     os.chmod(library, 0o644)
-    assert fused.untrusted(os.stat(library)) is None  # this process's own file
+    assert untrusted.owner_problem(os.stat(library)) is None  # this process's own file
     os.chmod(library, 0o646)
-    assert fused.untrusted(os.stat(library)) == "writable by others (mode 646)"
+    assert untrusted.owner_problem(os.stat(library)) == "writable by others (mode 646)"
 
 
 def test_library_planted_in_the_shared_temp_folder_is_not_loaded(planted_library, kernel_env, tmp_path,

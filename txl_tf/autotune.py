@@ -163,62 +163,6 @@ def cpu_name() -> str:
     return f"{cpu_model()} [{flags}] x{os.cpu_count()}"
 
 
-# ---- who may have written a file: the checks of this cache and of the fused kernels' cache (txl_tf.fused) -----
-def untrusted(info: os.stat_result, uid: int | None = None) -> str | None:
-    """Why a cached file or one of its folders, of this `os.stat` result, may hold what this user did not write, or
-    None: it belongs to another user than `uid` (default: this process's) or the group or others may write it."""
-    uid = os.getuid() if uid is None else uid
-    if info.st_uid != uid:
-        return f"owned by uid {info.st_uid}, not {uid}"
-    writers = [who for who, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if info.st_mode & bit]
-    if writers:
-        return f"writable by {' and '.join(writers)} (mode {stat.S_IMODE(info.st_mode):o})"
-    return None
-
-
-def untrusted_path(path) -> str | None:
-    """Why another user could have put or could swap what is at the existing `path` (a cached file or folder), or
-    None. `path` itself must be this user's and nobody else's to write (`untrusted`); every folder above it, up
-    to the root, must belong to this user or to root and be writable by nobody else, except a sticky folder
-    (like /tmp) above one that passed: others may not rename or delete what is not theirs in it. Links in `path`
-    are resolved first (the caller then uses `os.path.realpath(path)`, whose folders are these)."""
-    if not hasattr(os, "getuid"):  # no POSIX owners to check (Windows)
-        return None
-    uid = os.getuid()
-    current = os.path.realpath(path)
-    info = os.lstat(current)
-    reason = "a symbolic link" if stat.S_ISLNK(info.st_mode) else untrusted(info, uid)
-    if reason:
-        return f"{current} is {reason}"
-    while True:
-        parent = os.path.dirname(current)
-        if parent == current:
-            return None
-        current, info = parent, os.lstat(parent)
-        if stat.S_ISLNK(info.st_mode):  # swapped for a link since realpath
-            return f"{current} is a symbolic link"
-        if info.st_uid not in (uid, 0):
-            return f"{current} is owned by uid {info.st_uid}, not {uid} or root"
-        shared = stat.S_IMODE(info.st_mode) & (stat.S_IWGRP | stat.S_IWOTH)
-        if shared and not info.st_mode & stat.S_ISVTX:  # sticky: what is below passed, and only its owner moves it
-            writers = " and ".join(w for w, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if shared & bit)
-            return f"{current} is writable by {writers} (mode {stat.S_IMODE(info.st_mode):o})"
-
-
-def make_private_dirs(path) -> None:
-    """Creates the folder `path` and each missing folder above it readable and writable by this user only (a
-    plain `mkdir -p` gives the parents the umask's mode, which may let the group write them)."""
-    path = pathlib.Path(path)
-    missing = []
-    while not path.is_dir():
-        missing.append(path)
-        if path.parent == path:
-            break
-        path = path.parent
-    for folder in reversed(missing):
-        folder.mkdir(mode=0o700, exist_ok=True)
-
-
 # ---- the cache of choices: reading (untrusted), validating, writing ------------------------------------------
 _MAX_TEXT = 200  # "measured" and "cpu": a date and a CPU's name
 _warned: set = set()
@@ -300,7 +244,7 @@ def _cache_folder_problem(path: pathlib.Path) -> str | None:
     """Why the folder of the cache file `path` may be another user's (`untrusted_path`), or None; None too when it
     does not exist yet."""
     try:
-        return untrusted_path(path.parent)
+        return untrusted_files.untrusted_path(path.parent)
     except FileNotFoundError:
         return None
 
@@ -319,7 +263,7 @@ def _read_cache() -> dict:
             return {}
         info = os.lstat(path)
         reason = "a symbolic link" if stat.S_ISLNK(info.st_mode) else (
-            untrusted(info) if hasattr(os, "getuid") else None)
+            untrusted_files.owner_problem(info) if hasattr(os, "getuid") else None)
         if reason:
             _warn_cache(path, f"{path} is {reason}", _REWRITTEN)
             return {}
@@ -348,7 +292,7 @@ def _write_cache(key: str, entry: dict) -> None:
     write, is skipped: the next run measures)."""
     path = cache_file()
     try:
-        make_private_dirs(path.parent)
+        untrusted_files.make_private_dirs(path.parent)
         if _cache_folder_problem(path):
             return
         cache = _read_cache()

@@ -54,8 +54,8 @@ import threading
 
 import tensorflow as tf
 
-from txl_tf.autotune import make_private_dirs, untrusted, untrusted_path  # noqa: F401  (TensorFlow-free there)
 from txl_tf.policy import KERNELS  # the choices of TrainConfig.kernels
+from txl_tf.untrusted import make_private_dirs, owner_problem, untrusted_path
 
 SOURCE = pathlib.Path(__file__).resolve().parent / "kernels" / "fused_ops.cc"
 _BASE_FLAGS = ["-shared", "-fPIC", "-O3", "-fno-math-errno", "-Wno-deprecated-declarations"]
@@ -181,7 +181,7 @@ def _checked_copy(target: pathlib.Path) -> pathlib.Path:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise _Untrusted(f"{target} is not a regular file")
-        reason = untrusted(info) if hasattr(os, "getuid") else None
+        reason = owner_problem(info) if hasattr(os, "getuid") else None
         if reason:
             raise _Untrusted(f"{target} is {reason}")
         if info.st_size > _LIBRARY_LIMIT:

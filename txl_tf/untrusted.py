@@ -23,6 +23,7 @@ import functools
 import json
 import math
 import os
+import pathlib
 import stat
 
 from txl_tf.errors import UserError
@@ -241,3 +242,59 @@ def load_json(path, *, max_bytes: int = JSON_LIMIT, what: str = "the file", max_
     """The JSON value in the regular file `path` (see `read_bytes` and `parse_json`)."""
     text = read_text(path, max_bytes=max_bytes, what=what)
     return parse_json(text, what=f"{what} {os.fspath(path)}", max_depth=max_depth, finite=finite)
+
+
+# ---- who may have written a cached file: the training path's cache (txl_tf.autotune), the fused kernels' ----
+def owner_problem(info: os.stat_result, uid: int | None = None) -> str | None:
+    """Why a cached file or one of its folders, of this `os.stat` result, may hold what this user did not write, or
+    None: it belongs to another user than `uid` (default: this process's) or the group or others may write it."""
+    uid = os.getuid() if uid is None else uid
+    if info.st_uid != uid:
+        return f"owned by uid {info.st_uid}, not {uid}"
+    writers = [who for who, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if info.st_mode & bit]
+    if writers:
+        return f"writable by {' and '.join(writers)} (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def untrusted_path(path) -> str | None:
+    """Why another user could have put or could swap what is at the existing `path` (a cached file or folder), or
+    None. `path` itself must be this user's and nobody else's to write (`owner_problem`); every folder above it, up
+    to the root, must belong to this user or to root and be writable by nobody else, except a sticky folder
+    (like /tmp) above one that passed: others may not rename or delete what is not theirs in it. Links in `path`
+    are resolved first (the caller then uses `os.path.realpath(path)`, whose folders are these)."""
+    if not hasattr(os, "getuid"):  # no POSIX owners to check (Windows)
+        return None
+    uid = os.getuid()
+    current = os.path.realpath(path)
+    info = os.lstat(current)
+    reason = "a symbolic link" if stat.S_ISLNK(info.st_mode) else owner_problem(info, uid)
+    if reason:
+        return f"{current} is {reason}"
+    while True:
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current, info = parent, os.lstat(parent)
+        if stat.S_ISLNK(info.st_mode):  # swapped for a link since realpath
+            return f"{current} is a symbolic link"
+        if info.st_uid not in (uid, 0):
+            return f"{current} is owned by uid {info.st_uid}, not {uid} or root"
+        shared = stat.S_IMODE(info.st_mode) & (stat.S_IWGRP | stat.S_IWOTH)
+        if shared and not info.st_mode & stat.S_ISVTX:  # sticky: what is below passed, and only its owner moves it
+            writers = " and ".join(w for w, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if shared & bit)
+            return f"{current} is writable by {writers} (mode {stat.S_IMODE(info.st_mode):o})"
+
+
+def make_private_dirs(path) -> None:
+    """Creates the folder `path` and each missing folder above it readable and writable by this user only (a
+    plain `mkdir -p` gives the parents the umask's mode, which may let the group write them)."""
+    path = pathlib.Path(path)
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for folder in reversed(missing):
+        folder.mkdir(mode=0o700, exist_ok=True)
