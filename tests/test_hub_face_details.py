@@ -188,7 +188,8 @@ def test_generate_with_settings_is_the_command_lines_engine_and_adds_no_weights(
 
 
 @pytest.mark.parametrize("bad", [dict(seed=-1), dict(seed=2**31), dict(seed=1.5), dict(temperature=float("nan")),
-                                 dict(top_k=1000), dict(top_p=0.0), dict(seed=1, stop_token_ids=[3])])
+                                 dict(top_k=1000), dict(top_k=2.5), dict(temperature="hot"), dict(top_p=0.0),
+                                 dict(seed=1, stop_token_ids=[3])])
 def test_generate_settings_out_of_range_are_one_line(bad):
     lm = tiny_lm()
     with pytest.raises(ConfigError) as raised:

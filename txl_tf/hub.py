@@ -1059,6 +1059,11 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             inputs = [text.decode("utf-8") if isinstance(text, bytes) else str(text)
                       for text in np.asarray(inputs).reshape([-1]).tolist()]
         single, texts = as_texts(inputs, "generate's inputs")
+        for name, value, kind in (("temperature", temperature, numbers.Real), ("top_k", top_k, numbers.Integral),
+                                  ("top_p", top_p, numbers.Real)):
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise ConfigError(f"generate's {name}={str(value)[:40]!r} must be a "
+                                  f"{'whole number' if kind is numbers.Integral else 'number'}")
         vocab = self.vocab
         ids = check_settings(vocab, texts, max_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p)
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**31:
