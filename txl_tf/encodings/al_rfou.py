@@ -3,7 +3,9 @@ added to each layer's memory and inputs (key position p gets row p; positions pa
 
 Trained on windows of max_position tokens, row max_position - 1 learns from the window's last prediction alone (no
 later query attends to its key), and a trained model predicts worst there: the position a sliding window of
-max_position tokens scores (tests/test_vanilla_baseline.py; txl_tf.study.sanity flags such a baseline)."""
+max_position tokens scores (tests/test_vanilla_baseline.py; txl_tf.study.sanity flags such a baseline). The studies
+train it with max_position = window - 1, so the window's last two positions share the last row and it learns as a
+key too (txl_tf.study.ablation.vanilla_params; docs/study_plan_v2.md)."""
 
 from __future__ import annotations
 

@@ -38,10 +38,24 @@ from txl_tf.study.tables import PAPER_GROUP
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
+    """A variant of the ablation: `vanilla` scores it with a sliding window, trains it with `vanilla_params` and
+    runs the sanity check on it."""
+
     name: str
     label: str
     recurrent: bool
     quick_params: tuple = ()
+    vanilla: bool = False
+
+
+def vanilla_params(window: int) -> list[str]:
+    """The bindings of the studies' vanilla model trained on windows of `window` tokens (docs/study_plan_v2.md): a
+    learned table of window - 1 rows, so the window's last two positions share its last row (al_rfou's rule for
+    positions past the table). With `window` rows, the last row learned from the window's last prediction alone
+    (no other query attends to its key) and the model scored worse at its own window, the position the sliding
+    window scores, than at shorter ones (issue 54). The gin files bind the same; the binding is in the run's spec
+    too, so its digest (which sees the bindings, not the files' text) tells the old model's archives apart."""
+    return [f"ModelConfig.max_position = {window - 1}"]
 
 
 VARIANTS = (
@@ -49,7 +63,7 @@ VARIANTS = (
     Variant("no_recurrence", "w/o recurrence", False),
     Variant("shaw", "Shaw et al. encoding + recurrence", True),
     Variant("vaswani", "Vaswani et al. encoding + recurrence", True, ("ModelConfig.d_inner = 80",)),
-    Variant("al_rfou", "Al-Rfou et al. vanilla (sliding window)", False),
+    Variant("al_rfou", "Al-Rfou et al. vanilla (sliding window)", False, vanilla=True),
     Variant("half_loss", "Transformer-XL, half loss", True),
 )
 BASELINE = "xl"
@@ -71,6 +85,9 @@ class Settings:
     bootstrap_block: int = 100
     max_tokens: int = 0  # 0 = the whole split
     seeds: tuple = (1, 2, 3)  # every variant, every seed (docs/study_plan.md)
+    # The vanilla variant's sanity check (docs/study_plan_v2.md): its validation split at these windows, the last
+    # its training window; it must not be worse there than at the shorter one.
+    sanity_windows: tuple = (64, 128)
     train_params: tuple = ()
     recurrent_params: tuple = ()
     nonrecurrent_params: tuple = ()
@@ -80,6 +97,7 @@ FULL = Settings()
 QUICK = Settings(
     train_attention=32, lengths=(32, 64, 128, 256), recl_contexts=(32, 64, 128, 192, 256), eval_tgt_len=16,
     eval_batch=4, n_layer=2, vanilla_blocks=4, bootstrap_block=20, max_tokens=6001, seeds=(1, 2),
+    sanity_windows=(16, 32),
     train_params=("ModelConfig.n_layer = 2", "ModelConfig.d_model = 32", "ModelConfig.n_head = 2",
                   "ModelConfig.d_head = 16", "ModelConfig.d_inner = 64", "ModelConfig.max_position = 32",
                   "TrainConfig.train_steps = 30", "TrainConfig.warmup_steps = 5", "TrainConfig.steps_per_loop = 10",
@@ -94,8 +112,8 @@ def _drop(settings: Settings) -> int:
     return settings.n_layer * max(max(settings.lengths), max(settings.recl_contexts))
 
 
-def scored_tokens(tokens: np.ndarray, settings: Settings):
-    """The kept tokens of the test split (txl_tf.study.scoring.ScoredTokens), checked to leave some."""
+def scored_tokens(tokens: np.ndarray, settings: Settings, split: str = "test"):
+    """The kept tokens of a split (txl_tf.study.scoring.ScoredTokens), checked to leave some."""
     from txl_tf.study import scoring
 
     if settings.max_tokens:
@@ -106,7 +124,7 @@ def scored_tokens(tokens: np.ndarray, settings: Settings):
         scored.check()
         scored.subset()
     except ValueError as e:
-        raise runs.StudyError(f"the test split is too short for the ablation: {e}") from None
+        raise runs.StudyError(f"the {split} split is too short for the ablation: {e}") from None
     return scored
 
 
@@ -119,13 +137,17 @@ def run_spec(variant: Variant, settings: Settings, data_dir: str, quick: bool, s
     if quick:
         params += settings.recurrent_params if variant.recurrent else settings.nonrecurrent_params
         params += variant.quick_params
+    if variant.vanilla:
+        params += vanilla_params(settings.train_attention)
     params += runs.seed_params(seed)
     return runs.RunSpec(name=runs.seed_name(variant.name, seed), gin_files=(f"study/ablation_{variant.name}.gin",), gin_params=tuple(params),
                         label=variant.label)
 
 
-def _evaluate(run_dir: str, model, configs, scored, length: int, settings: Settings, clamp_len: int = -1):
-    """Per-token losses (nats) at attention length `length`: [count] kept tokens (recurrent), [subset] (vanilla)."""
+def _evaluate(run_dir: str, model, configs, scored, length: int, settings: Settings, clamp_len: int = -1,
+              split: str = "test"):
+    """Per-token losses (nats) at attention length `length`: [count] kept tokens (recurrent), [subset] (vanilla);
+    `scored` is the test split's unless `split` says otherwise (its cache keys then start with the split)."""
     import time
 
     from txl_tf.study import scoring
@@ -133,7 +155,7 @@ def _evaluate(run_dir: str, model, configs, scored, length: int, settings: Setti
     vanilla = configs.eval.protocol == "vanilla"
     clamp = f"_clamp{clamp_len}" if clamp_len > 0 else ""
     where = f"b{scored.batch_size}_d{scored.drop}_n{scored.tokens.shape[0]}"
-    key = (f"window{length}_{where}_blocks{scored.subset_blocks}x{scored.block}" if vanilla
+    key = ("" if split == "test" else f"{split}_") + (f"window{length}_{where}_blocks{scored.subset_blocks}x{scored.block}" if vanilla
            else f"mem{length}{clamp}_t{settings.eval_tgt_len}_{where}")
 
     def compute():
@@ -153,29 +175,42 @@ def _evaluate(run_dir: str, model, configs, scored, length: int, settings: Setti
     return runs.cached_eval(run_dir, key, compute)
 
 
-def _facts(scored, settings: Settings, contexts: tuple, clamped: tuple) -> dict:
-    """The settings a variant's cells are scored under (txl_tf.study.archive), as JSON reads them back."""
+def _facts(scored, settings: Settings, contexts: tuple, clamped: tuple, valid=None) -> dict:
+    """The settings a variant's cells are scored under (txl_tf.study.archive), as JSON reads them back; `valid`
+    (the validation split's scored tokens) for a vanilla variant, whose sanity check scores it."""
     import json
 
     facts = {"study": "ablation", "contexts": contexts, "clamped": clamped, "clamp_len": settings.train_attention,
              "eval_tgt_len": settings.eval_tgt_len, "streams": scored.batch_size, "drop": scored.drop,
              "block": settings.bootstrap_block, "split_tokens": int(scored.tokens.shape[0]),
              "subset_tokens": int(scored.subset().shape[0])}
+    if valid is not None:
+        facts["sanity"] = {"split": "valid", "windows": settings.sanity_windows,
+                           "split_tokens": int(valid.tokens.shape[0]), "subset_tokens": int(valid.subset().shape[0])}
     return json.loads(json.dumps(facts))
 
 
 def _train_and_score(spec: runs.RunSpec, output_dir: str, scored, settings: Settings, contexts: tuple,
-                     position: str, archive_dir: str, clamped: tuple = (), clean: bool = False) -> tuple[dict, dict]:
+                     position: str, archive_dir: str, clamped: tuple = (), clean: bool = False, valid=None
+                     ) -> tuple[dict, dict]:
     """Trains one run (or finds it finished, or reads it from `archive_dir` as ablation_<run>) and scores it at
     `contexts`, and at `clamped` with clamp_len = the training attention length; returns (record,
-    {(split, length, clamp): archive.Cell}), every cell with its losses on the vanilla subset."""
-    from txl_tf.study import archive
+    {(split, length, clamp): archive.Cell}), every test cell with its losses on the vanilla subset. `valid`: the
+    validation split of a vanilla variant, scored at settings.sanity_windows for its sanity check (a StudyError
+    when it fails, before the run is archived)."""
+    from txl_tf.study import archive, sanity
 
-    facts = _facts(scored, settings, contexts, clamped)
+    facts = _facts(scored, settings, contexts, clamped, valid)
+
+    def check(cells: dict) -> None:
+        if valid is not None:
+            sanity.check_vanilla(cells, settings.sanity_windows[-1], name=name)
+
     name = f"ablation_{spec.name}"
     archived = archive.load(archive_dir, name, facts, spec.digest(portable=True), clean=clean)
     if archived is not None:
         runs.log(f"{position} {spec.name}: scores read from {archive.paths_of(archive_dir, name)[0]}")
+        check(archived[1]["cells"])
         return archived[0], archived[1]["cells"]
     run_dir = os.path.join(output_dir, "runs", spec.name)
     runs.log(f"{position} {spec.name}: training ({', '.join(spec.gin_files)}) in {run_dir}")
@@ -200,18 +235,25 @@ def _train_and_score(spec: runs.RunSpec, output_dir: str, scored, settings: Sett
         losses, info = _evaluate(run_dir, model, configs, scored, length, settings, clamp_len=clamp)
         cells[("test", length, clamp)] = archive.Cell.of(losses, settings.bootstrap_block, subset)
         runs.log(f"{position} {spec.name}: attention {length}, clamp_len {clamp}: {info['bpc']:.4f} bpc")
+    for length in settings.sanity_windows if valid is not None else ():
+        losses, info = _evaluate(run_dir, model, configs, valid, length, settings, split="valid")
+        cells[("valid", length, -1)] = archive.Cell.of(losses, settings.bootstrap_block)
+        runs.log(f"{position} {spec.name}: validation, window {length}: {info['bpc']:.4f} bpc (sanity check)")
     import keras
 
     del model
     keras.backend.clear_session()
+    check(cells)
     path = archive.save(archive_dir, name, spec.digest(portable=True), record, {"cells": cells, "probe": {}}, facts)
     runs.log(f"{position} {spec.name}: archived in {path}")
     return record, cells
 
 
 def _subset_losses(cells: dict, names) -> dict:
-    """{name: {length: losses on the vanilla subset}} (unclamped cells): the tokens every variant is scored on."""
-    return {n: {length: cell.subset for (_, length, clamp), cell in cells[n].items() if clamp == -1} for n in names}
+    """{name: {length: losses on the vanilla subset}} (unclamped test cells): the tokens every variant is scored
+    on."""
+    return {n: {length: cell.subset for (split, length, clamp), cell in cells[n].items()
+                if split == "test" and clamp == -1} for n in names}
 
 
 def _compare(cells: dict, a: tuple, b: tuple, settings: Settings, vanilla: frozenset) -> dict:
@@ -269,6 +311,7 @@ def train_variants(output_dir: str, data_dir: str, names, *, quick: bool = False
     contexts = tuple(sorted(set(settings.lengths) | set(settings.recl_contexts)))
     clamped = tuple(length for length in settings.lengths if length > settings.train_attention)
     chosen = [v for v in VARIANTS if v.name in names]
+    valid = scored_tokens(pipeline.read_split(data_dir, "valid"), settings, "valid") if any(v.vanilla for v in chosen) else None
     records, losses, seeds = {}, {}, {}
     total, done = len(chosen) * len(settings.seeds), 0
     for variant in chosen:
@@ -277,7 +320,7 @@ def train_variants(output_dir: str, data_dir: str, names, *, quick: bool = False
             spec = run_spec(variant, settings, data_dir, quick, seed=seed)
             records[spec.name], losses[spec.name] = _train_and_score(
                 spec, output_dir, scored, settings, contexts, f"[{done}/{total}]", archive_dir,
-                clamped if variant.name == BASELINE else (), clean=not quick)
+                clamped if variant.name == BASELINE else (), clean=not quick, valid=valid if variant.vanilla else None)
             records[spec.name]["variant"], records[spec.name]["seed"] = variant.name, seed
             seeds.setdefault(variant.name, []).append(spec.name)
     return records, losses, seeds
@@ -340,7 +383,7 @@ def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool 
         "best_length": best,
         "ranking": ranked,
         "seeds": seeds,
-        "plan": "docs/study_plan.md, version 1",
+        "plan": "docs/study_plan.md, version 1, and docs/study_plan_v2.md (the vanilla baseline)",
         "comparisons": comparisons,
         "tried": tried,
     }

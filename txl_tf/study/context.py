@@ -45,7 +45,7 @@ import os
 import numpy as np
 
 from txl_tf.protocol import Protocol
-from txl_tf.study import ablation, runs, scoring
+from txl_tf.study import ablation, runs, sanity, scoring
 from txl_tf.study import probe as probe_lib
 
 UNCLAMPED = -1
@@ -170,6 +170,8 @@ def run_spec(model: Model, settings: Settings, data_dir: str, quick: bool, corpu
     if quick:
         params += settings.recurrent_params if model.recurrent else settings.nonrecurrent_params
         params += model.quick_params
+    if model.vanilla:  # a table of one row fewer than its window (docs/study_plan_v2.md)
+        params += ablation.vanilla_params(settings.train_span)
     params += runs.seed_params(seed)
     return runs.RunSpec(name=runs.seed_name(f"{corpus.key}_{model.name}", seed),
                         gin_files=(f"study/context_{model.name}.gin",), gin_params=tuple(params), label=model.label)
@@ -321,6 +323,15 @@ def _cells(losses: dict, settings: Settings, data: Splits, vanilla: bool) -> dic
     return out
 
 
+def check_sanity(model: Model, run: str, cells: dict, settings: Settings) -> None:
+    """The sanity check of docs/study_plan_v2.md: a model scored with a fixed window (the vanilla one, its window
+    the training span) must not be worse at that window than at a shorter one on the validation split
+    (txl_tf.study.sanity.check_vanilla); a StudyError stops the study otherwise. Recurrent models choose their
+    memory on the validation split and are not checked."""
+    if model.vanilla:
+        sanity.check_vanilla(cells, settings.train_span, name=run)
+
+
 def train_and_score(model: Model, output_dir: str, data_dir: str, data: Splits, settings: Settings,
                     quick: bool, corpus: Corpus = CORPORA[0], archive_dir: str | None = None, seed: int = 1
                     ) -> tuple[dict, dict]:
@@ -342,6 +353,7 @@ def train_and_score(model: Model, output_dir: str, data_dir: str, data: Splits, 
     archived = archive.load(archive_dir, spec.name, facts, spec.digest(portable=True), clean=not quick)
     if archived is not None:
         runs.log(f"[{corpus.key}] {spec.name}: scores read from {archive.paths_of(archive_dir, spec.name)[0]}")
+        check_sanity(model, spec.name, archived[1]["cells"], settings)
         return archived
     run_dir = os.path.join(output_dir, "runs", spec.name)
     runs.log(f"[{corpus.key}] {spec.name}: training ({', '.join(spec.gin_files)}) in {run_dir}")
@@ -365,6 +377,7 @@ def train_and_score(model: Model, output_dir: str, data_dir: str, data: Splits, 
             scores["checkpoints"][step] = {k: archive.Cell.of(x, settings.block) for k, x in grid.items()}
             scores["checkpoint_tokens"][step] = step * tokens_per_step
     keras.backend.clear_session()
+    check_sanity(model, spec.name, scores["cells"], settings)  # a failing model is not archived (its evals stay)
     path = archive.save(archive_dir, spec.name, spec.digest(portable=True), record, scores, facts)
     runs.log(f"[{corpus.key}] {spec.name}: archived in {path}")
     return record, scores

@@ -107,7 +107,8 @@ def section(seed_scores: dict, settings: Settings) -> dict:
     from txl_tf.study.tables import PAPER_GROUP
 
     claims, split = family(seed_scores, settings)
-    out = {"plan": "docs/study_plan.md, version 1", "seeds": {n: len(s) for n, s in seed_scores.items()},
+    out = {"plan": "docs/study_plan.md, version 1, and docs/study_plan_v2.md (the vanilla baseline)",
+           "seeds": {n: len(s) for n, s in seed_scores.items()},
            "claims": evidence.decide(claims) if claims else {}, "parts": split, "recl_grid": list(recl_grid(settings))}
     group = [n for n in PAPER_GROUP if n in seed_scores]
     if len(group) < len(PAPER_GROUP):
