@@ -1,8 +1,8 @@
 """docs/python.md and examples/quickstart.ipynb run as written.
 
-Both read a trained run at `runs/sample` and its prepared data at `data/enwik8_sample` (what `make run` leaves
-behind), relative to the working directory. The tests prepare a tiny character-level corpus and train a tiny model
-for a few steps at those paths in a temporary directory, then:
+Both read the prepared data at `data/enwik8_sample`, relative to the working directory, and train their own quick
+model (`runs/quick`) from it. The tests prepare a tiny character-level corpus at that path in a temporary
+directory, then:
   - run every code block of docs/python.md, in order, as one script in a fresh Python process (```python blocks as
     they are, ```bash blocks through bash at that point of the script, with this Python's `python` on PATH);
   - execute the notebook with nbclient in a real ipykernel kernel of this Python.
@@ -17,11 +17,11 @@ import subprocess
 import sys
 
 import pytest
-from train_utils import REPO_ROOT, run_training, subprocess_env, tiny_params, tiny_text
+from train_utils import REPO_ROOT, subprocess_env, tiny_text
 
 DOC = pathlib.Path(REPO_ROOT) / "docs" / "python.md"
 NOTEBOOK = pathlib.Path(REPO_ROOT) / "examples" / "quickstart.ipynb"
-RUN_DIR, DATA_DIR = "runs/sample", "data/enwik8_sample"  # where the doc and the notebook look, as after `make run`
+DATA_DIR = "data/enwik8_sample"  # where the doc and the notebook look (what `make run` prepares)
 LANGUAGES = ("python", "bash")
 _FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 
@@ -54,7 +54,7 @@ def example_env() -> dict:
 @pytest.fixture(scope="module")
 def sample_dir(tmp_path_factory):
     """A directory with a tiny `data/enwik8_sample` (every printable ASCII character in its vocabulary, so that any
-    English text can be fine-tuned on) and a tiny model trained on it for a few steps in `runs/sample`."""
+    English text can be fine-tuned on)."""
     from txl_tf.data import corpora, prepare
 
     root = tmp_path_factory.mktemp("sample")
@@ -62,7 +62,6 @@ def sample_dir(tmp_path_factory):
     source.write_text(tiny_text(300) + string.ascii_letters + string.digits + string.punctuation + " \t\n")
     data_dir = str(root / DATA_DIR)
     prepare.prepare("text", data_dir, corpora.Settings(source=str(source), level="char", cache_dir=str(root)))
-    run_training(str(root / RUN_DIR), tiny_params(data_dir, **{"EvalConfig.max_steps": 2}))
     source.unlink()
     return root
 

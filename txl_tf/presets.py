@@ -1,8 +1,8 @@
-"""What `from_preset` loads: a txl_tf preset, a run directory (its newest or best checkpoint, or averaged/) or a
-directory converted from the authors' checkpoint, as a built model with its vocabulary and configs.
+"""What `txl_tf.TransformerXLCausalLM.from_preset` loads besides keras-hub's presets: a run directory (its newest or
+best checkpoint, or averaged/), a directory converted from the authors' checkpoint, or a preset of txl_tf's earlier
+format (read only: the package writes keras-hub's presets), as a built model with its vocabulary and configs.
 
-`txl_tf.TransformerXLCausalLM.from_preset` and `txl_tf.hub.TransformerXLCausalLM.from_preset` both load through
-`load`. A preset's config.json is untrusted input (`read_preset_config`).
+A preset's config.json is untrusted input (`read_preset_config`).
 """
 
 from __future__ import annotations

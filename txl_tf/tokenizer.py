@@ -1,5 +1,5 @@
 """`GraphTokenizer`: a model's vocabulary as a Keras layer (text -> ids -> text inside TensorFlow), the layer inside
-the keras-hub tokenizer `txl_tf.GraphTokenizer` (`txl_tf.hub`) and beside the SavedModel's.
+the keras-hub tokenizer `txl_tf.TransformerXLTokenizer` (`txl_tf.hub`) and beside the SavedModel's.
 
 A thin Keras face over `txl_tf.data.tf_tokenize.TFTokenizer`, the in-graph tokenizer the SavedModel already
 uses, so ids equal `Vocab.encode`'s and text equals `Vocab.decode`'s. It works eagerly, inside `tf.function` and
