@@ -4,6 +4,7 @@ loaded from another working directory, `detokenize` of one sequence, tokens as s
 
 import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -203,3 +204,18 @@ def test_from_preset_of_a_missing_path_or_a_file_is_one_line(tmp_path):
         with pytest.raises(UserError, match="from_preset expects a preset directory") as raised:
             TransformerXLCausalLM.from_preset(path)
         assert "\n" not in str(raised.value)
+
+
+# ---- item 9: importing the package from Python ---------------------------------------------------------------------
+def test_importing_txl_tf_hub_prints_no_tensorflow_start_up_lines():
+    """`import txl_tf.hub` in a user's Python (TensorFlow's log level left unset) prints nothing: TensorFlow's
+    start-up notices are set aside as for the commands; TXL_TF_TF_LOGS=1 keeps them."""
+    env = dict(subprocess_env())
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    code = "import txl_tf.hub, tensorflow as tf; print(tf.constant(2).numpy())"
+    quiet = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert quiet.returncode == 0 and quiet.stdout == "2\n" and quiet.stderr == "", quiet.stderr[-2000:]
+    loud = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env={**env, "TXL_TF_TF_LOGS": "1"},
+                          capture_output=True, text=True, timeout=120)
+    assert loud.returncode == 0 and loud.stdout == "2\n"

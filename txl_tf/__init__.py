@@ -14,6 +14,11 @@ from txl_tf.version import __version__
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
+# TensorFlow's start-up lines (the absl pre-init warning, the oneDNN and CUDA-driver notices) are set aside when
+# TensorFlow is first imported after txl_tf, as for the commands (txl_tf.cli.quiet_tensorflow; TXL_TF_TF_LOGS=1
+# keeps them). Importing cli imports no TensorFlow.
+from txl_tf import cli as _cli  # noqa: E402, F401
+
 HUB_CLASSES = ("TransformerXLBackbone", "TransformerXLCausalLM", "TransformerXLCausalLMPreprocessor",
                "TransformerXLTokenizer")
 __all__ = ["TransformerXL", *HUB_CLASSES, "__version__"]
