@@ -293,6 +293,72 @@ def test_every_test_file_has_a_py_test():
     assert not problems, "fix tests/BUILD:\n  " + "\n  ".join(problems)
 
 
+# The package's stages (issue 53): the model's layers import only the model and the base, and the base (errors,
+# paths, untrusted input, staging, the entry points' set-up) imports no TensorFlow or Keras.
+BASE = tuple(f"{PACKAGE}/{name}.py" for name in (
+    "errors", "paths", "untrusted", "staging", "run_lock", "version", "protocol", "policy", "cli"))
+MODEL_LAYERS = tuple(f"{PACKAGE}/{name}.py" for name in (
+    "attention", "block", "dropout", "embedding", "projection", "softmax", "state", "model", "fused", "flops"))
+HEAVY = ("tensorflow", "keras", "keras_hub", "tf_keras")
+
+
+def reached(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module file `start` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for target in graph.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def stage_problems(graph: dict[str, set[str]], imports_of) -> list[str]:
+    """Where a module of the model's layers (MODEL_LAYERS, encodings/) reaches a module outside the model and the
+    base, or a module of the base reaches one outside the base or imports a package of HEAVY (`imports_of(file)`:
+    the top-level packages a file imports)."""
+    def is_model(path):
+        return path in MODEL_LAYERS or path.startswith(f"{PACKAGE}/encodings/")
+
+    problems = []
+    for path in sorted(graph):
+        if is_model(path):
+            outside = sorted(t for t in reached(graph, path) if not (is_model(t) or t in BASE))
+            problems += [f"{path} (the model's layers) imports {t}" for t in outside]
+        elif path in BASE:
+            outside = sorted(t for t in reached(graph, path) if t not in BASE)
+            problems += [f"{path} (the base) imports {t}" for t in outside]
+            problems += [f"{path} (the base) imports {name}" for name in sorted(set(imports_of(path)) & set(HEAVY))]
+    return problems
+
+
+def _top_level_imports(path: str) -> set[str]:
+    tree = ast.parse((REPO_ROOT / path).read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_model_layers_and_the_base_stay_in_their_stages():
+    problems = stage_problems(import_graph(REPO_ROOT), _top_level_imports)
+    assert not problems, "imports across the package's stages:\n  " + "\n  ".join(problems)
+
+
+def test_a_layer_importing_training_or_a_base_module_importing_tensorflow_is_named():
+    graph = {f"{PACKAGE}/attention.py": {f"{PACKAGE}/fused.py"}, f"{PACKAGE}/fused.py": {f"{PACKAGE}/autotune.py"},
+             f"{PACKAGE}/autotune.py": set(), f"{PACKAGE}/paths.py": {f"{PACKAGE}/errors.py"},
+             f"{PACKAGE}/errors.py": set()}
+    imports = {f"{PACKAGE}/errors.py": {"os", "tensorflow"}}
+    assert stage_problems(graph, lambda path: imports.get(path, set())) == [
+        f"{PACKAGE}/attention.py (the model's layers) imports {PACKAGE}/autotune.py",
+        f"{PACKAGE}/errors.py (the base) imports tensorflow",
+        f"{PACKAGE}/fused.py (the model's layers) imports {PACKAGE}/autotune.py"]
+
+
 def test_no_import_cycle_in_the_package():
     """No txl_tf module imports itself through others, counting the imports inside functions: a lazy import that
     only hides a circle still makes the modules one tangle (and an import order away from a partial module)."""
