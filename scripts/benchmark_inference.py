@@ -14,21 +14,26 @@ loaded back, so both paths serve the same weights with the same keys/values cach
 For every path, batch and context (a random prompt of that many tokens, consumed first):
   per-token latency: --tokens single-token calls, each from Python and waited for (the call, then a greedy pick
     on the host): p50 / p90 / p99 in ms. This is what a serving loop that returns every token sees.
-  decode-loop tokens/s, greedy: rows x (N - 1) over the loop's time of N - 1 new tokens (N = --tokens), the time
-    of one call that generates N new tokens minus that of one that generates 1, so that the prompt's processing
-    (the same work in both calls) cancels; the first calls of each shape (tracing, XLA compilation) are made
-    before any timing. Transformer-XL: `txl_tf.generation.Generator` (keras-hub's loop, sampling in the graph),
-    the same prompt in both calls, N + 1 wide and 2 wide after it (its prompt is consumed in segments of the
-    prompt's length: the padding costs nothing there). The SavedModel path: its `generate` signature (the same
-    function, traced at export).
+  decode-loop tokens/s, greedy: rows x (N - 1) over the loop's time of N - 1 new tokens, the time of one call
+    that generates N new tokens minus that of one that generates 1, so that the prompt's processing (the same
+    work in both calls) cancels; the first calls of each shape (tracing, XLA compilation) are made before any
+    timing. N is --tokens, except where a Transformer-XL call's prompt takes more than half of that loop (batch
+    32 at a long context: ~7 s of prompt against ~1 s of 63 tokens): then N is raised, from one pair timed after
+    the compiling pair, until the loop takes about twice the prompt's time (at most --most_tokens), so that the
+    calls' own variation (seconds at batch 32, context 2,000 on a shared 2-core machine) does not decide the
+    difference. The line printed for each cell gives N and the median time of each call. Transformer-XL:
+    `txl_tf.generation.Generator` (keras-hub's loop, sampling in the graph), the same prompt in both calls, N +
+    context and 1 + context wide (its prompt is consumed in segments of the prompt's length: the padding costs
+    nothing there); the SavedModel path: its `generate` signature (the same function, traced at export).
   --peer=gpt2: keras-hub's `GPT2CausalLM` with random weights and no preprocessor (built offline from a
     `GPT2Backbone` of --arch's layers, width, heads and feed-forward, --n_token tokens, dropout 0, positions for
-    the longest context + N), `compile(sampler="greedy", jit_compile=True)`, its generate function (keras-hub's
-    tf.function under XLA: the prompt's forward pass, then the sampler's loop over its keys/values cache) called
-    on token ids and a padding mask. Its forward pass over the prompt runs over the whole padded width and every
-    step attends over that width, so both calls are context + N wide: the prompt of context tokens (N new
-    tokens) against the same prompt and N - 1 more random tokens (1 new token); the difference is N - 1 loop
-    steps from the context on, with the same compiled function and the same prompt work in both.
+    the longest context + --tokens), `compile(sampler="greedy", jit_compile=True)`, its generate function
+    (keras-hub's tf.function under XLA: the prompt's forward pass, then the sampler's loop over its keys/values
+    cache) called on token ids and a padding mask. Its forward pass over the prompt runs over the whole padded
+    width and every step attends over that width, so both calls are context + N wide (N = --tokens: its loop
+    outweighs its prompt): the prompt of context tokens (N new tokens) against the same prompt and N - 1 more
+    random tokens (1 new token); the difference is N - 1 loop steps from the context on, with the same compiled
+    function and the same prompt work in both.
   Each of --repeats rounds times every path's pair of calls in turn, the paths taking turns so that a slow
   moment of a shared machine hits all; a cell is the median of its rounds, printed with their min and max.
 Then the bound the machine's memory reads put on decoding (the ring's bytes per step over the read bandwidth
@@ -37,11 +42,13 @@ the state carried.
 Timings are wall times of this process on this machine; only figures from one run compare.
 
 Before 2026-11-28 a cell was the least-squares slope of the fastest of --repeats timings at each of 1, N / 2 + 1
-and N new tokens, the fastest of each length taken from whichever round was fastest for it: with the prompt most
-of each call (about 3 s of 64,000 prompt tokens at batch 32 and context 2,000 against 1.3 s of loop), a slow or
-quick moment in the round of one length moved the slope by several times (257 and 4,571 tokens/s for the same
-batch-32, context-2,000 cell in two runs, issue 55). A round now pairs its two calls, and the spread shows what
-a cell's figure is worth.
+and N new tokens, the fastest of each length taken from whichever round was fastest for it. At batch 32 and
+context 2,000 a call is ~7 s of prompt (16 segments of 32 x 128 tokens) and ~1 s of loop, and the same call
+varied by 0.1-3 s between repeats (7.1-9.4 s for 1 new token, 7.7-8.1 s for 64; the fastest call of 63 tokens
+faster than that of 3): the slope measured the prompt's variation, 257 tokens/s in one run and 4,571 (above the
+memory-read bound) in the next (issue 55). No retrace or cache hit: the compiling calls took 15-18 s, every
+later call 7-10 s. A round now pairs its two calls, N grows where the prompt dominates, and the spread shows
+what a cell's figure is worth.
 """
 
 from __future__ import annotations
@@ -77,6 +84,8 @@ def define_flags(flag_values) -> None:
     flags.DEFINE_integer("repeats", 5, "Rounds of decode-loop timings per cell: the median counts, min and max "
                          "printed.", flag_values=fv)
     flags.DEFINE_enum("dtype", "float32", ["float32", "mixed_bfloat16"], "Compute dtype.", flag_values=fv)
+    flags.DEFINE_integer("most_tokens", 512, "Most new tokens of a Transformer-XL decode-loop call where the prompt "
+                         "would outweigh --tokens' loop.", flag_values=fv)
     flags.DEFINE_enum("peer", None, ["gpt2"], "Also time keras-hub's GPT2CausalLM of --arch's shape (random weights, "
                       "built offline; not with --model_dir) and print the ratios.", flag_values=fv)
 
@@ -203,27 +212,42 @@ def gpt2_timer(lm, prompt, tokens: int, seed: int = 3):
     return run
 
 
-def decode_speeds(timers: dict, rows: int, tokens: int, repeats: int) -> tuple[dict, dict]:
-    """({name: [tokens/s of each round]}, {name: (median seconds of the calls making 1, making `tokens`)}):
-    rows x (tokens - 1) over the time of a call making `tokens` new tokens minus that of one making 1 (`timers`:
-    name -> new -> seconds), each path's pair after its first calls of both (tracing and compiling), the paths
-    taking turns in every round so that a slow moment of a shared machine hits all of them. A round whose
-    difference is not positive (lost in noise) counts as nan."""
+def decode_speeds(timers: dict, rows: int, tokens: int, repeats: int, most: int) -> tuple[dict, dict]:
+    """({name: [tokens/s of each round]}, {name: (N, median seconds of the calls making 1, making N)}): rows x
+    (N - 1) over the time of a call making N new tokens minus that of one making 1. `timers`: name -> (new ->
+    seconds, whether N may grow). N is `tokens`, or where it may grow and a call's prompt takes more than half
+    its loop (estimated from one pair after the compiling pair), enough tokens for the loop to take twice the
+    prompt's time, at most `most`: the difference of two calls is then mostly loop, not the prompt's variation
+    between calls. The paths take turns in every round so that a slow moment of a shared machine hits all of them,
+    the order of a pair alternating; a round whose difference is not positive (lost in noise) counts as nan."""
+    import math
+
     import numpy as np
 
-    for run in timers.values():
-        run(1), run(tokens)
+    lengths = {}
+    for name, (run, grows) in timers.items():
+        run(1), run(tokens)  # tracing and compiling
+        short, long = run(1), run(tokens)
+        new = tokens
+        if grows:
+            step = (long - short) / (tokens - 1)
+            wanted = most if step <= 0 else math.ceil(2 * short / step) + 1
+            new = max(tokens, min(most, wanted))
+            if new > tokens:
+                run(new)  # compiling the longer call
+        lengths[name] = new
     rates = {name: [] for name in timers}
     calls = {name: [] for name in timers}
     for round_ in range(repeats):
-        for name, run in timers.items():
+        for name, (run, _) in timers.items():
+            new = lengths[name]
             if round_ % 2:  # the order alternates: whatever one call leaves behind (caches, allocations) for the next
-                short, long = run(1), run(tokens)
+                short, long = run(1), run(new)
             else:
-                long, short = run(tokens), run(1)
+                long, short = run(new), run(1)
             calls[name].append((short, long))
-            rates[name].append(rows * (tokens - 1) / (long - short) if long > short else float("nan"))
-    return rates, {name: tuple(np.median(np.asarray(pairs), axis=0)) for name, pairs in calls.items()}
+            rates[name].append(rows * (new - 1) / (long - short) if long > short else float("nan"))
+    return rates, {name: (lengths[name], *np.median(np.asarray(pairs), axis=0)) for name, pairs in calls.items()}
 
 
 def spread(rates) -> tuple:
@@ -341,13 +365,13 @@ def main(argv):
             for name, (step, initial_state, _, _) in paths.items():
                 log_probs, state = consume(step, prompt, initial_state(batch), max_len)
                 latencies[name] = token_latency(step, state, log_probs, FLAGS.tokens)
-            timers = {name: txl_timer(path[3], prompt) for name, path in paths.items()}
+            timers = {name: (txl_timer(path[3], prompt), True) for name, path in paths.items()}
             if gpt2 is not None:
-                timers["GPT-2"] = gpt2_timer(gpt2, prompt, FLAGS.tokens)
-            speeds, calls = decode_speeds(timers, batch, FLAGS.tokens, FLAGS.repeats)
+                timers["GPT-2"] = (gpt2_timer(gpt2, prompt, FLAGS.tokens), False)
+            speeds, calls = decode_speeds(timers, batch, FLAGS.tokens, FLAGS.repeats, FLAGS.most_tokens)
 
-            loop = {name: f"decode loop {cell(speeds[name])} tokens/s (a call of 1 / {FLAGS.tokens} new tokens: "
-                          f"{calls[name][0]:.3f} / {calls[name][1]:.3f} s)" for name in speeds}
+            loop = {name: f"decode loop {cell(speeds[name])} tokens/s (a call of 1 / {calls[name][0]} new tokens: "
+                          f"{calls[name][1]:.3f} / {calls[name][2]:.3f} s)" for name in speeds}
             for name, latency in latencies.items():
                 rows.append((name, batch, context, latency, speeds[name]))
                 print(f"{name:10s} batch {batch:3d} context {context:5d}: per token p50 {latency[0]:.2f} / p90 "
@@ -362,7 +386,7 @@ def main(argv):
                   f"{latency[1]:.1f} / p99 {latency[2]:.1f} ms", flush=True)
 
     print(f"\nGeneration (mem_len {protocol.mem_len}; per-token latency of single calls; decode-loop tokens/s, "
-          f"greedy, {FLAGS.tokens - 1} new tokens: the median (min-max) of {FLAGS.repeats} rounds):\n")
+          f"greedy: the median (min-max) of {FLAGS.repeats} rounds; the loop's new tokens in the lines above):\n")
     print("| path | batch | context | p50 ms | p90 ms | p99 ms | tokens/s |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, batch, context, (p50, p90, p99), speed in rows:

@@ -37,7 +37,8 @@ def test_gpt2_peer_table():
     Transformer-XL paths' rounds, and the ratios) positive and finite, min <= median <= max. No timing bound. One
     context: two took ~48 s on a 2-core machine."""
     stdout = run_benchmark("--arch=1,16,2,8,32", "--n_token=11", "--mem_len=16", "--max_len=8", "--contexts=4",
-                           "--batches=1", "--tokens=24", "--segments=1", "--repeats=2", "--peer=gpt2")
+                           "--batches=1", "--tokens=24", "--most_tokens=64", "--segments=1", "--repeats=2",
+                           "--peer=gpt2")
     rows = table(stdout, "| batch | context | GPT-2 | Transformer-XL Python | Transformer-XL SavedModel | "
                          "ratio Python | ratio SavedModel |")
     assert [(row[0], row[1]) for row in rows] == [("1", "4")], stdout
