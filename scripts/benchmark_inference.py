@@ -1,8 +1,10 @@
 """Serving latency: per-token generation latency and tokens/s, and per-segment scoring latency, for the Python
-model and its SavedModel, at batch 1 and 32 and at contexts from 100 tokens to the memory length.
+model and its SavedModel, at batch 1 and 32 and at contexts from 100 tokens to the memory length; with --peer=gpt2,
+keras-hub's GPT-2 of the same shape beside them.
 
     python scripts/benchmark_inference.py --model_dir=runs/sample --mem_len=2000 --contexts=100,500,1000,2000
     python scripts/benchmark_inference.py --arch=2,64,2,32,128 --n_token=50 --mem_len=64 --contexts=16,64
+    python scripts/benchmark_inference.py --arch=4,192,4,48,768 --n_token=200 --peer=gpt2
 
 The model is a trained run (--model_dir: its checkpoint and EvalConfig.tgt_len) or random weights of --arch.
 The protocol is mem_len = --mem_len (or EvalConfig.mem_len), clamp_len from EvalConfig (-1 for --arch),
@@ -12,14 +14,41 @@ loaded back, so both paths serve the same weights with the same keys/values cach
 For every path, batch and context (a random prompt of that many tokens, consumed first):
   per-token latency: --tokens single-token calls, each from Python and waited for (the call, then a greedy pick
     on the host): p50 / p90 / p99 in ms. This is what a serving loop that returns every token sees.
-  tokens/s: rows over the seconds per new token of generation (`txl_tf.generation.Generator`: keras-hub's loop,
-    sampling in the graph), the slope of the time of 1, --tokens / 2 + 1 and --tokens new tokens, so that the
-    prompt cancels; each the fastest of --repeats after a warm-up, the two paths taking turns: the Python model's
-    generator, the SavedModel's `generate` signature (the same function, traced at export).
+  decode-loop tokens/s, greedy: rows x (N - 1) over the loop's time of N - 1 new tokens, the time of one call
+    that generates N new tokens minus that of one that generates 1, so that the prompt's processing (the same
+    work in both calls) cancels; the first calls of each shape (tracing, XLA compilation) are made before any
+    timing. N is --tokens, except where a Transformer-XL call's prompt takes more than half of that loop (batch
+    32 at a long context: ~7 s of prompt against ~1 s of 63 tokens): then N is raised, from one pair timed after
+    the compiling pair, until the loop takes about twice the prompt's time (at most --most_tokens), so that the
+    calls' own variation (seconds at batch 32, context 2,000 on a shared 2-core machine) does not decide the
+    difference. The line printed for each cell gives N and the median time of each call. Transformer-XL:
+    `txl_tf.generation.Generator` (keras-hub's loop, sampling in the graph), the same prompt in both calls, N +
+    context and 1 + context wide (its prompt is consumed in segments of the prompt's length: the padding costs
+    nothing there); the SavedModel path: its `generate` signature (the same function, traced at export).
+  --peer=gpt2: keras-hub's `GPT2CausalLM` with random weights and no preprocessor (built offline from a
+    `GPT2Backbone` of --arch's layers, width, heads and feed-forward, --n_token tokens, dropout 0, positions for
+    the longest context + --tokens), `compile(sampler="greedy", jit_compile=True)`, its generate function
+    (keras-hub's tf.function under XLA: the prompt's forward pass, then the sampler's loop over its keys/values
+    cache) called on token ids and a padding mask. Its forward pass over the prompt runs over the whole padded
+    width and every step attends over that width, so both calls are context + N wide (N = --tokens: its loop
+    outweighs its prompt): the prompt of context tokens (N new tokens) against the same prompt and N - 1 more
+    random tokens (1 new token); the difference is N - 1 loop steps from the context on, with the same compiled
+    function and the same prompt work in both.
+  Each of --repeats rounds times every path's pair of calls in turn, the paths taking turns so that a slow
+  moment of a shared machine hits all; a cell is the median of its rounds, printed with their min and max.
 Then the bound the machine's memory reads put on decoding (the ring's bytes per step over the read bandwidth
 measured in the same run), and per-segment scoring latency: --segments calls of `score` with max_len tokens and
 the state carried.
 Timings are wall times of this process on this machine; only figures from one run compare.
+
+Before 2026-11-28 a cell was the least-squares slope of the fastest of --repeats timings at each of 1, N / 2 + 1
+and N new tokens, the fastest of each length taken from whichever round was fastest for it. At batch 32 and
+context 2,000 a call is ~7 s of prompt (16 segments of 32 x 128 tokens) and ~1 s of loop, and the same call
+varied by 0.1-3 s between repeats (7.1-9.4 s for 1 new token, 7.7-8.1 s for 64; the fastest call of 63 tokens
+faster than that of 3): the slope measured the prompt's variation, 257 tokens/s in one run and 4,571 (above the
+memory-read bound) in the next (issue 55). No retrace or cache hit: the compiling calls took 15-18 s, every
+later call 7-10 s. A round now pairs its two calls, N grows where the prompt dominates, and the spread shows
+what a cell's figure is worth.
 """
 
 from __future__ import annotations
@@ -28,7 +57,7 @@ import os
 import tempfile
 import time
 
-from absl import flags
+from absl import app, flags
 
 # txl_tf.cli sets TF_CPP_MIN_LOG_LEVEL before TensorFlow is imported (lazily, in the functions).
 from txl_tf import cli
@@ -49,10 +78,17 @@ def define_flags(flag_values) -> None:
     flags.DEFINE_list("contexts", ["100", "500", "1000", "2000"], "Context lengths (prompt tokens) to time at.",
                       flag_values=fv)
     flags.DEFINE_list("batches", ["1", "32"], "Batch sizes.", flag_values=fv)
-    flags.DEFINE_integer("tokens", 64, "Tokens timed per cell (after 3 warm-up tokens).", flag_values=fv)
+    flags.DEFINE_integer("tokens", 64, "Single-token calls timed per cell (after 3 warm-up calls); new tokens of the "
+                         "decode loop's longer call (>= 2).", flag_values=fv)
     flags.DEFINE_integer("segments", 10, "Scoring segments timed per cell (after one warm-up).", flag_values=fv)
-    flags.DEFINE_integer("repeats", 5, "Decode loops timed per cell; the fastest counts.", flag_values=fv)
+    flags.DEFINE_integer("repeats", 5, "Rounds of decode-loop timings per cell: the median counts, min and max "
+                         "printed.", flag_values=fv)
     flags.DEFINE_enum("dtype", "float32", ["float32", "mixed_bfloat16"], "Compute dtype.", flag_values=fv)
+    flags.DEFINE_integer("most_tokens", 512, "Most new tokens of a Transformer-XL decode-loop call where the prompt "
+                         "would outweigh --tokens' loop.", flag_values=fv)
+    flags.DEFINE_enum("peer", None, ["gpt2"], "Also time keras-hub's GPT2CausalLM of --arch's shape (random weights, "
+                      "built offline; not with --model_dir) and print the ratios.", flag_values=fv)
+
 
 def load_model():
     """(model, Protocol, max_len, description)."""
@@ -130,32 +166,104 @@ def token_latency(step, state, log_probs, tokens):
     return percentiles(times)
 
 
-def decode_speeds(generators: dict, prompt, tokens: int, repeats: int) -> dict:
-    """Tokens/s of each path's generation (temperature 1): rows over the seconds per new token, the least-squares
-    slope of the time of 1, tokens // 2 + 1 and `tokens` new tokens (the prompt, the same in each, is the
-    intercept; a slope over three lengths is steadier than the difference of two timings when the prompt takes
-    seconds), each time the fastest of `repeats` runs after a warm-up, the paths taking turns so that a slow moment
-    of a shared machine hits both."""
-    import numpy as np
-
+def txl_timer(generate, prompt):
+    """new -> seconds of one `generate` call (`Generator.generate` or the SavedModel's signature, greedy) making
+    `new` tokens after `prompt` [B, P] (the prompt's processing included)."""
     from txl_tf import generation
 
     rows = [list(row) for row in prompt]
-    lengths = sorted({1, tokens // 2 + 1, tokens})
-    for generate in generators.values():  # the first call of each length traces and compiles
-        for new in lengths:
-            generation.generate_with(generate, rows, max_tokens=new)
-    best = {name: [float("inf")] * len(lengths) for name in generators}
-    for _ in range(repeats):
-        for name, generate in generators.items():
-            for slot, new in enumerate(lengths):
-                seconds = generation.generate_with(generate, rows, max_tokens=new).seconds
-                best[name][slot] = min(best[name][slot], seconds)
-    out = {}
-    for name, seconds in best.items():
-        slope = np.polyfit(lengths, seconds, 1)[0] if len(lengths) > 1 else float("nan")
-        out[name] = len(rows) / slope if slope > 0 else float("nan")  # nan: lost in noise
-    return out
+    return lambda new: generation.generate_with(generate, rows, max_tokens=new, temperature=0.0).seconds
+
+
+def gpt2_model(n_token: int, sequence_length: int):
+    """keras-hub's GPT2CausalLM of --arch's shape, random weights, no preprocessor, greedy under XLA."""
+    import keras_hub
+
+    n_layer, d_model, n_head, _, d_inner = (int(x) for x in FLAGS.arch.split(","))
+    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=n_token, num_layers=n_layer, num_heads=n_head,
+                                             hidden_dim=d_model, intermediate_dim=d_inner, dropout=0.0,
+                                             max_sequence_length=sequence_length, dtype=FLAGS.dtype)
+    lm = keras_hub.models.GPT2CausalLM(backbone, preprocessor=None)
+    lm.compile(sampler="greedy", jit_compile=True)
+    return lm
+
+
+def gpt2_timer(lm, prompt, tokens: int, seed: int = 3):
+    """new -> seconds of one call of `lm`'s generate function (keras-hub's tf.function) making `new` new tokens
+    (1 or `tokens`): always [B, P + tokens] wide, the prompt [B, P] followed by tokens - new more random tokens,
+    so that both calls compile once and run the same forward pass over the padded width."""
+    import numpy as np
+    import tensorflow as tf
+
+    generate = lm.make_generate_function()
+    batch, context = prompt.shape
+    more = np.random.default_rng(seed).integers(0, lm.backbone.vocabulary_size, [batch, tokens]).astype(np.int32)
+    token_ids = np.concatenate([prompt, more], axis=1)
+    inputs = {}
+    for new in (1, tokens):
+        mask = np.zeros_like(token_ids, bool)
+        mask[:, :context + tokens - new] = True
+        inputs[new] = {"token_ids": tf.constant(np.where(mask, token_ids, 0)), "padding_mask": tf.constant(mask)}
+
+    def run(new):
+        start = time.perf_counter()
+        generate(inputs[new], stop_token_ids=None)["token_ids"].numpy()
+        return time.perf_counter() - start
+    return run
+
+
+def decode_speeds(timers: dict, rows: int, tokens: int, repeats: int, most: int) -> tuple[dict, dict]:
+    """({name: [tokens/s of each round]}, {name: (N, median seconds of the calls making 1, making N)}): rows x
+    (N - 1) over the time of a call making N new tokens minus that of one making 1. `timers`: name -> (new ->
+    seconds, whether N may grow). N is `tokens`, or where it may grow and a call's prompt takes more than half
+    its loop (estimated from one pair after the compiling pair), enough tokens for the loop to take twice the
+    prompt's time, at most `most`: the difference of two calls is then mostly loop, not the prompt's variation
+    between calls. The paths take turns in every round so that a slow moment of a shared machine hits all of them,
+    the order of a pair alternating; a round whose difference is not positive (lost in noise) counts as nan."""
+    import math
+
+    import numpy as np
+
+    lengths = {}
+    for name, (run, grows) in timers.items():
+        run(1), run(tokens)  # tracing and compiling
+        short, long = run(1), run(tokens)
+        new = tokens
+        if grows:
+            step = (long - short) / (tokens - 1)
+            wanted = most if step <= 0 else math.ceil(2 * short / step) + 1
+            new = max(tokens, min(most, wanted))
+            if new > tokens:
+                run(new)  # compiling the longer call
+        lengths[name] = new
+    rates = {name: [] for name in timers}
+    calls = {name: [] for name in timers}
+    for round_ in range(repeats):
+        for name, (run, _) in timers.items():
+            new = lengths[name]
+            if round_ % 2:  # the order alternates: whatever one call leaves behind (caches, allocations) for the next
+                short, long = run(1), run(new)
+            else:
+                long, short = run(new), run(1)
+            calls[name].append((short, long))
+            rates[name].append(rows * (new - 1) / (long - short) if long > short else float("nan"))
+    return rates, {name: (lengths[name], *np.median(np.asarray(pairs), axis=0)) for name, pairs in calls.items()}
+
+
+def spread(rates) -> tuple:
+    """(median, min, max) of a cell's rounds (nan-free; all nan where every round was lost in noise)."""
+    import numpy as np
+
+    finite = np.asarray([r for r in rates if np.isfinite(r)])
+    if not finite.size:
+        return (float("nan"),) * 3
+    return float(np.median(finite)), float(finite.min()), float(finite.max())
+
+
+def cell(rates) -> str:
+    """'median (min-max)' tokens/s of a cell's rounds."""
+    median, low, high = spread(rates)
+    return f"{median:,.0f} ({low:,.0f}-{high:,.0f})"
 
 
 def read_bandwidth(megabytes: int = 400, repeats: int = 5) -> float:
@@ -214,6 +322,14 @@ def main(argv):
 
     model, protocol, max_len, source = load_model()
     contexts, batches = [int(c) for c in FLAGS.contexts], [int(b) for b in FLAGS.batches]
+    if FLAGS.tokens < 2:
+        raise app.UsageError("--tokens must be at least 2 (the decode loop: N new tokens against 1)")
+    if FLAGS.peer and FLAGS.model_dir:
+        raise app.UsageError("--peer=gpt2 builds GPT-2 of --arch's shape: not with --model_dir")
+    gpt2 = gpt2_model(model.n_token, max(contexts) + FLAGS.tokens) if FLAGS.peer else None
+    if gpt2 is not None:
+        print(f"GPT-2 (keras-hub GPT2CausalLM, greedy, XLA): {gpt2.count_params():,} parameters, "
+              f"{max(contexts) + FLAGS.tokens} positions", flush=True)
     print(f"{source}; {model.count_params():,} parameters, {FLAGS.dtype}; protocol {protocol}, max_len {max_len}; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}", flush=True)
     recurrent = Recurrent(model, protocol, max_len=max_len)
@@ -241,7 +357,7 @@ def main(argv):
         "SavedModel": (saved_model_step(loaded), served_initial, served_score, loaded.signatures["generate"]),
     }
     rng = np.random.default_rng(1)
-    rows, score_rows = [], []
+    rows, score_rows, peer_rows = [], [], []
     for batch in batches:
         for context in contexts:
             prompt = rng.integers(0, model.n_token, [batch, context]).astype(np.int32)
@@ -249,28 +365,36 @@ def main(argv):
             for name, (step, initial_state, _, _) in paths.items():
                 log_probs, state = consume(step, prompt, initial_state(batch), max_len)
                 latencies[name] = token_latency(step, state, log_probs, FLAGS.tokens)
-            speeds = decode_speeds({name: path[3] for name, path in paths.items()}, prompt, FLAGS.tokens,
-                                   FLAGS.repeats)
+            timers = {name: (txl_timer(path[3], prompt), True) for name, path in paths.items()}
+            if gpt2 is not None:
+                timers["GPT-2"] = (gpt2_timer(gpt2, prompt, FLAGS.tokens), False)
+            speeds, calls = decode_speeds(timers, batch, FLAGS.tokens, FLAGS.repeats, FLAGS.most_tokens)
+
+            loop = {name: f"decode loop {cell(speeds[name])} tokens/s (a call of 1 / {calls[name][0]} new tokens: "
+                          f"{calls[name][1]:.3f} / {calls[name][2]:.3f} s)" for name in speeds}
             for name, latency in latencies.items():
                 rows.append((name, batch, context, latency, speeds[name]))
                 print(f"{name:10s} batch {batch:3d} context {context:5d}: per token p50 {latency[0]:.2f} / p90 "
-                      f"{latency[1]:.2f} / p99 {latency[2]:.2f} ms; decode loop {speeds[name]:,.0f} tokens/s",
-                      flush=True)
+                      f"{latency[1]:.2f} / p99 {latency[2]:.2f} ms; {loop[name]}", flush=True)
+            if gpt2 is not None:
+                peer_rows.append((batch, context, speeds["GPT-2"], speeds["Python"], speeds["SavedModel"]))
+                print(f"{'GPT-2':10s} batch {batch:3d} context {context:5d}: {loop['GPT-2']}", flush=True)
         for name, (_, initial_state, score, _) in paths.items():
             latency = score_latency(score, initial_state(batch), batch, max_len, FLAGS.segments, model.n_token)
             score_rows.append((name, batch, latency))
             print(f"{name:10s} batch {batch:3d} scoring a segment of {max_len}: p50 {latency[0]:.1f} / p90 "
                   f"{latency[1]:.1f} / p99 {latency[2]:.1f} ms", flush=True)
 
-    print(f"\nGeneration (mem_len {protocol.mem_len}; per-token latency of single calls, decode-loop throughput):\n")
+    print(f"\nGeneration (mem_len {protocol.mem_len}; per-token latency of single calls; decode-loop tokens/s, "
+          f"greedy: the median (min-max) of {FLAGS.repeats} rounds; the loop's new tokens in the lines above):\n")
     print("| path | batch | context | p50 ms | p90 ms | p99 ms | tokens/s |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, batch, context, (p50, p90, p99), speed in rows:
-        print(f"| {name} | {batch} | {context} | {p50:.2f} | {p90:.2f} | {p99:.2f} | {speed:,.0f} |")
+        print(f"| {name} | {batch} | {context} | {p50:.2f} | {p90:.2f} | {p99:.2f} | {cell(speed)} |")
     print("\nRatios: SavedModel / Python tokens/s; per-token p50 at the longest context / at the shortest:\n")
     print("| batch | context | SavedModel / Python tokens/s |")
     print("|---:|---:|---:|")
-    speeds = {(name, batch, context): speed for name, batch, context, _, speed in rows}
+    speeds = {(name, batch, context): spread(speed)[0] for name, batch, context, _, speed in rows}
     p50 = {(name, batch, context): latency[0] for name, batch, context, latency, _ in rows}
     for batch in batches:
         for context in contexts:
@@ -280,6 +404,16 @@ def main(argv):
         for batch in batches:
             ratio = p50[name, batch, contexts[-1]] / p50[name, batch, contexts[0]]
             print(f"{name} batch {batch}: p50 at context {contexts[-1]} / at {contexts[0]} = {ratio:.2f}")
+    if peer_rows:
+        print("\nAgainst keras-hub's GPT-2 of the same shape (GPT2CausalLM, greedy, XLA), decode-loop tokens/s, "
+              f"the median (min-max) of {FLAGS.repeats} rounds; ratio: Transformer-XL's median / GPT-2's:\n")
+        print("| batch | context | GPT-2 | Transformer-XL Python | Transformer-XL SavedModel | ratio Python | "
+              "ratio SavedModel |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        for batch, context, peer, python, saved in peer_rows:
+            base = spread(peer)[0]
+            print(f"| {batch} | {context} | {cell(peer)} | {cell(python)} | {cell(saved)} | "
+                  f"{spread(python)[0] / base:.2f}x | {spread(saved)[0] / base:.2f}x |")
     bandwidth = read_bandwidth()
     print(f"\nDecoding bound by memory reads: a step reads at least the ring's keys and values (and the position "
           f"keys) of every layer once; this machine read {bandwidth:.1f} GB/s in this run (XLA kernels over 400 MB). "

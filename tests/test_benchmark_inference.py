@@ -1,35 +1,72 @@
 """The serving benchmark runs end to end on a tiny random model, exporting a real SavedModel, and prints its
-tables (latency percentiles that are ordered, tokens/s for both paths, the ratios)."""
+tables (latency percentiles that are ordered, tokens/s for both paths with their spread, the ratios, and with
+--peer=gpt2 keras-hub's GPT-2 beside them)."""
 
+import math
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def run_benchmark(*args):
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "benchmark_inference.py"), *args],
+                          cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def numbers(text):
+    """The figures of a table cell such as '1,234 (1,100-1,300)' or '0.95x'."""
+    return [float(x.replace(",", "")) for x in re.findall(r"nan|inf|[0-9][0-9,]*(?:\.[0-9]+)?", text)]
+
+
+def table(stdout, header):
+    """The rows of the table under `header` (its cells, stripped)."""
+    lines = stdout.split(header + "\n")[1].split("\n\n")[0].splitlines()[1:]
+    return [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines if line.startswith("|")]
+
+
+def test_gpt2_peer_table():
+    """--peer=gpt2: a ratio row per batch and context, every figure (median, min, max of GPT-2's and both
+    Transformer-XL paths' rounds, and the ratios) positive and finite, min <= median <= max. No timing bound. One
+    context: two took ~48 s on a 2-core machine."""
+    stdout = run_benchmark("--arch=1,16,2,8,32", "--n_token=11", "--mem_len=16", "--max_len=8", "--contexts=4",
+                           "--batches=1", "--tokens=24", "--most_tokens=64", "--segments=1", "--repeats=2",
+                           "--peer=gpt2")
+    rows = table(stdout, "| batch | context | GPT-2 | Transformer-XL Python | Transformer-XL SavedModel | "
+                         "ratio Python | ratio SavedModel |")
+    assert [(row[0], row[1]) for row in rows] == [("1", "4")], stdout
+    for row in rows:
+        assert len(row) == 7 and all(row[:2]) and row[5].endswith("x") and row[6].endswith("x"), row
+        for text in row[2:5]:
+            median, low, high = numbers(text)
+            assert all(math.isfinite(x) and x > 0 for x in (median, low, high)) and low <= median <= high, row
+        assert all(math.isfinite(x) and x > 0 for text in row[5:] for x in numbers(text)), row
+    assert "GPT-2 (keras-hub GPT2CausalLM, greedy, XLA)" in stdout
 
 
 # slow: ~150 s (500 tokens a cell, the generator compiled for three widths per cell); CI runs it in its slow phase
 @pytest.mark.slow
 def test_tiny_benchmark_prints_latencies():
-    proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "scripts", "benchmark_inference.py"), "--arch=2,16,2,8,24",
-         "--n_token=11", "--mem_len=24", "--max_len=8", "--contexts=5,24", "--batches=1,3", "--tokens=500",
-         "--segments=2", "--repeats=3"],  # tokens/s: a slope over three timings, ~20 us a token here
-        cwd=REPO, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, capture_output=True, text=True,
-        timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [line for line in proc.stdout.splitlines() if line.startswith(("| Python |", "| SavedModel |"))]
+    stdout = run_benchmark("--arch=2,16,2,8,24", "--n_token=11", "--mem_len=24", "--max_len=8", "--contexts=5,24",
+                           "--batches=1,3", "--tokens=500", "--segments=2", "--repeats=3")  # ~20 us a token here
+    rows = [line for line in stdout.splitlines() if line.startswith(("| Python |", "| SavedModel |"))]
     generation = [r for r in rows if r.count("|") == 8]
     scoring = [r for r in rows if r.count("|") == 7]
     assert len(generation) == 2 * 2 * 2 and len(scoring) == 2 * 2  # paths x batches x contexts; paths x batches
     for row in generation:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        p50, p90, p99, speed = float(cells[3]), float(cells[4]), float(cells[5]), float(cells[6].replace(",", ""))
-        assert 0 < p50 <= p90 <= p99 and speed > 0
-    assert "SavedModel / Python tokens/s" in proc.stdout and "p50 at context 24 / at 5" in proc.stdout
-    table = proc.stdout.split("| batch | MB read per step | bound tokens/s |")[1].split("\n\n")[0]
+        p50, p90, p99 = float(cells[3]), float(cells[4]), float(cells[5])
+        speed, low, high = numbers(cells[6])
+        assert 0 < p50 <= p90 <= p99 and 0 < low <= speed <= high
+    assert "SavedModel / Python tokens/s" in stdout and "p50 at context 24 / at 5" in stdout
+    table = stdout.split("| batch | MB read per step | bound tokens/s |")[1].split("\n\n")[0]
     bounds = [[float(c.replace(",", "")) for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
     # The ring's 2 layers x 25 positions x 16 floats, keys and values of each row and the shared position keys:
     # (2 x batch + 1) x 3,200 bytes a step.
