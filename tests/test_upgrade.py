@@ -66,20 +66,21 @@ def test_todays_checkpoint_is_not_upgraded(tmp_path):
 
 def test_a_preset_of_the_earlier_format_loads(expected, tmp_path):
     """A preset saved before (config.json, model.weights.h5 of the old layout, vocab.json) loads with from_preset."""
-    from txl_tf.causal_lm import TransformerXLCausalLM
+    from legacy_presets import write_legacy_preset
+
+    from txl_tf import TransformerXLCausalLM
     from txl_tf.configs import EvalConfig, ModelConfig
     from txl_tf.data.vocab import Vocab
 
     model_config = ModelConfig(n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, n_token=14, mem_len=4,
                                dropout=0.0, dropatt=0.0, max_position=16)
-    lm = TransformerXLCausalLM(_model("xl"), Vocab(list(range(97, 111)), "char"), model_config,
-                               EvalConfig(tgt_len=4, mem_len=4))
-    preset = lm.save_to_preset(str(tmp_path / "preset"))
+    preset = write_legacy_preset(tmp_path / "preset", _model("xl"), Vocab(list(range(97, 111)), "char"),
+                                 model_config, EvalConfig(tgt_len=4, mem_len=4))
     shutil.copyfile(os.path.join(LEGACY, "xl.weights.h5"), os.path.join(preset, "model.weights.h5"))
     with open(os.path.join(preset, "config.json")) as f:
         assert json.load(f)["model"]["attn_type"] == "xl"
     loaded = TransformerXLCausalLM.from_preset(preset)
-    np.testing.assert_allclose(_log_probs(loaded.model, expected["tokens"]), expected["xl_log_probs"],
+    np.testing.assert_allclose(_log_probs(loaded.transformer_xl, expected["tokens"]), expected["xl_log_probs"],
                                rtol=0, atol=1e-6)
 
 
