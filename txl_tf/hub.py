@@ -19,8 +19,9 @@ model), model.weights.h5, tokenizer.json with assets/tokenizer/vocab.json, prepr
 metadata.json (with the vocabulary's fingerprint). The file names are fixed (a preset's `config_file` fields are
 ignored), and every file of a local preset is checked before keras-hub reads it by the classes' `from_preset`
 (and, wherever txl_tf's code runs first, by keras-hub's own loaders): `txl_tf.hub_files`.
-`TransformerXLCausalLM.from_preset` also loads everything `txl_tf.TransformerXLCausalLM.from_preset` does (run
-folders, best/, averaged/, converted authors' checkpoints, presets of txl_tf's earlier format).
+`TransformerXLCausalLM.from_preset` (which `txl_tf.TransformerXLCausalLM` is: one class per name) also loads run
+folders, best/, averaged/, converted authors' checkpoints and presets of txl_tf's earlier format
+(`txl_tf.presets.load`).
 
 A stream language model has no end-of-text token: `generate` runs to `max_length` unless `stop_token_ids` are
 given (a word-level vocabulary's "<eos>" is a line end, not the end of a text).

@@ -48,8 +48,7 @@ class Loaded(NamedTuple):
 def load(path, *, which: str = "latest", gin_file: str | Sequence[str] = (), gin_param: str | Sequence[str] = (),
          dtype: str | None = None) -> Loaded:
     """The model of a preset directory, a run directory or a converted checkpoint directory, with its vocabulary
-    and configs (what `txl_tf.TransformerXLCausalLM.from_preset` and `txl_tf.hub.TransformerXLCausalLM.from_txl`
-    load).
+    and configs (what `txl_tf.TransformerXLCausalLM.from_preset` loads through `from_txl`).
 
     Args:
       path: a directory written by `save_to_preset`; a run directory of `python -m txl_tf.train` (its newest
