@@ -16,8 +16,8 @@ import tempfile
 import time
 import zipfile
 
-# First: txl_tf.cli sets TF_CPP_MIN_LOG_LEVEL (and txl_tf the Keras backend) before TensorFlow starts.
-from txl_tf import cli
+# First: txl_tf.base.cli sets TF_CPP_MIN_LOG_LEVEL (and txl_tf the Keras backend) before TensorFlow starts.
+from txl_tf.base import cli
 
 # isort: split
 import numpy as np

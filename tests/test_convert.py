@@ -10,8 +10,10 @@ import pytest
 import tensorflow as tf
 from train_utils import REPO_ROOT, make_run, subprocess_env
 
-from txl_tf import TransformerXL, convert, errors, fused
-from txl_tf.policy import TrainingPolicy
+from txl_tf import TransformerXL, convert
+from txl_tf.base import errors
+from txl_tf.model import fused
+from txl_tf.model.policy import TrainingPolicy
 
 SEGMENTS = 3
 
@@ -37,7 +39,7 @@ def _run_segments(model, golden, tgt_len, training=False, policy=None):
 
 
 # training=True: the pass of a training step (no dropout in this model); with the fused kernels' policy
-# (TrainConfig.kernels="fused") it runs the fused CPU kernels (txl_tf/fused.py) in place of TensorFlow's ops, and
+# (TrainConfig.kernels="fused") it runs the fused CPU kernels (txl_tf/model/fused.py) in place of TensorFlow's ops, and
 # must meet the authors' numbers as closely, with the same model (the kernels are not part of the architecture).
 @pytest.mark.parametrize("training, fused_kernels", [(False, False), (True, False), (True, True)])
 def test_parity_with_original_tf(fixture_dir, training, fused_kernels):

@@ -17,10 +17,10 @@ import zipfile
 import numpy as np
 import pytest
 
+from txl_tf.base.errors import UserError
 from txl_tf.data import corpora, pipeline, records, sources
 from txl_tf.data import prepare as prep
 from txl_tf.data.sources import SourceError
-from txl_tf.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

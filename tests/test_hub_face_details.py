@@ -12,10 +12,10 @@ import tensorflow as tf
 from hub_utils import VOCAB, tiny_lm
 from train_utils import REPO_ROOT, subprocess_env, tiny_params, tiny_text, train_command
 
+from txl_tf.base.errors import ConfigError, UserError
 from txl_tf.data import corpora, prepare
 from txl_tf.data.vocab import Vocab
-from txl_tf.errors import ConfigError, UserError
-from txl_tf.hub import TransformerXLCausalLM, TransformerXLTokenizer
+from txl_tf.lm.hub import TransformerXLCausalLM, TransformerXLTokenizer
 
 
 # ---- item 8: the tokenizer ----------------------------------------------------------------------------------------
@@ -132,7 +132,7 @@ def test_one_class_per_name():
     import keras
 
     import txl_tf
-    from txl_tf import hub
+    from txl_tf.lm import hub
 
     defined = []
     for folder, _, files in os.walk(os.path.join(REPO_ROOT, "txl_tf")):
@@ -147,9 +147,9 @@ def test_one_class_per_name():
 
 
 def test_generation_drops_same_length_in_one_place():
-    from txl_tf import generation
     from txl_tf.configs import EvalConfig
-    from txl_tf.protocol import Protocol
+    from txl_tf.lm import generation
+    from txl_tf.model.protocol import Protocol
 
     protocol = Protocol(mem_len=6, clamp_len=3, same_length=True)
     assert protocol.for_generation() == Protocol(mem_len=6, clamp_len=3, same_length=False)
@@ -165,7 +165,7 @@ def test_generate_with_settings_is_the_command_lines_engine_and_adds_no_weights(
     """`generate(..., temperature=, top_k=, seed=)` gives the tokens of `generation.generate_from_model` (what
     `python -m txl_tf.generate` and the trainer run) for the same seed; its sampler's variables are no weights of
     the model, so the preset saved afterwards loads and holds the same weights."""
-    from txl_tf import generation
+    from txl_tf.lm import generation
 
     lm = tiny_lm()
     weights = len(lm.weights)
@@ -208,11 +208,11 @@ def test_from_preset_of_a_missing_path_or_a_file_is_one_line(tmp_path):
 
 # ---- item 9: importing the package from Python ---------------------------------------------------------------------
 def test_importing_txl_tf_hub_prints_no_tensorflow_start_up_lines():
-    """`import txl_tf.hub` in a user's Python (TensorFlow's log level left unset) prints nothing: TensorFlow's
+    """`import txl_tf.lm.hub` in a user's Python (TensorFlow's log level left unset) prints nothing: TensorFlow's
     start-up notices are set aside as for the commands; TXL_TF_TF_LOGS=1 keeps them."""
     env = dict(subprocess_env())
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    code = "import txl_tf.hub, tensorflow as tf; print(tf.constant(2).numpy())"
+    code = "import txl_tf.lm.hub, tensorflow as tf; print(tf.constant(2).numpy())"
     quiet = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                            timeout=120)
     assert quiet.returncode == 0 and quiet.stdout == "2\n" and quiet.stderr == "", quiet.stderr[-2000:]

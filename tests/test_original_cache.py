@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from conftest import SHARED
 
-from txl_tf import errors
+from txl_tf.base import errors
 from txl_tf.data import corpora, original_cache, prepare, records
 from txl_tf.data.vocab import Vocab
 

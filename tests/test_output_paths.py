@@ -10,11 +10,13 @@ import sys
 import pytest
 from train_utils import REPO_ROOT, make_run, subprocess_env, tiny_text
 
-from txl_tf import TransformerXLCausalLM, average, loading, paths, staging
+from txl_tf import TransformerXLCausalLM, average
+from txl_tf.base import paths, staging
+from txl_tf.base.errors import UserError
 from txl_tf.configs import EvalConfig, ModelConfig
 from txl_tf.data import corpora, prepare
 from txl_tf.data.vocab import Vocab
-from txl_tf.errors import UserError
+from txl_tf.runs import loading
 
 LONGEST = "p" * 255  # the longest name ext4, xfs, btrfs and tmpfs allow: NAME.tmp-<pid>-xxxxxxxx would not fit
 

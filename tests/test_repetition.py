@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from txl_tf.analysis import repetition
+from txl_tf.base.errors import UserError
 from txl_tf.data import corpora
 from txl_tf.data import prepare as prep
-from txl_tf.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

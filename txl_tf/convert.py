@@ -8,7 +8,7 @@ n_head, d_head, d_inner, n_token, d_embed, cutoffs, div_val, untie_r, tie_projs,
 the bound `ModelConfig` is used as given (n_token from the checkpoint when unset) and must fit the checkpoint.
 Writes `DIR/ckpt-1` (`tf.train.Checkpoint(model=model)`), `DIR/model_config.json` (the `TransformerXL`
 arguments) and `DIR/model.gin` (the same as `ModelConfig` bindings), staged beside DIR and renamed into place; DIR
-must be new or empty, or hold an earlier conversion and `--overwrite` be given (`txl_tf.paths.replaceable_dir`).
+must be new or empty, or hold an earlier conversion and `--overwrite` be given (`txl_tf.base.paths.replaceable_dir`).
 """
 
 from __future__ import annotations
@@ -18,19 +18,19 @@ import json
 import os
 import re
 
-# First: txl_tf.cli quiets TensorFlow's start-up (it must come before TensorFlow's import).
-from txl_tf import cli
+# First: txl_tf.base.cli quiets TensorFlow's start-up (it must come before TensorFlow's import).
+from txl_tf.base import cli
 
 # isort: split
 import numpy as np
 import tensorflow as tf
 from absl import flags
 
-from txl_tf.errors import ConfigError, UserError, one_line
-from txl_tf.model import TransformerXL
+from txl_tf.base.errors import ConfigError, UserError, one_line
+from txl_tf.model.transformer_xl import TransformerXL
 
 SCOPE = "transformer/"
-KIND = "converted checkpoint"  # the kind of output in the folder's manifest (txl_tf.paths)
+KIND = "converted checkpoint"  # the kind of output in the folder's manifest (txl_tf.base.paths)
 # Variables written by the original training code that are not model weights.
 _IGNORED = re.compile(r"(^global_step$|/Adam(_\d+)?$|^beta\d_power$|^_CHECKPOINTABLE_OBJECT_GRAPH$)")
 
@@ -48,7 +48,7 @@ _ORIGINAL = "give the prefix of a checkpoint of the authors' TF code, e.g. --che
 
 
 def _read_checkpoint(prefix):
-    from txl_tf import run_dir
+    from txl_tf.runs import run_dir
 
     problem = run_dir.checkpoint_problem(prefix)  # regular files before TensorFlow opens them (a FIFO would hang)
     if problem:
@@ -249,8 +249,9 @@ def define_flags(flag_values) -> None:
 
 
 def main(argv):
-    from txl_tf import paths, run_dir, staging
+    from txl_tf.base import paths, staging
     from txl_tf.configs import architecture
+    from txl_tf.runs import run_dir
 
     cli.no_arguments(argv)
     flag_values = flags.FLAGS

@@ -38,7 +38,7 @@ from typing import Optional
 
 import numpy as np
 
-from txl_tf import untrusted
+from txl_tf.base import untrusted
 from txl_tf.data import sources
 from txl_tf.data.progress import Progress
 from txl_tf.data.sources import SourceError

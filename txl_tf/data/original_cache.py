@@ -42,8 +42,8 @@ from typing import Optional, Union
 
 import numpy as np
 
+from txl_tf.base.errors import UserError
 from txl_tf.data.vocab import Vocab
-from txl_tf.errors import UserError
 
 CORPUS_INFO = "corpus-info.json"
 SPLITS = ("train", "valid", "test")

@@ -25,9 +25,9 @@ import time
 
 from absl import flags
 
-from txl_tf import cli, errors, paths
+from txl_tf.base import cli, errors, paths
+from txl_tf.base.errors import ConfigError
 from txl_tf.data import corpora, records, sources
-from txl_tf.errors import ConfigError
 
 MIN_SPLIT_TOKENS = 2  # an input and its target
 
@@ -108,7 +108,7 @@ def prepare(dataset: str, data_dir: str, settings: corpora.Settings, overwrite: 
 
     An existing data_dir is reused when it was prepared from the same request and every shard verifies; it is
     replaced only with `overwrite` and only when it holds nothing but a prepared dataset this program wrote
-    (`txl_tf.paths.replaceable_dir`; never any other directory, never one holding the user's own files).
+    (`txl_tf.base.paths.replaceable_dir`; never any other directory, never one holding the user's own files).
     """
     if dataset not in corpora.RECIPES:
         raise ConfigError(f"unknown dataset {dataset!r}; choose one of {sorted(corpora.RECIPES)}")

@@ -31,7 +31,7 @@ import os
 
 import numpy as np
 
-from txl_tf.protocol import Protocol
+from txl_tf.model.protocol import Protocol
 from txl_tf.study import runs
 from txl_tf.study.tables import PAPER_GROUP
 

@@ -44,7 +44,7 @@ import os
 
 import numpy as np
 
-from txl_tf.protocol import Protocol
+from txl_tf.model.protocol import Protocol
 from txl_tf.study import ablation, runs, sanity, scoring
 from txl_tf.study import probe as probe_lib
 

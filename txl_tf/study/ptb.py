@@ -66,7 +66,7 @@ def _averaged_dir(run_dir: str, count: int) -> str:
 def _score(model_dir: str, run_dir: str, key: str, tokens: np.ndarray, mem_len: int | None = None):
     """Per-word losses of the model in model_dir with its run's evaluation protocol (cached under run_dir);
     `mem_len` replaces the protocol's memory (the validation sweep)."""
-    from txl_tf import evaluation
+    from txl_tf.evaluation import loops as evaluation
 
     def compute():
         model, configs = runs.load_run_model(model_dir)

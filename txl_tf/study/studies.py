@@ -31,7 +31,7 @@ def run(studies, output_dir: str, *, quick: bool = False, data_root: str = "data
     """Runs the studies in order, then writes the report; returns the results document. The ablation's and the
     context studies' scored models are read from and written to `archive_dir` (default OUTPUT_DIR/archive:
     txl_tf.study.archive)."""
-    from txl_tf import paths
+    from txl_tf.base import paths
     from txl_tf.study import report, results_schema, runs
 
     paths.output_dir(output_dir, "--output_dir")
