@@ -114,20 +114,20 @@ def test_adaptive_checkpoint_inferred_and_loaded(tmp_path):
 def test_mismatches_name_the_variable(tmp_path):
     prefix = tmp_path / "model.ckpt"
     write_original_checkpoint(prefix, ADAPTIVE_SHAPES)
-    with pytest.raises(convert.CheckpointMismatchError,
+    with pytest.raises(convert.OriginalCheckpointError,
                        match=r"transformer/layer_0/ff/layer_1/kernel has shape \[16, 32\].*expects \[16, 64\]"):
         convert.from_original_tf(str(prefix), d_inner=64)
-    with pytest.raises(convert.CheckpointMismatchError, match=r"missing variables \['transformer/adaptive_softmax/cutoff_1/proj'\]"):
+    with pytest.raises(convert.OriginalCheckpointError, match=r"missing variables \['transformer/adaptive_softmax/cutoff_1/proj'\]"):
         convert.from_original_tf(str(prefix), tie_projs=(False, False, True))
     missing = {k: v for k, v in ADAPTIVE_SHAPES.items() if k != "layer_1/rel_attn/o/kernel"}
     write_original_checkpoint(tmp_path / "missing.ckpt", missing)
-    with pytest.raises(convert.CheckpointMismatchError, match="missing variables.*layer_1/rel_attn/o/kernel"):
+    with pytest.raises(convert.OriginalCheckpointError, match="missing variables.*layer_1/rel_attn/o/kernel"):
         convert.from_original_tf(str(tmp_path / "missing.ckpt"))
     write_original_checkpoint(tmp_path / "extra.ckpt", ADAPTIVE_SHAPES, {"transformer/layer_0/extra": np.ones(3)})
-    with pytest.raises(convert.CheckpointMismatchError, match="unexpected variables.*layer_0/extra"):
+    with pytest.raises(convert.OriginalCheckpointError, match="unexpected variables.*layer_0/extra"):
         convert.from_original_tf(str(tmp_path / "extra.ckpt"))
     write_original_checkpoint(tmp_path / "outside.ckpt", ADAPTIVE_SHAPES, {"other/w": np.ones(3)})
-    with pytest.raises(convert.CheckpointMismatchError, match="unknown variables.*other/w"):
+    with pytest.raises(convert.OriginalCheckpointError, match="unknown variables.*other/w"):
         convert.from_original_tf(str(tmp_path / "outside.ckpt"))
 
 

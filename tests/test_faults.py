@@ -131,7 +131,7 @@ def test_prepare_overwrite_never_replaces_a_folder_that_is_not_a_dataset(tmp_pat
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "thesis.tex").write_text("precious")
-    settings = corpora.Settings(source=str(source), cache_dir=str(tmp_path))
+    settings = corpora.PrepareSettings(source=str(source), cache_dir=str(tmp_path))
     for overwrite in (False, True):
         with pytest.raises(FileExistsError) as raised:
             prep.prepare("text", str(mine), settings, overwrite=overwrite)
@@ -240,7 +240,7 @@ def test_word_level_utf8_error_names_file_and_line(tmp_path):
     source = tmp_path / "corpus.txt"
     source.write_bytes(b"good line\n" * 30 + b"caf\xe9 latin-1\n" + b"more\n" * 10)
     with pytest.raises(SourceError, match=rf"{source} line 31 is not UTF-8"):
-        prep.prepare("text", str(tmp_path / "d"), corpora.Settings(source=str(source), level="word",
+        prep.prepare("text", str(tmp_path / "d"), corpora.PrepareSettings(source=str(source), level="word",
                                                                    cache_dir=str(tmp_path)))
 
 
@@ -248,7 +248,7 @@ def test_a_50_byte_corpus_is_rejected(tmp_path):
     source = tmp_path / "tiny.txt"
     source.write_bytes(b"0123456789" * 5)
     with pytest.raises(SourceError, match="only 50 bytes, too few"):
-        prep.prepare("text", str(tmp_path / "d"), corpora.Settings(source=str(source), cache_dir=str(tmp_path)))
+        prep.prepare("text", str(tmp_path / "d"), corpora.PrepareSettings(source=str(source), cache_dir=str(tmp_path)))
     assert not (tmp_path / "d").exists()
 
 

@@ -31,7 +31,7 @@ def setup(tmp_path_factory):
     for split, (lines, seed) in {"train": (300, 0), "valid": (30, 1), "test": (30, 2)}.items():
         (text / f"{split}.txt").write_text(tiny_text(lines, seed))
     data = str(tmp / "data")
-    prepare.prepare("text", data, corpora.Settings(source=str(text), vocab_from=base, cache_dir=str(tmp)))
+    prepare.prepare("text", data, corpora.PrepareSettings(source=str(text), vocab_from=base, cache_dir=str(tmp)))
     return converted, base, data
 
 

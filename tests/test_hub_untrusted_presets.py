@@ -283,7 +283,7 @@ def test_a_fifo_or_a_device_in_a_run_folders_checkpoints_is_one_line(tmp_path):
     make_run(run, [0.0, 1.0])  # ckpt-10 and ckpt-20
     (tmp_path / "corpus.txt").write_text("abcdefghij\n" * 300)  # the run's 11 symbols, so evaluate reaches the weights
     data_dir = tmp_path / "data"
-    prepare.prepare("text", str(data_dir), corpora.Settings(source=str(tmp_path / "corpus.txt"), level="char",
+    prepare.prepare("text", str(data_dir), corpora.PrepareSettings(source=str(tmp_path / "corpus.txt"), level="char",
                                                             cache_dir=str(tmp_path)))
     (run / "ckpt-20.index").unlink()
     os.mkfifo(run / "ckpt-20.index")

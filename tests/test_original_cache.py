@@ -32,7 +32,7 @@ def cache_dir():
 
 
 def _prepare(cache_path, data_dir):
-    settings = corpora.Settings(original_cache=str(cache_path))
+    settings = corpora.PrepareSettings(original_cache=str(cache_path))
     return prepare.prepare(original_cache.dataset_of(str(cache_path)), str(data_dir), settings)
 
 

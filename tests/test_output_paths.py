@@ -45,7 +45,7 @@ def source(tmp_path_factory):
 
 def _writers(lm, run, source, overwrite=False) -> dict:
     """{what: write(folder)} for the Python writers of a folder: save_to_preset, prepare, average."""
-    settings = corpora.Settings(source=str(source), level="char", cache_dir=str(source.parent))
+    settings = corpora.PrepareSettings(source=str(source), level="char", cache_dir=str(source.parent))
     return {
         "save_to_preset": lambda folder: lm.save_to_preset(folder, overwrite=overwrite),
         "prepare": lambda folder: prepare.prepare("text", folder, settings, overwrite=overwrite),

@@ -64,7 +64,7 @@ def hub_preset_writer():
 def prepare_writer():
     from txl_tf.data import corpora, prepare
 
-    settings = corpora.Settings(source=os.path.join(root, f"source-{role}.txt"), level="char",
+    settings = corpora.PrepareSettings(source=os.path.join(root, f"source-{role}.txt"), level="char",
                                 cache_dir=os.path.join(root, f"cache-{role}"))
     return lambda target: prepare.prepare("text", target, settings)
 

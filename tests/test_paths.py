@@ -142,7 +142,7 @@ def test_every_path_argument_of_the_python_api_refuses_bad_paths_in_one_line(wor
         "train.run(gin_files)": lambda v: train.run([v], tiny_params(data_dir), model_dir="new_run"),
         "export.export_model": lambda v: export.export_model(lm.transformer_xl, v, protocol=Protocol(3), max_len=2),
         "export.write_export": lambda v: export.write_export(lambda d: None, v),
-        "prepare.prepare": lambda v: prepare.prepare("enwik8_sample", v, corpora.Settings(), overwrite=True),
+        "prepare.prepare": lambda v: prepare.prepare("enwik8_sample", v, corpora.PrepareSettings(), overwrite=True),
         "average.average": lambda v: average.average([tf.train.latest_checkpoint(run)], v, model_dir=run,
                                                      overwrite=True),
         "TransformerXLTokenizer.from_data_dir": lambda v: TransformerXLTokenizer.from_data_dir(v),
@@ -192,13 +192,13 @@ def test_prepare_overwrite_keeps_the_users_files_and_refuses_a_source_inside(wor
     from txl_tf.data import prepare as prep
 
     mydata = world[1] / "mydata"
-    settings = corpora.Settings(source=str(tmp_path / "corpus.txt"), cache_dir=str(tmp_path / "cache"))
+    settings = corpora.PrepareSettings(source=str(tmp_path / "corpus.txt"), cache_dir=str(tmp_path / "cache"))
     (tmp_path / "corpus.txt").write_text("some text to prepare\n" * 100)
     prep.prepare("text", str(mydata), settings)
     inside = mydata / "corpus.txt"
     inside.write_text("some other text\n" * 100)
     with pytest.raises(UserError, match="lies inside --data_dir"):
-        prep.prepare("text", str(mydata), corpora.Settings(source=str(inside), cache_dir=str(tmp_path / "c")),
+        prep.prepare("text", str(mydata), corpora.PrepareSettings(source=str(inside), cache_dir=str(tmp_path / "c")),
                      overwrite=True)
     inside.unlink()
     (mydata / "NOTES.txt").write_text("mine")

@@ -33,7 +33,7 @@ def prepare_tiny_corpus(directory: str, level: str = "char", n_lines: int = 400)
     with open(source, "w") as f:
         f.write(tiny_text(n_lines))
     data_dir = os.path.join(directory, f"tiny_{level}")
-    prepare.prepare("text", data_dir, corpora.Settings(source=source, level=level, cache_dir=directory))
+    prepare.prepare("text", data_dir, corpora.PrepareSettings(source=source, level=level, cache_dir=directory))
     return data_dir
 
 

@@ -35,7 +35,7 @@ KIND = "converted checkpoint"  # the kind of output in the folder's manifest (tx
 _IGNORED = re.compile(r"(^global_step$|/Adam(_\d+)?$|^beta\d_power$|^_CHECKPOINTABLE_OBJECT_GRAPH$)")
 
 
-class CheckpointMismatchError(ConfigError):
+class OriginalCheckpointError(ConfigError):
     """The original checkpoint does not fit the requested architecture (one line: the command exits with status 2)."""
 
 
@@ -61,14 +61,14 @@ def _read_checkpoint(prefix):
                                   f"({type(error).__name__}: {one_line(error)}); {_ORIGINAL}") from None
     if any(name.endswith("/.ATTRIBUTES/VARIABLE_VALUE") for name in variables) and not any(
             name.startswith(SCOPE) for name in variables):
-        raise CheckpointMismatchError(
+        raise OriginalCheckpointError(
             f"--checkpoint={prefix} is a txl_tf checkpoint, not one of the authors' TF code: it needs no conversion; "
             "pass its run folder as --model_dir to evaluate, export or generate (or as TrainConfig.init_checkpoint)")
     shapes = {name: shape for name, shape in variables.items() if not _IGNORED.search(name)}
     unknown = sorted(n for n in shapes if not n.startswith(SCOPE))
     if unknown:
         shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
-        raise CheckpointMismatchError(f"--checkpoint={prefix} has unknown variables outside '{SCOPE}' ({shown}): not a "
+        raise OriginalCheckpointError(f"--checkpoint={prefix} has unknown variables outside '{SCOPE}' ({shown}): not a "
                                       f"checkpoint of the authors' TF code; {_ORIGINAL}")
     return reader, {name[len(SCOPE) :]: shape for name, shape in shapes.items()}
 
@@ -77,7 +77,7 @@ def infer_architecture(shapes):
     """Model arguments that the original checkpoint's variable shapes determine."""
     n_layer = len({m.group(1) for n in shapes if (m := re.match(r"layer_(\d+)/", n))})
     if n_layer == 0 or "r_w_bias" not in shapes:
-        raise CheckpointMismatchError("not a Transformer-XL checkpoint: no layer_*/ or r_w_bias variables")
+        raise OriginalCheckpointError("not a Transformer-XL checkpoint: no layer_*/ or r_w_bias variables")
     qkv = shapes["layer_0/rel_attn/qkv/kernel"]
     r_w = shapes["r_w_bias"]
     arch = {
@@ -131,7 +131,7 @@ def _name_map(model):
     """{original name (without 'transformer/'): model variable} for `model`."""
     names = {}
     if model.attn_type != "xl":
-        raise CheckpointMismatchError(f"the original TF code only has attn_type='xl', not {model.attn_type!r}")
+        raise OriginalCheckpointError(f"the original TF code only has attn_type='xl', not {model.attn_type!r}")
     names["r_w_bias"] = model.r_w_bias
     names["r_r_bias"] = model.r_r_bias
     emb, soft = model.embedding, model.softmax
@@ -182,14 +182,14 @@ def load_original_weights(model, prefix):
     missing = sorted(expected - set(shapes))
     unexpected = sorted(set(shapes) - expected)
     if missing or unexpected:
-        raise CheckpointMismatchError(
+        raise OriginalCheckpointError(
             f"{prefix} does not fit the model: missing variables {[SCOPE + n for n in missing]}, "
             f"unexpected variables {[SCOPE + n for n in unexpected]} (check cutoffs/div_val/tie_projs/untie_r)"
         )
     for name, var in names.items():
         value = reader.get_tensor(SCOPE + name)
         if tuple(value.shape) != tuple(var.shape):
-            raise CheckpointMismatchError(
+            raise OriginalCheckpointError(
                 f"{prefix}: variable {SCOPE + name} has shape {list(value.shape)}, the model expects "
                 f"{list(var.shape)} (for {var.path})"
             )
@@ -198,7 +198,7 @@ def load_original_weights(model, prefix):
         for i, name in enumerate(bias_names):
             size = model.softmax.edges[i + 1] - model.softmax.edges[i]
             if shapes[name] != [size]:
-                raise CheckpointMismatchError(
+                raise OriginalCheckpointError(
                     f"{prefix}: variable {SCOPE + name} has shape {shapes[name]}, the model expects [{size}]"
                 )
         model.softmax.bias.assign(np.concatenate([reader.get_tensor(SCOPE + n) for n in bias_names]))

@@ -22,7 +22,7 @@ def prepared_data(data_root: str, dataset: str) -> str:
         from txl_tf.study.runs import log
 
         log(f"preparing {dataset} in {data_dir}")
-        prepare.prepare(dataset, data_dir, corpora.Settings())
+        prepare.prepare(dataset, data_dir, corpora.PrepareSettings())
     return data_dir
 
 
