@@ -16,8 +16,8 @@ import tempfile
 import time
 import zipfile
 
-# First: txl_tf.cli sets TF_CPP_MIN_LOG_LEVEL (and txl_tf the Keras backend) before TensorFlow starts.
-from txl_tf import cli
+# First: txl_tf.base.cli sets TF_CPP_MIN_LOG_LEVEL (and txl_tf the Keras backend) before TensorFlow starts.
+from txl_tf.base import cli
 
 # isort: split
 import numpy as np
@@ -49,7 +49,7 @@ def _quiet(fn, *args, **kwargs):
             sys.stdout, sys.stderr = saved
 
 
-def time_prepare(name: str, dataset: str, data_dir: str, n_bytes: int, settings: corpora.Settings) -> None:
+def time_prepare(name: str, dataset: str, data_dir: str, n_bytes: int, settings: corpora.PrepareSettings) -> None:
     start = time.perf_counter()
     meta = _quiet(prep.prepare, dataset, data_dir, settings)
     seconds = time.perf_counter() - start
@@ -73,25 +73,25 @@ def main(argv):
     cpus = tf.config.list_physical_devices("CPU")
     tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
     work = tempfile.mkdtemp(prefix="txl_data_bench.")
-    wiki, _ = corpora._enwiki_sample_bytes(corpora.Settings())  # fetched (or cached) before timing
-    ptb_texts, _ = corpora._ptb_texts(corpora.Settings())
+    wiki, _ = corpora._enwiki_sample_bytes(corpora.PrepareSettings())  # fetched (or cached) before timing
+    ptb_texts, _ = corpora._ptb_texts(corpora.PrepareSettings())
     print(f"(timings on a shared machine are noisy; working in {work})")
 
-    time_prepare("enwik8_sample (real)", "enwik8_sample", f"{work}/e8s", len(wiki), corpora.Settings())
-    time_prepare("ptb (real)", "ptb", f"{work}/ptb", sum(map(len, ptb_texts.values())), corpora.Settings())
+    time_prepare("enwik8_sample (real)", "enwik8_sample", f"{work}/e8s", len(wiki), corpora.PrepareSettings())
+    time_prepare("ptb (real)", "ptb", f"{work}/ptb", sum(map(len, ptb_texts.values())), corpora.PrepareSettings())
     if FLAGS.scale_mb:
         size = FLAGS.scale_mb * 1_000_000
         with zipfile.ZipFile(f"{work}/enwik8.zip", "w", zipfile.ZIP_STORED) as zf:
             zf.writestr("enwik8", (wiki * (size // len(wiki) + 1))[:size])
         time_prepare(f"enwik8 format ({FLAGS.scale_mb} MB)", "enwik8", f"{work}/e8",
-                     size, corpora.Settings(source=f"{work}/enwik8.zip", verify=False))
+                     size, corpora.PrepareSettings(source=f"{work}/enwik8.zip", verify=False))
         train = ptb_texts["train"] * max(1, size // len(ptb_texts["train"]))
         with zipfile.ZipFile(f"{work}/wikitext-103-v1.zip", "w", zipfile.ZIP_STORED) as zf:
             for split, text in (("train", train), ("valid", ptb_texts["valid"]), ("test", ptb_texts["test"])):
                 zf.writestr(f"wikitext-103/wiki.{split}.tokens", text)
         time_prepare(f"wt103 format ({len(train) // 1_000_000} MB train)", "wt103", f"{work}/wt",
                      len(train) + len(ptb_texts["valid"]) + len(ptb_texts["test"]),
-                     corpora.Settings(source=f"{work}/wikitext-103-v1.zip", verify=False))
+                     corpora.PrepareSettings(source=f"{work}/wikitext-103-v1.zip", verify=False))
 
     start = time.perf_counter()
     tokens = pipeline.read_split(f"{work}/e8s", "train")

@@ -6,7 +6,7 @@
 
 Both models use the enwik8 base architecture (12 layers, d_model 512, 8x64 heads, d_inner 2048, 204 symbols)
 with random weights (the time does not depend on them), batch 1, and the evaluation code of
-`txl_tf.evaluation` / `txl_tf.inference`:
+`txl_tf.evaluation.loops` / `txl_tf.model.inference`:
   vanilla (Al-Rfou et al., attn_type="al_rfou", no memory): a window of the attention length, one prediction per
     forward pass (`evaluation.make_window_step`); time per token = time per pass.
   Transformer-XL: segments of 80 tokens with a memory of (attention length - 80) carried between compiled steps;
@@ -33,8 +33,8 @@ import time
 
 from absl import app, flags
 
-# txl_tf.cli sets TF_CPP_MIN_LOG_LEVEL before TensorFlow is imported (lazily, in the functions).
-from txl_tf import cli
+# txl_tf.base.cli sets TF_CPP_MIN_LOG_LEVEL before TensorFlow is imported (lazily, in the functions).
+from txl_tf.base import cli
 
 FLAGS = flags.FLAGS
 
@@ -63,8 +63,8 @@ PEER_LINE = re.compile(r"A=(\d+): vanilla ([\d.]+) s/token, XL ([\d.]+) ms/token
 
 def build_models(attn_lens, arch, n_token, dtype):
     """(vanilla al_rfou model with positions for the longest window, Transformer-XL model)."""
-    from txl_tf.loading import dtype_policy
-    from txl_tf.model import TransformerXL
+    from txl_tf.model.transformer_xl import TransformerXL
+    from txl_tf.runs.loading import dtype_policy
 
     n_layer, d_model, n_head, d_head, d_inner = arch
     common = dict(n_token=n_token, n_layer=n_layer, d_model=d_model, n_head=n_head, d_head=d_head,
@@ -105,8 +105,8 @@ def time_vanilla(model, window, passes, jit_compile=False):
     import numpy as np
     import tensorflow as tf
 
-    from txl_tf import evaluation
-    from txl_tf.protocol import Protocol
+    from txl_tf.evaluation import loops as evaluation
+    from txl_tf.model.protocol import Protocol
 
     step = evaluation.make_window_step(model, Protocol(mem_len=0), jit_compile=jit_compile)
     rng = np.random.default_rng(0)
@@ -121,8 +121,8 @@ def time_xl(model, attn_len, tgt_len, segments, use_cache, jit_compile=False):
     import numpy as np
     import tensorflow as tf
 
-    from txl_tf.inference import Recurrent
-    from txl_tf.protocol import Protocol
+    from txl_tf.model.inference import Recurrent
+    from txl_tf.model.protocol import Protocol
 
     rng = np.random.default_rng(1)
     tokens = tf.constant(rng.integers(0, model.n_token, [1, tgt_len + 1]), tf.int32)

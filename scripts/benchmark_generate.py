@@ -1,4 +1,4 @@
-"""Decoding speed of the keras-hub path (`txl_tf.hub.TransformerXLCausalLM`): the graph, XLA, and the ring of
+"""Decoding speed of the keras-hub path (`txl_tf.lm.hub.TransformerXLCausalLM`): the graph, XLA, and the ring of
 keys/values, in one run on one machine.
 
     python scripts/benchmark_generate.py --model_dir=runs/sample
@@ -14,7 +14,7 @@ the calls' fixed costs cancel. The fastest of --repeats after a warm-up, the pat
   keras-hub XLA, memory moved: the same compiled with XLA;
   keras-hub XLA: the default for the relative encodings (xl and shaw decode into a ring of keys/values, one slot
     written per token: `RelativeMultiHeadAttention.decode_ring`);
-  txl_tf.generation (XLA): `txl_tf.generation.Generator`, what `python -m txl_tf.generate` and the SavedModel's
+  txl_tf.lm.generation (XLA): `txl_tf.lm.generation.Generator`, what `python -m txl_tf.generate` and the SavedModel's
     `generate` signature run (keras-hub's loop with the sampler chosen per call).
 The same tokens come out of every path (checked). Only figures from one run compare.
 """
@@ -25,7 +25,7 @@ import time
 
 from absl import flags
 
-from txl_tf import cli
+from txl_tf.base import cli
 
 FLAGS = flags.FLAGS
 
@@ -46,16 +46,16 @@ def define_flags(flag_values) -> None:
 
 def load_lm():
     """(keras-hub TransformerXLCausalLM, description)."""
-    from txl_tf.hub import TransformerXLCausalLM
+    from txl_tf.lm.hub import TransformerXLCausalLM
 
     if FLAGS.model_dir:
         return TransformerXLCausalLM.from_preset(FLAGS.model_dir), FLAGS.model_dir
     import keras
 
+    from txl_tf.base.errors import UserError
     from txl_tf.configs import EvalConfig, ModelConfig
     from txl_tf.data.vocab import Vocab
-    from txl_tf.errors import UserError
-    from txl_tf.hub import (
+    from txl_tf.lm.hub import (
         TransformerXLBackbone,
         TransformerXLCausalLMPreprocessor,
         TransformerXLTokenizer,
@@ -79,7 +79,7 @@ def main(argv):
     import numpy as np
     import tensorflow as tf
 
-    from txl_tf import generation
+    from txl_tf.lm import generation
 
     lm, what = load_lm()
     model, backbone = lm.backbone.transformer_xl, lm.backbone
@@ -107,7 +107,7 @@ def main(argv):
 
     base = "keras-hub graph, memory moved"
     paths = {base: hub_path(False, ring=False), "keras-hub XLA, memory moved": hub_path(True, ring=False),
-             "keras-hub XLA": hub_path(True), "txl_tf.generation (XLA)": generator_path}
+             "keras-hub XLA": hub_path(True), "txl_tf.lm.generation (XLA)": generator_path}
     print(f"\n| path | batch | tokens/s | ms per token step | same tokens as {base}'s |")
     print("|---|---:|---:|---:|---|")
     rng, ratios = np.random.default_rng(0), []

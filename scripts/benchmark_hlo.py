@@ -9,11 +9,11 @@ Why: TensorFlow's wheel (over 500 MB, built for one CUDA) cannot travel to a mac
 PyTorch but no TensorFlow. The program XLA compiles for our step can: it is the same HLO whichever framework hands
 it to XLA.
 
---dump: builds each case's `txl_tf.trainer.timing_trainer` on the XLA path (mode f32: float32; bf16:
-mixed_bfloat16) and writes the HLO of its compiled gradient function (`txl_tf.trainer.gradient_hlo`: the
+--dump: builds each case's `txl_tf.training.trainer.timing_trainer` on the XLA path (mode f32: float32; bf16:
+mixed_bfloat16) and writes the HLO of its compiled gradient function (`txl_tf.training.trainer.gradient_hlo`: the
 forward pass with the memory, the token-weighted NLL and the backward pass; the clipping and the Adam update run
 outside XLA in the trainer and are not in it) as a serialized HloModuleProto per case and mode, and `meta.json`
-(tokens and matmul FLOPs per step from `txl_tf.flops`). Two rewrites make the module load in a current XLA and
+(tokens and matmul FLOPs per step from `txl_tf.model.flops`). Two rewrites make the module load in a current XLA and
 time the same inputs again: each `copy` instruction is replaced by its operand (the HLO-to-StableHLO import of
 newer XLA refuses `copy`), and the input/output aliasing (the dropout streams' seeds, updated in place) is
 cleared. DIR is replaced whole only when it holds an earlier dump (--overwrite).
@@ -53,14 +53,14 @@ import sys
 import time
 import zlib
 
-# First: txl_tf.cli quiets TensorFlow's start-up (when --dump imports it) and runs main with one-line errors.
-from txl_tf import cli
+# First: txl_tf.base.cli quiets TensorFlow's start-up (when --dump imports it) and runs main with one-line errors.
+from txl_tf.base import cli
 
 # isort: split
 from absl import flags
 
-from txl_tf import paths, untrusted
-from txl_tf.errors import UserError
+from txl_tf.base import paths, untrusted
+from txl_tf.base.errors import UserError
 
 FLAGS = flags.FLAGS
 KIND = "hlo benchmark"
@@ -125,10 +125,11 @@ def strip_module(blob: bytes) -> bytes:
 def dump(folder: str, cases: list, modes: list, overwrite: bool = False) -> None:
     import keras
 
-    from txl_tf import autotune, staging
-    from txl_tf import trainer as trainer_lib
+    from txl_tf.base import staging
     from txl_tf.configs import ModelConfig, TrainConfig
-    from txl_tf.flops import config_flops_per_token
+    from txl_tf.model.flops import config_flops_per_token
+    from txl_tf.training import autotune
+    from txl_tf.training import trainer as trainer_lib
 
     meta = {}
     with staging.staged_dir(folder, kind=KIND, name="--dump", overwrite=overwrite) as tmp:

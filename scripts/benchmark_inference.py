@@ -22,7 +22,7 @@ For every path, batch and context (a random prompt of that many tokens, consumed
     the compiling pair, until the loop takes about twice the prompt's time (at most --most_tokens), so that the
     calls' own variation (seconds at batch 32, context 2,000 on a shared 2-core machine) does not decide the
     difference. The line printed for each cell gives N and the median time of each call. Transformer-XL:
-    `txl_tf.generation.Generator` (keras-hub's loop, sampling in the graph), the same prompt in both calls, N +
+    `txl_tf.lm.generation.Generator` (keras-hub's loop, sampling in the graph), the same prompt in both calls, N +
     context and 1 + context wide (its prompt is consumed in segments of the prompt's length: the padding costs
     nothing there); the SavedModel path: its `generate` signature (the same function, traced at export).
   --peer=gpt2: keras-hub's `GPT2CausalLM` with random weights and no preprocessor (built offline from a
@@ -59,8 +59,8 @@ import time
 
 from absl import app, flags
 
-# txl_tf.cli sets TF_CPP_MIN_LOG_LEVEL before TensorFlow is imported (lazily, in the functions).
-from txl_tf import cli
+# txl_tf.base.cli sets TF_CPP_MIN_LOG_LEVEL before TensorFlow is imported (lazily, in the functions).
+from txl_tf.base import cli
 
 FLAGS = flags.FLAGS
 
@@ -93,18 +93,18 @@ def define_flags(flag_values) -> None:
 
 def load_model():
     """(model, Protocol, max_len, description)."""
-    from txl_tf.protocol import Protocol
+    from txl_tf.model.protocol import Protocol
 
     if FLAGS.model_dir:
-        from txl_tf import loading
+        from txl_tf.runs import loading
 
         dtype = None if FLAGS.dtype == "float32" else FLAGS.dtype
         model, configs, prefix = loading.load_model(FLAGS.model_dir, dtype=dtype)
         e = configs.eval
         protocol = Protocol(FLAGS.mem_len or e.mem_len, e.clamp_len, same_length=False)
         return model, protocol, e.tgt_len, prefix
-    from txl_tf.loading import dtype_policy
-    from txl_tf.model import TransformerXL
+    from txl_tf.model.transformer_xl import TransformerXL
+    from txl_tf.runs.loading import dtype_policy
 
     n_layer, d_model, n_head, d_head, d_inner = (int(x) for x in FLAGS.arch.split(","))
     with dtype_policy(FLAGS.dtype):
@@ -130,7 +130,7 @@ def saved_model_step(loaded):
     """The same step through the SavedModel's `next_token_logits` signature (the state by name)."""
     import tensorflow as tf
 
-    from txl_tf.state import from_named
+    from txl_tf.model.state import from_named
 
     signature = loaded.signatures["next_token_logits"]
 
@@ -170,7 +170,7 @@ def token_latency(step, state, log_probs, tokens):
 def txl_timer(generate, prompt):
     """new -> seconds of one `generate` call (`Generator.generate` or the SavedModel's signature, greedy) making
     `new` tokens after `prompt` [B, P] (the prompt's processing included)."""
-    from txl_tf import generation
+    from txl_tf.lm import generation
 
     rows = [list(row) for row in prompt]
     return lambda new: generation.generate_with(generate, rows, max_tokens=new, temperature=0.0).seconds
@@ -318,8 +318,9 @@ def main(argv):
     import numpy as np
     import tensorflow as tf
 
-    from txl_tf import export, generation
-    from txl_tf.inference import Recurrent
+    from txl_tf import export
+    from txl_tf.lm import generation
+    from txl_tf.model.inference import Recurrent
 
     model, protocol, max_len, source = load_model()
     contexts, batches = [int(c) for c in FLAGS.contexts], [int(b) for b in FLAGS.batches]
@@ -343,13 +344,13 @@ def main(argv):
     state_names = tuple(recurrent.initial_state(1).named())
 
     def served_score(tokens, targets, state):
-        from txl_tf.state import from_named
+        from txl_tf.model.state import from_named
 
         out = score_signature(tokens=tokens, targets=targets, **state.named())
         return out["nll"], from_named({name: out[name] for name in state_names})
 
     def served_initial(batch):
-        from txl_tf.state import from_named
+        from txl_tf.model.state import from_named
 
         out = loaded.signatures["initial_state"](batch_size=tf.constant(batch, tf.int32))
         return from_named({name: out[name] for name in state_names})

@@ -3,7 +3,7 @@
     python scripts/benchmark_memory.py [--gin_file=gin/enwik8.gin (the default)] [--batch=2 --tgt_len=512 --mem_len=512]
         [--modes=f32,bf16,...] [--recompute=none,block] [--peer=DIR] [--budget_gib=4]
 
-Each row runs in a fresh process: the trainer's step (`txl_tf.trainer.Trainer` under the default strategy on an
+Each row runs in a fresh process: the trainer's step (`txl_tf.training.trainer.Trainer` under the default strategy on an
 in-memory batch of random tokens, memory carried from step to step) of the gin file's model (enwik8 base by
 default: 12 x 512, 8x64 heads, d_inner 2048, vocabulary 204, dropout 0.1), one warm-up step (tracing included)
 and then `--steps` timed steps, in each mode (f32 / bf16 = mixed_bfloat16, `_xla` = jit_compile) with each
@@ -44,15 +44,15 @@ import sys
 import tempfile
 import time
 
-# First: txl_tf.cli sets TF_CPP_MIN_LOG_LEVEL (and txl_tf the Keras backend) before TensorFlow starts.
-from txl_tf import cli
+# First: txl_tf.base.cli sets TF_CPP_MIN_LOG_LEVEL (and txl_tf the Keras backend) before TensorFlow starts.
+from txl_tf.base import cli
 
 # isort: split
 from absl import app, flags
 
 from txl_tf import configs
-from txl_tf.autotune import cpu_model
-from txl_tf.policy import RECOMPUTE
+from txl_tf.model.policy import RECOMPUTE
+from txl_tf.training.autotune import cpu_model
 
 FLAGS = flags.FLAGS
 
@@ -103,7 +103,7 @@ def run_ours(spec: dict) -> dict:
     import numpy as np
     import tensorflow as tf
 
-    from txl_tf.trainer import Trainer
+    from txl_tf.training.trainer import Trainer
 
     gpus = tf.config.list_physical_devices("GPU")
     if gpus and spec.get("budget"):  # the allocator refuses what the budget does not hold
@@ -320,7 +320,7 @@ def longest_within(row: Row, budget: int, device: str, log) -> tuple[int, list]:
 
 # ---- the parent -------------------------------------------------------------------------------------------------
 def cpu_name() -> str:
-    """The CPU's model name as lscpu prints it (else /proc/cpuinfo's: `txl_tf.autotune.cpu_model`)."""
+    """The CPU's model name as lscpu prints it (else /proc/cpuinfo's: `txl_tf.training.autotune.cpu_model`)."""
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):

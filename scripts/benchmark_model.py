@@ -3,7 +3,7 @@
     python scripts/benchmark_model.py [--batch=2,8 --tgt_len=512 --mem_len=512 --steps=5 --modes=f32,bf16,...]
         [--kernels=tf,fused] [--peer=DIR] [--profile]
 
-Times the trainer's own training step (`txl_tf.trainer.timing_trainer`: a `Trainer` under the default strategy
+Times the trainer's own training step (`txl_tf.training.trainer.timing_trainer`: a `Trainer` under the default strategy
 on one in-memory batch of random tokens, its `train_loop` one step at a time: forward, token-weighted NLL,
 backward, clipping by global norm, Adam update, the non-finite check; the peer's step does the same but the last)
 of the enwik8 base architecture (12 layers, d_model 512, 8x64 heads, d_inner 2048, vocab 204) with memory carried
@@ -14,7 +14,7 @@ mode's precision (`tf.function`, with or without XLA), and the best bfloat16 pea
 TensorFlow's and, with --peer, PyTorch's).
 
 --kernels: the training step's kernels (`TrainConfig.kernels`) each mode without XLA is timed with: `tf`
-(TensorFlow's ops, the trainer's default) and/or `fused` (the C++ CPU kernels of `txl_tf/fused.py`; rows
+(TensorFlow's ops, the trainer's default) and/or `fused` (the C++ CPU kernels of `txl_tf/model/fused.py`; rows
 `MODE+fused`). XLA cannot run the fused kernels, so the XLA modes are timed with TensorFlow's ops only.
 
 --peer=DIR: also times the authors' PyTorch code (a directory made by `../shared/peer/setup.sh`; it runs
@@ -28,7 +28,7 @@ time in which none runs, of which host/idle is the part with no op at all (Pytho
 executor between ops); then where the op time goes (matmuls, attention elementwise work, dropout, layer norm,
 casts, optimizer (clipping and Adam), other), summed over the executor threads.
 
-FLOP count: `txl_tf.flops` (matmul FLOPs as executed, attention and the memory's key/value projections included,
+FLOP count: `txl_tf.model.flops` (matmul FLOPs as executed, attention and the memory's key/value projections included,
 training = 3 x forward), the same count the trainer's start-up MFU line uses.
 """
 
@@ -44,18 +44,19 @@ import sys
 import tempfile
 import time
 
-# First: txl_tf.cli sets TF_CPP_MIN_LOG_LEVEL (and txl_tf the Keras backend) before TensorFlow starts.
-from txl_tf import cli
+# First: txl_tf.base.cli sets TF_CPP_MIN_LOG_LEVEL (and txl_tf the Keras backend) before TensorFlow starts.
+from txl_tf.base import cli
 
 # isort: split
 import keras
 import tensorflow as tf
 from absl import app, flags
 
-from txl_tf import autotune, fused
-from txl_tf import trainer as trainer_lib
 from txl_tf.configs import TrainConfig
-from txl_tf.flops import measure_matmul_peak, model_flops_per_token
+from txl_tf.model import fused
+from txl_tf.model.flops import measure_matmul_peak, model_flops_per_token
+from txl_tf.training import autotune
+from txl_tf.training import trainer as trainer_lib
 
 FLAGS = flags.FLAGS
 
@@ -71,7 +72,7 @@ def define_flags(flag_values) -> None:
     flags.DEFINE_list("modes", list(MODES), "modes to time: auto (the path the trainer's 'auto' chooses here, "
                       "measured as the trainer measures it) and fixed ones", flag_values=fv)
     flags.DEFINE_list("kernels", ["tf"], "the step's kernels to time each mode without XLA with: "
-                      "tf (TensorFlow's ops) and/or fused (txl_tf/fused.py); XLA modes run TensorFlow's ops only",
+                      "tf (TensorFlow's ops) and/or fused (txl_tf/model/fused.py); XLA modes run TensorFlow's ops only",
                       flag_values=fv)
     flags.DEFINE_integer("matmul_size", 4096, "square matmul size for the peak measurement", flag_values=fv)
     flags.DEFINE_string("peer", None, "directory made by ../shared/peer/setup.sh: also time the authors' PyTorch "
@@ -90,7 +91,7 @@ CATEGORIES = ("matmul", "attention elementwise", "dropout", "layer norm", "feed-
 
 
 def train_flops_per_step(batch, qlen, mlen, n_layer, n_token, d_model, n_head, d_head, d_inner, **_):
-    """Matmul FLOPs of one training step: txl_tf.flops, the one place the formula lives (see its docstring)."""
+    """Matmul FLOPs of one training step: txl_tf.model.flops, the one place the formula lives (see its docstring)."""
     per_token = model_flops_per_token(batch_size=batch, tgt_len=qlen, mem_len=mlen, n_layer=n_layer,
                                       n_token=n_token, d_model=d_model, n_head=n_head, d_head=d_head,
                                       d_inner=d_inner)
@@ -109,8 +110,8 @@ def model_kwargs(mlen, n_layer) -> dict:
 def time_training(mode, batch, qlen, mlen, n_layer, steps, profile_dir=None, kernels="tf"):
     """(seconds per training step (median of `steps`), the profile breakdown when asked, the path timed, the
     candidates' tokens/s when "auto" measured) in `mode` with `kernels`: the trainer's step
-    (`txl_tf.trainer.timing_trainer`), the first 2 steps untimed; mode "auto" times the path the trainer picks
-    (`txl_tf.trainer.choose_path`)."""
+    (`txl_tf.training.trainer.timing_trainer`), the first 2 steps untimed; mode "auto" times the path the trainer picks
+    (`txl_tf.training.trainer.choose_path`)."""
     measured, config = {}, TrainConfig(tgt_len=qlen)
     if mode == "auto":
         path, measured = trainer_lib.choose_path(model_kwargs(mlen, n_layer), config, batch,
@@ -354,12 +355,12 @@ def main(argv):
                               for mode in FLAGS.modes for kernels in FLAGS.kernels))
     batches = [int(b) for b in FLAGS.batch]
     print(f"load average before: {os.getloadavg()}")
-    print("timed: " + "; ".join("auto: the path the trainer's 'auto' chooses (txl_tf.autotune)" if mode == "auto"
+    print("timed: " + "; ".join("auto: the path the trainer's 'auto' chooses (txl_tf.training.autotune)" if mode == "auto"
                                 else f"{path_label(mode_path(mode, kernels).bindings())} with {fused.describe(kernels)}"
                                 for mode, kernels in runs))
     onednn = autotune.choose_onednn()
     print(f"TF_ENABLE_ONEDNN_OPTS={os.environ.get(autotune.ONEDNN_ENV, 'unset')} in the timed children"
-          + (" (measured: txl_tf.autotune.choose_onednn, as the trainer sets it)" if onednn else ""))
+          + (" (measured: txl_tf.training.autotune.choose_onednn, as the trainer sets it)" if onednn else ""))
     peaks = {
         "f32": measure_matmul_peak(tf.float32, FLAGS.matmul_size),
         "bf16": measure_matmul_peak(tf.bfloat16, FLAGS.matmul_size),

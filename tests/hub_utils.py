@@ -1,4 +1,4 @@
-"""A tiny Transformer-XL as txl_tf.hub's keras-hub classes, for the tests of the keras-hub face."""
+"""A tiny Transformer-XL as txl_tf.lm.hub's keras-hub classes, for the tests of the keras-hub face."""
 
 import keras
 import numpy as np
@@ -12,7 +12,7 @@ PROMPTS = ["hello world", "ab"]
 
 def tiny_lm(seed=3, tgt_len=4, mem_len=8, sequence_length=24, preprocessor=True, **architecture):
     """A TransformerXLCausalLM of random weights (init_std 0.5: a greedy text far from ties) and VOCAB."""
-    from txl_tf.hub import (
+    from txl_tf.lm.hub import (
         TransformerXLBackbone,
         TransformerXLCausalLM,
         TransformerXLCausalLMPreprocessor,

@@ -6,7 +6,7 @@ import json
 import os
 
 from txl_tf.configs import architecture
-from txl_tf.presets import (
+from txl_tf.lm.presets import (
     PRESET_CONFIG,
     PRESET_FORMAT,
     PRESET_VERSION,

@@ -20,16 +20,17 @@ from legacy_presets import write_legacy_preset
 from train_utils import prepare_tiny_corpus, run_training, tiny_params
 
 import txl_tf
-from txl_tf import average, evaluate, run_dir, train
+from txl_tf import average, evaluate, train
+from txl_tf.base.errors import ConfigError, UserError
 from txl_tf.configs import EvalConfig, ModelConfig
 from txl_tf.data.vocab import Vocab
-from txl_tf.errors import ConfigError, UserError
-from txl_tf.hub import (
+from txl_tf.lm.hub import (
     TransformerXLBackbone,
     TransformerXLCausalLM,
     TransformerXLCausalLMPreprocessor,
 )
-from txl_tf.hub import TransformerXLTokenizer as HubTokenizer
+from txl_tf.lm.hub import TransformerXLTokenizer as HubTokenizer
+from txl_tf.runs import run_dir
 
 STEPS = {"TrainConfig.train_steps": 2, "TrainConfig.checkpoint_every": 2}
 

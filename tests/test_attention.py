@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 from layer_test_case import run_layer_checks
 
-from txl_tf.attention import MASK_VALUE, RelativeMultiHeadAttention, attention_bias, rel_shift
-from txl_tf.state import LayerMemory
+from txl_tf.model.attention import MASK_VALUE, RelativeMultiHeadAttention, attention_bias, rel_shift
+from txl_tf.model.state import LayerMemory
 
 B, L, M, N, D, DM = 2, 3, 5, 2, 7, 12  # pairwise distinct; K = 8
 
@@ -115,7 +115,7 @@ def test_matches_paper_oracle(clamp_len, same_length, state):
         getattr(layer, sub).kernel.assign(w[key])
     h = rng.normal(size=(B, L, DM)).astype(np.float32)
     mem = rng.normal(size=(B, M, DM)).astype(np.float32)
-    from txl_tf.embedding import RelativePositionalEncoding
+    from txl_tf.model.embedding import RelativePositionalEncoding
 
     encoding = RelativePositionalEncoding(DM)
     if state == "memory":
@@ -137,7 +137,7 @@ def _attention_call(attn_type):
     uv = tf.constant(rng.normal(size=(N, D)), tf.float32)
 
     def call(layer, training):
-        from txl_tf.embedding import RelativePositionalEncoding
+        from txl_tf.model.embedding import RelativePositionalEncoding
 
         pos = RelativePositionalEncoding(DM, dtype=layer.dtype_policy)(tf.constant(M + L))
         return layer(h, LayerMemory(mem), position_encoding=pos, attention_bias=attention_bias(L, M),
@@ -164,8 +164,8 @@ def test_rejects_unknown_attn_type():
 def test_projection_after_memory_gradient_is_tensorflows():
     """The keys/values projection over [memory, segment] in training: TensorFlow's values and gradients for the
     segment and the kernel (float32 rounding), none for the constant memory."""
-    from txl_tf.attention import _dense_after_memory
-    from txl_tf.projection import dense
+    from txl_tf.model.attention import _dense_after_memory
+    from txl_tf.model.projection import dense
 
     rng = np.random.default_rng(4)
     memory, x = tf.constant(rng.normal(size=(2, 3, 5)), tf.float32), tf.constant(rng.normal(size=(2, 4, 5)), tf.float32)
@@ -189,7 +189,7 @@ def test_one_row_through_half_width_kernels_is_the_plain_product():
     projection or an odd width gets no halves (the layer's own call runs)."""
     import keras
 
-    from txl_tf.projection import dense_row, halves
+    from txl_tf.model.projection import dense_row, halves
 
     rng = np.random.default_rng(7)
     layers = [keras.layers.Dense(units, use_bias=False) for units in (6, 4, 3)]

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from txl_tf.analysis import attention_maps
-from txl_tf.protocol import Protocol
+from txl_tf.model.protocol import Protocol
 
 N_LAYER, BATCH, N_HEAD, QLEN, MLEN = 2, 3, 4, 5, 6
 KLEN = MLEN + QLEN

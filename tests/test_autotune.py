@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from train_utils import prepare_tiny_corpus, tiny_params, tiny_trainer
 
-from txl_tf import autotune, train
-from txl_tf.autotune import TrainPath
+from txl_tf import train
+from txl_tf.base.errors import UserError
 from txl_tf.configs import TrainConfig
-from txl_tf.errors import UserError
-from txl_tf.trainer import Trainer, choose_path
+from txl_tf.training import autotune
+from txl_tf.training.autotune import TrainPath
+from txl_tf.training.trainer import Trainer, choose_path
 
 TINY_MODEL = dict(n_token=11, n_layer=1, d_model=16, n_head=2, d_head=8, d_inner=24, dropout=0.1, dropatt=0.0,
                   mem_len=6)

@@ -13,8 +13,10 @@ import tensorflow as tf
 from train_utils import AVERAGE_CONFIG as CONFIG
 from train_utils import make_run
 
-from txl_tf import average, errors, loading
+from txl_tf import average
+from txl_tf.base import errors
 from txl_tf.configs import ModelConfig
+from txl_tf.runs import loading
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,5 +1,5 @@
 """The decoding benchmark runs end to end on a tiny random model: keras-hub's sampler loop in a graph with the
-memory moved, under XLA with the memory moved, under XLA with the ring of keys/values, and txl_tf.generation's
+memory moved, under XLA with the memory moved, under XLA with the ring of keys/values, and txl_tf.lm.generation's
 Generator, each giving the same greedy tokens, with its table and ratios."""
 
 import os

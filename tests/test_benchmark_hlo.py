@@ -99,9 +99,9 @@ def test_paths_and_flags_are_one_line_errors(tmp_path):
 
 
 def test_gradient_hlo_needs_the_xla_path():
-    from txl_tf import autotune
-    from txl_tf import trainer as trainer_lib
     from txl_tf.configs import TrainConfig
+    from txl_tf.training import autotune
+    from txl_tf.training import trainer as trainer_lib
 
     arch = dict(n_token=10, n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=16, mem_len=4)
     trainer = trainer_lib.timing_trainer(arch, TrainConfig(tgt_len=4), 1, autotune.TrainPath(False, False, "tf"))

@@ -5,10 +5,10 @@ import pytest
 import tensorflow as tf
 from layer_test_case import run_layer_checks
 
-from txl_tf.attention import attention_bias
-from txl_tf.block import PositionwiseFeedForward, TransformerXLBlock
-from txl_tf.embedding import RelativePositionalEncoding
-from txl_tf.state import LayerMemory
+from txl_tf.model.attention import attention_bias
+from txl_tf.model.block import PositionwiseFeedForward, TransformerXLBlock
+from txl_tf.model.embedding import RelativePositionalEncoding
+from txl_tf.model.state import LayerMemory
 
 B, L, M, N, D, DM, DI = 2, 3, 5, 2, 7, 12, 11
 

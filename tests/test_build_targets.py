@@ -293,41 +293,37 @@ def test_every_test_file_has_a_py_test():
     assert not problems, "fix tests/BUILD:\n  " + "\n  ".join(problems)
 
 
-# The package's stages (issue 53): the model's layers import only the model and the base, and the base (errors,
-# paths, untrusted input, staging, the entry points' set-up) imports no TensorFlow or Keras.
-BASE = tuple(f"{PACKAGE}/{name}.py" for name in (
-    "errors", "paths", "untrusted", "staging", "run_lock", "version", "protocol", "policy", "cli"))
-MODEL_LAYERS = tuple(f"{PACKAGE}/{name}.py" for name in (
-    "attention", "block", "dropout", "embedding", "projection", "softmax", "state", "model", "fused", "flops"))
+# The package's stages (issue 53), in the order they may import one another: a module imports only modules of its
+# own stage or of an earlier one, so the folders form no circle and the model's layers never reach training. The
+# base (errors, paths, untrusted input, staging, the entry points' set-up) imports no TensorFlow or Keras.
+# configs.py (the gin configuration every stage reads) and the commands (train.py, evaluate.py, ... and the package's
+# __init__.py) are the top-level files; the study drives the commands (it trains and averages runs), so it comes last.
+STAGES = ("base", "model", "data", "configs", "runs", "evaluation", "lm", "training", "analysis", "commands", "study")
 HEAVY = ("tensorflow", "keras", "keras_hub", "tf_keras")
 
 
-def reached(graph: dict[str, set[str]], start: str) -> set[str]:
-    """Every module file `start` imports, directly or through others."""
-    seen, todo = set(), [start]
-    while todo:
-        for target in graph.get(todo.pop(), ()):
-            if target not in seen:
-                seen.add(target)
-                todo.append(target)
-    return seen
+def stage_of(path: str) -> str:
+    """The stage of a module file of the package: its folder, or "configs" / "commands" at the top level."""
+    parts = pathlib.PurePosixPath(path).relative_to(PACKAGE).parts
+    if len(parts) > 1:
+        return parts[0]
+    return "configs" if parts[0] == "configs.py" else "commands"
 
 
 def stage_problems(graph: dict[str, set[str]], imports_of) -> list[str]:
-    """Where a module of the model's layers (MODEL_LAYERS, encodings/) reaches a module outside the model and the
-    base, or a module of the base reaches one outside the base or imports a package of HEAVY (`imports_of(file)`:
-    the top-level packages a file imports)."""
-    def is_model(path):
-        return path in MODEL_LAYERS or path.startswith(f"{PACKAGE}/encodings/")
-
+    """Where a module imports one of a later stage (STAGES), or a module of the base imports a package of HEAVY
+    (`imports_of(file)`: the top-level packages a file imports); an unknown folder is a problem too."""
     problems = []
     for path in sorted(graph):
-        if is_model(path):
-            outside = sorted(t for t in reached(graph, path) if not (is_model(t) or t in BASE))
-            problems += [f"{path} (the model's layers) imports {t}" for t in outside]
-        elif path in BASE:
-            outside = sorted(t for t in reached(graph, path) if t not in BASE)
-            problems += [f"{path} (the base) imports {t}" for t in outside]
+        stage = stage_of(path)
+        if stage not in STAGES:
+            problems.append(f"{path} is in no stage: add its folder to STAGES in tests/test_build_targets.py")
+            continue
+        for target in sorted(graph[path]):
+            later = stage_of(target)
+            if later in STAGES and STAGES.index(later) > STAGES.index(stage):
+                problems.append(f"{path} ({stage}) imports {target} ({later}, a later stage)")
+        if stage == "base":
             problems += [f"{path} (the base) imports {name}" for name in sorted(set(imports_of(path)) & set(HEAVY))]
     return problems
 
@@ -349,14 +345,15 @@ def test_the_model_layers_and_the_base_stay_in_their_stages():
 
 
 def test_a_layer_importing_training_or_a_base_module_importing_tensorflow_is_named():
-    graph = {f"{PACKAGE}/attention.py": {f"{PACKAGE}/fused.py"}, f"{PACKAGE}/fused.py": {f"{PACKAGE}/autotune.py"},
-             f"{PACKAGE}/autotune.py": set(), f"{PACKAGE}/paths.py": {f"{PACKAGE}/errors.py"},
-             f"{PACKAGE}/errors.py": set()}
-    imports = {f"{PACKAGE}/errors.py": {"os", "tensorflow"}}
+    model, training, base = f"{PACKAGE}/model/attention.py", f"{PACKAGE}/training/autotune.py", f"{PACKAGE}/base/errors.py"
+    graph = {model: {f"{PACKAGE}/model/fused.py"}, f"{PACKAGE}/model/fused.py": {training}, training: {base},
+             base: set(), f"{PACKAGE}/base/paths.py": {base}, f"{PACKAGE}/train.py": {training, model},
+             f"{PACKAGE}/extras/thing.py": set()}
+    imports = {base: {"os", "tensorflow"}}
     assert stage_problems(graph, lambda path: imports.get(path, set())) == [
-        f"{PACKAGE}/attention.py (the model's layers) imports {PACKAGE}/autotune.py",
-        f"{PACKAGE}/errors.py (the base) imports tensorflow",
-        f"{PACKAGE}/fused.py (the model's layers) imports {PACKAGE}/autotune.py"]
+        f"{PACKAGE}/base/errors.py (the base) imports tensorflow",
+        f"{PACKAGE}/extras/thing.py is in no stage: add its folder to STAGES in tests/test_build_targets.py",
+        f"{PACKAGE}/model/fused.py (model) imports {training} (training, a later stage)"]
 
 
 def test_no_import_cycle_in_the_package():

@@ -17,12 +17,15 @@ from golden_utils import FIXTURE_DIR, convert_golden, eval_gin, golden_data
 from legacy_presets import write_legacy_preset
 from train_utils import REPO_ROOT, prepare_tiny_corpus, run_training, subprocess_env, tiny_params
 
-from txl_tf import TransformerXLCausalLM, evaluate, evaluation, generation, loading
+from txl_tf import TransformerXLCausalLM, evaluate
+from txl_tf.base.errors import ConfigError, UserError
 from txl_tf.configs import EvalConfig, ModelConfig
 from txl_tf.data.pipeline import read_split
 from txl_tf.data.vocab import Vocab
-from txl_tf.errors import ConfigError, UserError
-from txl_tf.protocol import Protocol
+from txl_tf.evaluation import loops as evaluation
+from txl_tf.lm import generation
+from txl_tf.model.protocol import Protocol
+from txl_tf.runs import loading
 
 
 @pytest.fixture(scope="module")

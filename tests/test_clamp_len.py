@@ -14,11 +14,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from txl_tf import TransformerXL, configs, encodings, errors, presets, run_dir, sweep
+from txl_tf import TransformerXL, configs, sweep
+from txl_tf.base import errors
+from txl_tf.base.errors import ConfigError
 from txl_tf.configs import EvalConfig, ModelConfig
-from txl_tf.errors import ConfigError
-from txl_tf.hub import TransformerXLBackbone
-from txl_tf.protocol import Protocol
+from txl_tf.lm import presets
+from txl_tf.lm.hub import TransformerXLBackbone
+from txl_tf.model import encodings
+from txl_tf.model.protocol import Protocol
+from txl_tf.runs import run_dir
 from txl_tf.study import context
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,4 @@
-"""One way to define flags (txl_tf.cli), the Keras backend chosen once by the package, entry points importable
+"""One way to define flags (txl_tf.base.cli), the Keras backend chosen once by the package, entry points importable
 together.
 
 Every entry point of the package and every script of scripts/ (a module with a `__main__` block) defines its flags in
@@ -20,8 +20,9 @@ import pytest
 from absl import flags
 
 import txl_tf
-from txl_tf import cli, loading
-from txl_tf.errors import ConfigError
+from txl_tf.base import cli
+from txl_tf.base.errors import ConfigError
+from txl_tf.runs import loading
 
 REPO_ROOT = pathlib.Path(__file__).absolute().parents[1]
 PACKAGE_DIR = REPO_ROOT / "txl_tf"
@@ -108,7 +109,7 @@ def test_entry_point_shape(path):
 
 
 def test_only_cli_and_entry_points_define_flags():
-    allowed = set(_entry_point_files()) | {PACKAGE_DIR / "cli.py"}
+    allowed = set(_entry_point_files()) | {PACKAGE_DIR / "base" / "cli.py"}
     defining = {p for p in PACKAGE_DIR.rglob("*.py") if "flags.DEFINE_" in p.read_text()}
     assert defining <= allowed, f"flags defined outside the entry points: {sorted(map(str, defining - allowed))}"
 
@@ -173,7 +174,7 @@ def test_no_arguments():
 
 def test_importing_the_package_imports_no_tensorflow_and_chooses_the_backend():
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
-    code = ("import os, sys, txl_tf, txl_tf.cli\n"
+    code = ("import os, sys, txl_tf, txl_tf.base.cli\n"
             "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules, 'imported TensorFlow'\n"
             "print(os.environ['KERAS_BACKEND'], os.environ['TF_CPP_MIN_LOG_LEVEL'])\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
@@ -184,32 +185,33 @@ def test_importing_the_package_imports_no_tensorflow_and_chooses_the_backend():
 
 def _heavy_imports(node: ast.stmt) -> list[str]:
     """The modules a top-level import statement loads, in order, that may start TensorFlow (anything but the
-    standard library, absl, numpy, the package itself, txl_tf.cli and txl_tf.errors)."""
+    standard library, absl, numpy, the package itself and txl_tf.base, which imports no TensorFlow:
+    tests/test_build_targets.py)."""
     if isinstance(node, ast.Import):
         names = [alias.name for alias in node.names]
-    elif isinstance(node, ast.ImportFrom) and node.module == "txl_tf":
-        names = [f"txl_tf.{alias.name}" for alias in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module in ("txl_tf", "txl_tf.base"):
+        names = [f"{node.module}.{alias.name}" for alias in node.names]
     elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
         names = [node.module]
     else:
         return []
-    light = ("txl_tf", "txl_tf.cli", "txl_tf.errors", "absl", "numpy", "__future__")
+    light = ("txl_tf", "txl_tf.base", "absl", "numpy", "__future__")
     return [name for name in names if name.split(".")[0] not in sys.stdlib_module_names
             and not any(name == m or name.startswith(m + ".") and m != "txl_tf" for m in light)]
 
 
 @pytest.mark.parametrize("path", _entry_point_files(), ids=_module_name)
 def test_entry_points_import_cli_before_anything_that_may_start_tensorflow(path):
-    """txl_tf.cli quiets TensorFlow's start-up only when it is imported first (`# isort: split` keeps it there)."""
+    """txl_tf.base.cli quiets TensorFlow's start-up only when it is imported first (`# isort: split` keeps it there)."""
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.ImportFrom) and node.module == "txl_tf" and node.names[0].name == "cli":
+        if isinstance(node, ast.ImportFrom) and node.module == "txl_tf.base" and node.names[0].name == "cli":
             return
         heavy = _heavy_imports(node)
-        assert not heavy, f"{path}:{node.lineno} imports {heavy[0]} before txl_tf.cli"
+        assert not heavy, f"{path}:{node.lineno} imports {heavy[0]} before txl_tf.base.cli"
 
 
 def test_the_model_class_loads_on_first_use():
-    from txl_tf.model import TransformerXL
+    from txl_tf.model.transformer_xl import TransformerXL
 
     assert txl_tf.TransformerXL is TransformerXL
     assert "TransformerXL" in dir(txl_tf)

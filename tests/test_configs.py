@@ -10,8 +10,8 @@ import gin
 import pytest
 
 from txl_tf import configs
+from txl_tf.base.errors import ConfigError
 from txl_tf.configs import GIN_DIR, DataConfig, EvalConfig, ModelConfig, TrainConfig, parse_configs
-from txl_tf.errors import ConfigError
 
 
 @pytest.fixture
@@ -201,7 +201,7 @@ def test_the_rules_read_each_list_of_choices_where_it_lives():
     import subprocess
     import sys
 
-    from txl_tf import encodings, policy, protocol
+    from txl_tf.model import encodings, policy, protocol
 
     owners = {("ModelConfig", "attn_type"): encodings.NAMES, ("TrainConfig", "nonfinite"): policy.NONFINITE_MODES,
               ("TrainConfig", "recompute"): policy.RECOMPUTE, ("EvalConfig", "protocol"): protocol.PROTOCOLS,

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from txl_tf.evaluation import corpus_streams
+from txl_tf.evaluation.loops import corpus_streams
 from txl_tf.study import probe, scoring
 
 

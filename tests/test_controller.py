@@ -1,4 +1,4 @@
-"""txl_tf.controller (the loop and its actions): cadence, actions at their steps, checkpoints (latest and best/),
+"""txl_tf.training.controller (the loop and its actions): cadence, actions at their steps, checkpoints (latest and best/),
 resume, summaries, the non-finite stop and a stop request, with real trainers on real TFRecords."""
 
 import glob
@@ -10,9 +10,9 @@ import pytest
 import tensorflow as tf
 from train_utils import in_memory_trainer, prepare_tiny_corpus, tiny_controller, tiny_trainer
 
-from txl_tf import loading, run_dir
-from txl_tf.controller import Action, Controller
-from txl_tf.trainer import NonFiniteLossError
+from txl_tf.runs import loading, run_dir
+from txl_tf.training.controller import Action, CheckpointManagers, Controller
+from txl_tf.training.trainer import NonFiniteLossError
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_the_controller_saves_through_the_checkpoint_managers_it_is_given(tmp_pa
     checkpoints go to `latest` (pruned to its max_to_keep), the best ones to `best`; they restore the step."""
     trainer = in_memory_trainer(train_steps=4, steps_per_loop=1, checkpoint_every=1)
     latest, best = tmp_path / "latest", tmp_path / "kept"
-    checkpoints = run_dir.CheckpointManagers(
+    checkpoints = CheckpointManagers(
         latest=tf.train.CheckpointManager(trainer.checkpoint, str(latest), max_to_keep=2,
                                           step_counter=trainer.step_var),
         best=tf.train.CheckpointManager(trainer.checkpoint, str(best), max_to_keep=1, step_counter=trainer.step_var))
@@ -183,7 +183,7 @@ def test_sigterm_saves_at_the_host_loop_boundary_and_puts_the_handler_back(char_
 def test_training_well_below_the_rate_its_path_was_measured_at_is_said_once(tmp_path, measured, said):
     """The trainer's own tokens/s against the autotuner's rate of its path (issue 55): said once, from the second
     logged window on, when it runs below 70% of it; nothing when it holds."""
-    from txl_tf import autotune
+    from txl_tf.training import autotune
 
     trainer = in_memory_trainer(train_steps=5, steps_per_loop=1, log_every=1)
     trainer.path_measured = {trainer.path.describe(): measured}

@@ -10,8 +10,10 @@ import pytest
 import tensorflow as tf
 from train_utils import REPO_ROOT, make_run, subprocess_env
 
-from txl_tf import TransformerXL, convert, errors, fused
-from txl_tf.policy import TrainingPolicy
+from txl_tf import TransformerXL, convert
+from txl_tf.base import errors
+from txl_tf.model import fused
+from txl_tf.model.policy import TrainingPolicy
 
 SEGMENTS = 3
 
@@ -37,7 +39,7 @@ def _run_segments(model, golden, tgt_len, training=False, policy=None):
 
 
 # training=True: the pass of a training step (no dropout in this model); with the fused kernels' policy
-# (TrainConfig.kernels="fused") it runs the fused CPU kernels (txl_tf/fused.py) in place of TensorFlow's ops, and
+# (TrainConfig.kernels="fused") it runs the fused CPU kernels (txl_tf/model/fused.py) in place of TensorFlow's ops, and
 # must meet the authors' numbers as closely, with the same model (the kernels are not part of the architecture).
 @pytest.mark.parametrize("training, fused_kernels", [(False, False), (True, False), (True, True)])
 def test_parity_with_original_tf(fixture_dir, training, fused_kernels):
@@ -112,20 +114,20 @@ def test_adaptive_checkpoint_inferred_and_loaded(tmp_path):
 def test_mismatches_name_the_variable(tmp_path):
     prefix = tmp_path / "model.ckpt"
     write_original_checkpoint(prefix, ADAPTIVE_SHAPES)
-    with pytest.raises(convert.CheckpointMismatchError,
+    with pytest.raises(convert.OriginalCheckpointError,
                        match=r"transformer/layer_0/ff/layer_1/kernel has shape \[16, 32\].*expects \[16, 64\]"):
         convert.from_original_tf(str(prefix), d_inner=64)
-    with pytest.raises(convert.CheckpointMismatchError, match=r"missing variables \['transformer/adaptive_softmax/cutoff_1/proj'\]"):
+    with pytest.raises(convert.OriginalCheckpointError, match=r"missing variables \['transformer/adaptive_softmax/cutoff_1/proj'\]"):
         convert.from_original_tf(str(prefix), tie_projs=(False, False, True))
     missing = {k: v for k, v in ADAPTIVE_SHAPES.items() if k != "layer_1/rel_attn/o/kernel"}
     write_original_checkpoint(tmp_path / "missing.ckpt", missing)
-    with pytest.raises(convert.CheckpointMismatchError, match="missing variables.*layer_1/rel_attn/o/kernel"):
+    with pytest.raises(convert.OriginalCheckpointError, match="missing variables.*layer_1/rel_attn/o/kernel"):
         convert.from_original_tf(str(tmp_path / "missing.ckpt"))
     write_original_checkpoint(tmp_path / "extra.ckpt", ADAPTIVE_SHAPES, {"transformer/layer_0/extra": np.ones(3)})
-    with pytest.raises(convert.CheckpointMismatchError, match="unexpected variables.*layer_0/extra"):
+    with pytest.raises(convert.OriginalCheckpointError, match="unexpected variables.*layer_0/extra"):
         convert.from_original_tf(str(tmp_path / "extra.ckpt"))
     write_original_checkpoint(tmp_path / "outside.ckpt", ADAPTIVE_SHAPES, {"other/w": np.ones(3)})
-    with pytest.raises(convert.CheckpointMismatchError, match="unknown variables.*other/w"):
+    with pytest.raises(convert.OriginalCheckpointError, match="unknown variables.*other/w"):
         convert.from_original_tf(str(tmp_path / "outside.ckpt"))
 
 

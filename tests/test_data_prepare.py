@@ -17,17 +17,17 @@ import zipfile
 import numpy as np
 import pytest
 
+from txl_tf.base.errors import UserError
 from txl_tf.data import corpora, pipeline, records, sources
 from txl_tf.data import prepare as prep
 from txl_tf.data.sources import SourceError
-from txl_tf.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def local(tmp_path, **kw):
     """Settings for small files in an official format (their sizes are not the official ones)."""
-    return corpora.Settings(cache_dir=str(tmp_path / "cache"), verify=False, **kw)
+    return corpora.PrepareSettings(cache_dir=str(tmp_path / "cache"), verify=False, **kw)
 
 
 def random_bytes(n, alphabet, seed):
@@ -38,14 +38,14 @@ def random_bytes(n, alphabet, seed):
 @pytest.fixture(scope="module")
 def enwik8_sample(tmp_path_factory):
     data_dir = str(tmp_path_factory.mktemp("real") / "enwik8_sample")
-    prep.prepare("enwik8_sample", data_dir, corpora.Settings())  # fetched once into the user cache
+    prep.prepare("enwik8_sample", data_dir, corpora.PrepareSettings())  # fetched once into the user cache
     return data_dir
 
 
 @pytest.fixture(scope="module")
 def ptb(tmp_path_factory):
     data_dir = str(tmp_path_factory.mktemp("real") / "ptb")
-    prep.prepare("ptb", data_dir, corpora.Settings())
+    prep.prepare("ptb", data_dir, corpora.PrepareSettings())
     return data_dir
 
 
@@ -84,11 +84,11 @@ def test_ptb_published_figures(ptb):
 
 def test_rerun_is_a_noop_and_a_different_request_is_refused(ptb, capsys):
     before = os.path.getmtime(os.path.join(ptb, records.METADATA_FILE))
-    prep.prepare("ptb", ptb, corpora.Settings())
+    prep.prepare("ptb", ptb, corpora.PrepareSettings())
     assert "already prepared; nothing to do" in capsys.readouterr().out
     assert os.path.getmtime(os.path.join(ptb, records.METADATA_FILE)) == before
     with pytest.raises(FileExistsError, match="pass --overwrite"):
-        prep.prepare("ptb", ptb, corpora.Settings(verify=False))
+        prep.prepare("ptb", ptb, corpora.PrepareSettings(verify=False))
 
 
 # ---- other recipes on small files in their official formats ---------------------------------------------
@@ -108,7 +108,7 @@ def test_enwik8_zip_format_newlines_dropped_or_kept(tmp_path):
     vocab = pipeline.load_vocab(str(tmp_path / "keep"))
     assert vocab.decode_bytes(pipeline.read_split(str(tmp_path / "keep"), "test")) == test
     with pytest.raises(SourceError, match="bytes is 10004321, the official corpus gives 100000000"):
-        prep.prepare("enwik8", str(tmp_path / "verified"), corpora.Settings(source=str(tmp_path / "enwik8.zip")))
+        prep.prepare("enwik8", str(tmp_path / "verified"), corpora.PrepareSettings(source=str(tmp_path / "enwik8.zip")))
 
 
 @pytest.fixture
@@ -286,7 +286,7 @@ def test_networkx_code_from_a_stand_in_wheel_splits_and_checksums(tmp_path, monk
     # checked: the sources' sha256 (not networkx 3.7's), a given --source_sha256, and the pinned wheel's sha256
     with pytest.raises(SourceError, match="networkx_code: the .py files of .* different sha256 than the expected "
                                           f"{corpora.NETWORKX_SHA256}"):
-        prep.prepare("networkx_code", str(tmp_path / "v"), corpora.Settings(source=str(wheel),
+        prep.prepare("networkx_code", str(tmp_path / "v"), corpora.PrepareSettings(source=str(wheel),
                                                                             cache_dir=str(tmp_path / "cache")))
     with pytest.raises(SourceError, match="does not match the expected 0000"):
         prep.prepare("networkx_code", str(tmp_path / "s"), local(tmp_path, source=str(wheel), source_sha256="0" * 64))
@@ -302,12 +302,12 @@ def test_networkx_code_from_a_stand_in_wheel_splits_and_checksums(tmp_path, monk
     cache = tmp_path / "pypi-cache"
     with pytest.raises(SourceError, match=f"networkx==3.7 wheel .*does not match the expected "
                                           f"{corpora.NETWORKX_WHEEL_SHA256}"):
-        prep.prepare("networkx_code", str(tmp_path / "p"), corpora.Settings(cache_dir=str(cache)))
+        prep.prepare("networkx_code", str(tmp_path / "p"), corpora.PrepareSettings(cache_dir=str(cache)))
     assert downloads == [("networkx==3.7", corpora.NETWORKX_PLATFORM)] and os.listdir(cache / "pypi") == []
-    meta = prep.prepare("networkx_code", str(tmp_path / "p"), corpora.Settings(cache_dir=str(cache), verify=False))
+    meta = prep.prepare("networkx_code", str(tmp_path / "p"), corpora.PrepareSettings(cache_dir=str(cache), verify=False))
     assert meta["source"][wheel.name] == {"bytes": wheel.stat().st_size, "sha256": sources.file_digest(str(wheel))}
     assert meta["token_counts"] == {s: len(p) for s, p in parts.items()}
-    prep.prepare("networkx_code", str(tmp_path / "q"), corpora.Settings(cache_dir=str(cache), verify=False))
+    prep.prepare("networkx_code", str(tmp_path / "q"), corpora.PrepareSettings(cache_dir=str(cache), verify=False))
     assert len(downloads) == 2  # the second preparation reads the cached wheel
     (tmp_path / "empty").mkdir()
     with pytest.raises(SourceError, match="holds no .py file"):
@@ -364,7 +364,7 @@ def test_metadata_vocab_and_id_checks(small_dir):
     with pytest.raises(FileNotFoundError, match="unfinished preparation.*txl_tf.data.prepare"):
         pipeline.read_split(small_dir, "valid")
     with pytest.raises(FileExistsError, match="is not a prepared dataset"):
-        prep.prepare("text", small_dir, corpora.Settings(source="x"))
+        prep.prepare("text", small_dir, corpora.PrepareSettings(source="x"))
 
 
 def test_failed_preparation_leaves_nothing_that_looks_complete(tmp_path):
@@ -383,7 +383,7 @@ def test_text_too_short_to_split(tmp_path):
 
 def test_unknown_dataset_and_cli(tmp_path):
     with pytest.raises(ValueError, match="unknown dataset 'wt104'"):
-        prep.prepare("wt104", str(tmp_path / "x"), corpora.Settings())
+        prep.prepare("wt104", str(tmp_path / "x"), corpora.PrepareSettings())
     (tmp_path / "c.txt").write_text("the end\n" * 50)
     env = {**os.environ, "PYTHONPATH": REPO, "TXL_TF_CACHE": str(tmp_path / "cache")}
     cmd = [sys.executable, "-m", "txl_tf.data.prepare", "--dataset=text", "--level=word",

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from txl_tf.base.errors import UserError
 from txl_tf.data.tf_tokenize import TFTokenizer
 from txl_tf.data.vocab import Vocab, char_vocab_from_bytes, frequency_order
-from txl_tf.errors import UserError
 
 WORDS = Vocab(["<eos>", "the", "cat", "<unk>", "sat", "on", "mat"], "word", eos="<eos>", unk="<unk>")
 SENTENCES = Vocab(["<S>", "</S>", "<UNK>", "a", "b"], "word", bos="<S>", eos="<S>", unk="<UNK>")

@@ -1,10 +1,10 @@
-"""txl_tf.distribute: the strategy factory and per-replica values (2 logical CPU devices from conftest)."""
+"""txl_tf.training.distribute: the strategy factory and per-replica values (2 logical CPU devices from conftest)."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from txl_tf import distribute
+from txl_tf.training import distribute
 
 
 def test_factory_builds_each_local_strategy():

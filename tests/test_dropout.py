@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 from layer_test_case import check_config_round_trip
 
-from txl_tf.dropout import Dropout
+from txl_tf.model.dropout import Dropout
 
 
 def test_rate_and_scaling():

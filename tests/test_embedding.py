@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 from layer_test_case import run_layer_checks
 
-from txl_tf.embedding import AdaptiveEmbedding, RelativePositionalEncoding
+from txl_tf.model.embedding import AdaptiveEmbedding, RelativePositionalEncoding
 
 V, DM = 19, 6
 

@@ -1,4 +1,4 @@
-"""The position encodings as plug-ins (txl_tf.encodings): RoPE and ALiBi against slow oracles written from their
+"""The position encodings as plug-ins (txl_tf.model.encodings): RoPE and ALiBi against slow oracles written from their
 papers' equations, looping over (i, j); and, for every encoding of the registry, incremental decoding equals one
 pass, no gradient reaches the memory, and the parameter counts of the study's gin files agree (the keys/values
 cache equals the memory for every encoding in tests/test_model.py)."""
@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from txl_tf import TransformerXL, encodings
-from txl_tf.attention import RelativeMultiHeadAttention, attention_bias
-from txl_tf.encodings import alibi, rope
-from txl_tf.protocol import Protocol
-from txl_tf.state import LayerMemory, Memory
+from txl_tf import TransformerXL
+from txl_tf.model import encodings
+from txl_tf.model.attention import RelativeMultiHeadAttention, attention_bias
+from txl_tf.model.encodings import alibi, rope
+from txl_tf.model.protocol import Protocol
+from txl_tf.model.state import LayerMemory, Memory
 
 B, L, M, N, D, DM = 2, 3, 5, 4, 6, 12  # pairwise distinct but N: 4 heads exercise ALiBi's slopes 1/4 .. 1/256
 ALL = encodings.NAMES
@@ -171,8 +172,8 @@ def test_no_gradient_reaches_the_memory(attn_type):
 
 
 def test_rope_needs_an_even_head_width():
+    from txl_tf.base.errors import ConfigError
     from txl_tf.configs import ModelConfig
-    from txl_tf.errors import ConfigError
 
     with pytest.raises(ValueError, match="d_head must be even"):
         make_model("rope", d_head=5)
@@ -187,7 +188,8 @@ def test_the_study_models_have_the_same_parameter_count():
     widen d_inner to match, as the vaswani ablation does."""
     import gin
 
-    from txl_tf import configs, loading
+    from txl_tf import configs
+    from txl_tf.runs import loading
 
     counts = {}
     for name in ALL:

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from txl_tf import evaluation
 from txl_tf.configs import ModelConfig
-from txl_tf.protocol import Protocol
+from txl_tf.evaluation import loops as evaluation
+from txl_tf.model.protocol import Protocol
 
 TINY = dict(n_layer=2, d_model=12, n_head=3, d_head=4, d_inner=20, dropout=0.0, dropatt=0.0)
 
@@ -73,7 +73,7 @@ def test_dataset_loop_matches_golden(fixture_dir):
 
 
 def _tiny_model(n_token, **overrides):
-    from txl_tf.model import TransformerXL
+    from txl_tf.model.transformer_xl import TransformerXL
 
     tf.keras.utils.set_random_seed(11)
     return TransformerXL(**{**ModelConfig(**TINY, mem_len=6).model_kwargs(n_token), **overrides})

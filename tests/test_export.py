@@ -12,7 +12,7 @@ import tensorflow as tf
 from txl_tf import export
 from txl_tf.configs import ModelConfig
 from txl_tf.data.vocab import Vocab  # the in-graph tokenizer comes with the data package
-from txl_tf.protocol import Protocol
+from txl_tf.model.protocol import Protocol
 
 MEM_LEN, CLAMP_LEN, MAX_LEN = 6, 4, 4
 PROTOCOL = Protocol(MEM_LEN, CLAMP_LEN, same_length=True)

@@ -13,12 +13,14 @@ import pytest
 import tensorflow as tf
 from train_utils import REPO_ROOT, prepare_tiny_corpus, subprocess_env, tiny_params
 
-from txl_tf import errors, loading, run_dir, train
+from txl_tf import train
+from txl_tf.base import errors
 from txl_tf.configs import ModelConfig, TrainConfig
 from txl_tf.data import corpora, records
 from txl_tf.data import prepare as prep
 from txl_tf.data.sources import SourceError
-from txl_tf.protocol import Protocol
+from txl_tf.model.protocol import Protocol
+from txl_tf.runs import loading, run_dir
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +131,7 @@ def test_prepare_overwrite_never_replaces_a_folder_that_is_not_a_dataset(tmp_pat
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "thesis.tex").write_text("precious")
-    settings = corpora.Settings(source=str(source), cache_dir=str(tmp_path))
+    settings = corpora.PrepareSettings(source=str(source), cache_dir=str(tmp_path))
     for overwrite in (False, True):
         with pytest.raises(FileExistsError) as raised:
             prep.prepare("text", str(mine), settings, overwrite=overwrite)
@@ -186,7 +188,7 @@ def test_an_architecture_change_in_a_run_directory_is_refused_with_both_values(c
 # ---- defect 6: generate's settings and export's directory --------------------------------------------------
 def test_generate_settings_are_checked_against_the_vocabulary(char_data):
     from txl_tf.data.pipeline import load_vocab
-    from txl_tf.generation import check_settings
+    from txl_tf.lm.generation import check_settings
 
     vocab = load_vocab(char_data)
     good = dict(max_tokens=5, temperature=0.0, top_k=len(vocab))
@@ -238,7 +240,7 @@ def test_word_level_utf8_error_names_file_and_line(tmp_path):
     source = tmp_path / "corpus.txt"
     source.write_bytes(b"good line\n" * 30 + b"caf\xe9 latin-1\n" + b"more\n" * 10)
     with pytest.raises(SourceError, match=rf"{source} line 31 is not UTF-8"):
-        prep.prepare("text", str(tmp_path / "d"), corpora.Settings(source=str(source), level="word",
+        prep.prepare("text", str(tmp_path / "d"), corpora.PrepareSettings(source=str(source), level="word",
                                                                    cache_dir=str(tmp_path)))
 
 
@@ -246,7 +248,7 @@ def test_a_50_byte_corpus_is_rejected(tmp_path):
     source = tmp_path / "tiny.txt"
     source.write_bytes(b"0123456789" * 5)
     with pytest.raises(SourceError, match="only 50 bytes, too few"):
-        prep.prepare("text", str(tmp_path / "d"), corpora.Settings(source=str(source), cache_dir=str(tmp_path)))
+        prep.prepare("text", str(tmp_path / "d"), corpora.PrepareSettings(source=str(source), cache_dir=str(tmp_path)))
     assert not (tmp_path / "d").exists()
 
 
@@ -270,7 +272,7 @@ def test_directories_of_killed_prepares_are_removed_by_the_next_run(tmp_path):
     import json
     import socket
 
-    from txl_tf import staging
+    from txl_tf.base import staging
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -330,7 +332,7 @@ def test_progress_without_a_terminal_prints_plain_lines(tmp_path):
 
 
 def test_evaluation_progress_is_not_a_keras_progbar_when_piped(char_data, capfd):
-    from txl_tf import evaluation
+    from txl_tf.evaluation import loops as evaluation
 
     model = ModelConfig(n_layer=1, d_model=8, n_head=2, d_head=4, d_inner=8, mem_len=4).build(40)
     tokens = np.arange(400, dtype=np.int32) % 33

@@ -8,13 +8,13 @@ import pytest
 from golden_utils import ARCHITECTURE, MEM_LEN, PROTOCOL, convert_golden, golden_data, golden_model
 from train_utils import make_trainer, tiny_controller, tiny_text
 
-from txl_tf import evaluation
 from txl_tf.configs import EvalConfig, ModelConfig, TrainConfig
-from txl_tf.controller import default_actions
 from txl_tf.data import corpora, pipeline, prepare
 from txl_tf.data.sources import SourceError
 from txl_tf.data.vocab import Vocab
-from txl_tf.protocol import Protocol
+from txl_tf.evaluation import loops as evaluation
+from txl_tf.model.protocol import Protocol
+from txl_tf.training.controller import default_actions
 
 # 50 byte values, one per id of the golden fixture's 50-token vocabulary.
 SYMBOLS = list(b"\n .abcdefghijklmnopqrstuvwxyz0123456789,;:!?'-()AT")
@@ -31,7 +31,7 @@ def setup(tmp_path_factory):
     for split, (lines, seed) in {"train": (300, 0), "valid": (30, 1), "test": (30, 2)}.items():
         (text / f"{split}.txt").write_text(tiny_text(lines, seed))
     data = str(tmp / "data")
-    prepare.prepare("text", data, corpora.Settings(source=str(text), vocab_from=base, cache_dir=str(tmp)))
+    prepare.prepare("text", data, corpora.PrepareSettings(source=str(text), vocab_from=base, cache_dir=str(tmp)))
     return converted, base, data
 
 

@@ -1,19 +1,20 @@
-"""txl_tf.flops: the closed-form count against the matmuls TensorFlow actually runs in the model's forward graph."""
+"""txl_tf.model.flops: the closed-form count against the matmuls TensorFlow actually runs in the model's forward graph."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from txl_tf import TransformerXL, encodings
+from txl_tf import TransformerXL
 from txl_tf.configs import ModelConfig
-from txl_tf.flops import (
+from txl_tf.model import encodings
+from txl_tf.model.flops import (
     config_flops_per_token,
     forward_flops_per_segment,
     measure_matmul_peak,
     model_flops_per_token,
     utilisation_line,
 )
-from txl_tf.state import Memory
+from txl_tf.model.state import Memory
 
 
 def graph_matmul_flops(model, batch, qlen, mlen):

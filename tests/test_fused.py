@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from txl_tf import fused as fused_mod
-from txl_tf.attention import RelativeMultiHeadAttention, attention_bias, shift_padded
-from txl_tf.block import PositionwiseFeedForward
-from txl_tf.dropout import Dropout
-from txl_tf.state import LayerMemory
+from txl_tf.model import fused as fused_mod
+from txl_tf.model.attention import RelativeMultiHeadAttention, attention_bias, shift_padded
+from txl_tf.model.block import PositionwiseFeedForward
+from txl_tf.model.dropout import Dropout
+from txl_tf.model.state import LayerMemory
 
 if fused_mod._compiler() is None and not os.environ.get("CI"):
     pytest.skip("no C++ compiler to build the kernels (CI installs g++)", allow_module_level=True)
@@ -155,8 +155,8 @@ def test_a_failed_build_says_why_and_a_fused_layer_names_it(tmp_path):
     tests/test_train_kernels.py), and a layer built with the kernels anyway stops with that reason."""
     script = (
         "import tensorflow as tf\n"
-        "from txl_tf import fused\n"
-        "from txl_tf.dropout import Dropout\n"
+        "from txl_tf.model import fused\n"
+        "from txl_tf.model.dropout import Dropout\n"
         "print('unavailable:', fused.unavailable())\n"
         "Dropout(0.5)(tf.ones([4]), training=True, kernels=True)\n"
     )

@@ -1,4 +1,4 @@
-"""Generation (`txl_tf.generation`, keras-hub's loop): deterministic under a seed, greedy equals a step-by-step
+"""Generation (`txl_tf.lm.generation`, keras-hub's loop): deterministic under a seed, greedy equals a step-by-step
 oracle, a batch of prompts of different lengths continues each as alone, top-k and top-p through keras-hub's
 sampler, and the SavedModel's, the command line's and the Python path's text are the same."""
 
@@ -11,9 +11,10 @@ import pytest
 import tensorflow as tf
 from train_utils import REPO_ROOT, prepare_tiny_corpus, run_training, subprocess_env, tiny_params
 
-from txl_tf import export, generation
+from txl_tf import export
 from txl_tf.configs import ModelConfig
-from txl_tf.protocol import Protocol
+from txl_tf.lm import generation
+from txl_tf.model.protocol import Protocol
 
 N_TOKEN = 11
 PROMPT = np.array([[1, 4, 2, 7, 3], [5, 0, 9, 9, 6]], np.int32)  # [B=2, P=5]

@@ -1,6 +1,6 @@
 """Every shipped gin file (gin/**/*.gin, found by glob so new files are covered) parses, trains one step and runs its
 own evaluation protocol for one segment, with a tiny model on tiny data prepared by the real data pipeline; the
-config.gin it writes rebuilds the same configuration through txl_tf.run_dir."""
+config.gin it writes rebuilds the same configuration through txl_tf.runs.run_dir."""
 
 import glob
 import math
@@ -10,11 +10,12 @@ import gin
 import pytest
 from train_utils import REPO_ROOT, prepare_tiny_corpus
 
-from txl_tf import run_dir, train
-from txl_tf.autotune import FIELDS as PATH_FIELDS
+from txl_tf import train
 from txl_tf.configs import DataConfig, EvalConfig, ModelConfig, TrainConfig, parse_gin
-from txl_tf.policy import AUTO
+from txl_tf.model.policy import AUTO
+from txl_tf.runs import run_dir
 from txl_tf.study.runs import PINNED_PATH
+from txl_tf.training.autotune import FIELDS as PATH_FIELDS
 
 GIN_FILES = sorted(glob.glob(os.path.join(REPO_ROOT, "gin", "**", "*.gin"), recursive=True))  # gin/study too
 WORD_DATASETS = ("wt103", "wt2", "ptb", "lm1b")
@@ -50,7 +51,7 @@ def _setup(path):
 
 
 def _pinned(auto_fields):
-    """PINNED_PATH's bindings of the fields a file leaves "auto". Timing the candidate paths (txl_tf.autotune, ~15 s
+    """PINNED_PATH's bindings of the fields a file leaves "auto". Timing the candidate paths (txl_tf.training.autotune, ~15 s
     a model where the choices cache lacks it, as on a fresh machine) is left to common.gin here and to
     tests/test_autotune.py; the other files keep every value they set themselves."""
     return [b for b in PINNED_PATH if any(b.startswith(f"TrainConfig.{field} =") for field in auto_fields)]

@@ -24,7 +24,7 @@ TEXT = b"".join(b"line %d of a plain text that repeats itself, now and then\n" %
 
 
 def local(tmp_path, **kw):
-    return corpora.Settings(cache_dir=str(tmp_path / "cache"), verify=False, **kw)
+    return corpora.PrepareSettings(cache_dir=str(tmp_path / "cache"), verify=False, **kw)
 
 
 def tarred(text: bytes, mode: str = "w") -> bytes:
@@ -141,7 +141,7 @@ def test_a_zip_bomb_as_the_networkx_wheel_is_refused_before_it_is_inflated(tmp_p
         zf.writestr("networkx/__init__.py", "import networkx\n")
         zf.writestr("networkx/bomb.py", bytes(BOMB))
     assert wheel.stat().st_size < 200_000
-    peak, raised = peak_bytes(lambda: prep.prepare("networkx_code", str(tmp_path / "d"), corpora.Settings(
+    peak, raised = peak_bytes(lambda: prep.prepare("networkx_code", str(tmp_path / "d"), corpora.PrepareSettings(
         source=str(wheel), cache_dir=str(tmp_path / "cache"))))
     assert isinstance(raised, SourceError), raised
     declared = len(b"# file: networkx/__init__.py\nimport networkx\n") + len(b"# file: networkx/bomb.py\n") + BOMB
@@ -159,7 +159,7 @@ def test_a_zip_bomb_as_enwik8_is_refused_before_it_is_inflated(tmp_path):
         block = bytes(1 << 24)
         for start in range(0, size, len(block)):
             member.write(block[:size - start])
-    peak, raised = peak_bytes(lambda: prep.prepare("enwik8", str(tmp_path / "d"), corpora.Settings(
+    peak, raised = peak_bytes(lambda: prep.prepare("enwik8", str(tmp_path / "d"), corpora.PrepareSettings(
         source=str(archive), cache_dir=str(tmp_path / "cache"))))
     assert isinstance(raised, SourceError), raised
     assert str(raised).startswith(f"{archive}: enwik8 holds 100,000,001 bytes, more than the 100,000,000 bytes of the "
@@ -170,7 +170,7 @@ def test_a_zip_bomb_as_enwik8_is_refused_before_it_is_inflated(tmp_path):
 def test_a_bzip2_bomb_as_the_wikipedia_sample_stops_at_its_expected_size(tmp_path):
     source = tmp_path / "enwiki-sample.xml.bz2"
     source.write_bytes(bz2.compress(b"<page>a bomb</page>\n" * ((24 << 20) // 20)))  # 24 MiB of XML: 3 KB
-    peak, raised = peak_bytes(lambda: prep.prepare("enwik8_sample", str(tmp_path / "d"), corpora.Settings(
+    peak, raised = peak_bytes(lambda: prep.prepare("enwik8_sample", str(tmp_path / "d"), corpora.PrepareSettings(
         source=str(source), cache_dir=str(tmp_path / "cache"))))
     assert isinstance(raised, SourceError), raised
     assert str(raised).startswith(f"{source} decompresses to more than the {corpora.ENWIKI_SIZE:,} bytes of the "

@@ -1,4 +1,4 @@
-"""txl_tf.hub: Transformer-XL as keras-hub's Backbone, CausalLM, preprocessor and tokenizer (issue 36).
+"""txl_tf.lm.hub: Transformer-XL as keras-hub's Backbone, CausalLM, preprocessor and tokenizer (issue 36).
 
 Everything runs through the real keras-hub: its samplers, its generate(), its preset saver and loaders.
 """
@@ -13,12 +13,12 @@ import pytest
 import tensorflow as tf
 from hub_utils import plain_greedy
 
-from txl_tf import paths
+from txl_tf.base import paths
+from txl_tf.base.errors import ConfigError, UserError
 from txl_tf.configs import EvalConfig, ModelConfig
 from txl_tf.data import pipeline
 from txl_tf.data.vocab import Vocab
-from txl_tf.errors import ConfigError, UserError
-from txl_tf.hub import (
+from txl_tf.lm.hub import (
     TransformerXLBackbone,
     TransformerXLCausalLM,
     TransformerXLCausalLMPreprocessor,
@@ -379,11 +379,11 @@ def test_decoding_three_memories_one_token_at_a_time_gives_the_models_log_probab
 
 def test_one_fit_step_is_one_step_of_the_custom_trainer_and_the_next_uses_the_memory():
     """The same model, batch and optimizer (txl_tf's Adam, clipped by the global norm as the trainer clips): one
-    fit() step and one step of `txl_tf.trainer.Trainer` give the same loss and weights; the second batch's loss
+    fit() step and one step of `txl_tf.training.trainer.Trainer` give the same loss and weights; the second batch's loss
     uses the first batch's memory, as the trainer's does."""
     from train_utils import in_memory_trainer, repeated_batch, tiny_model_config, tiny_train_config
 
-    from txl_tf import schedules
+    from txl_tf.training import schedules
 
     # Weights larger than the default initialisation's: the memory moves the second batch's loss far more than
     # the tolerances (with 0.02 the difference was ~1e-5).

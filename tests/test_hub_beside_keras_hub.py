@@ -1,5 +1,5 @@
 """A Transformer-XL beside keras-hub's own models in one process (issue 53, item 1), and the presets and `.keras`
-files of txl_tf.hub's earlier, subclassed classes.
+files of txl_tf.lm.hub's earlier, subclassed classes.
 
 Keras turns `keras_hub.models.Backbone` (and `Task`) into subclasses of `Functional` when the first functional
 keras-hub model is built; a subclassed Transformer-XL built after that failed to construct, save or load. Each
@@ -50,7 +50,7 @@ def gpt2_round_trip(directory):
 
 def transformer_xl_round_trip(directory):
     """Built, saved (a preset, a .keras file), loaded by each of keras-hub's and Keras' loaders: the same text."""
-    from txl_tf.hub import TransformerXLBackbone, TransformerXLCausalLM
+    from txl_tf.lm.hub import TransformerXLBackbone, TransformerXLCausalLM
 
     lm = tiny_lm()
     expected = greedy(lm, PROMPTS, 24)
@@ -100,9 +100,9 @@ def test_a_transformer_xl_is_built_saved_loaded_and_generates_beside_gpt2_in_one
 
 
 def test_presets_and_keras_files_of_the_subclassed_classes_still_load():
-    """tests/data/legacy_hub was written by txl_tf.hub's subclassed Backbone and CausalLM (its README): their
+    """tests/data/legacy_hub was written by txl_tf.lm.hub's subclassed Backbone and CausalLM (its README): their
     weights load into today's functional classes, which compute the same log-probabilities and greedy text."""
-    from txl_tf.hub import TransformerXLBackbone, TransformerXLCausalLM
+    from txl_tf.lm.hub import TransformerXLBackbone, TransformerXLCausalLM
 
     expected = np.load(LEGACY / "expected.npz")
     text = json.loads((LEGACY / "expected.json").read_text())

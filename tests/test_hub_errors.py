@@ -1,4 +1,4 @@
-"""The keras-hub face (`txl_tf.hub`) answers bad input in one line naming the value or file and the fix, never
+"""The keras-hub face (`txl_tf.lm.hub`) answers bad input in one line naming the value or file and the fix, never
 with a raw library error (issue 52, items 8 and 12): prompts that are no text of the vocabulary, lengths that are no
 whole number, ids out of the vocabulary in fit, a learning rate that is not a finite number >= 0, a dtype that is
 none, a config without model_config, a tokenizer whose vocabulary is a path, and weights that are a device, garbage,
@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from txl_tf.base.errors import ConfigError, UserError
 from txl_tf.configs import EvalConfig, ModelConfig, TrainConfig
 from txl_tf.data.vocab import Vocab
-from txl_tf.errors import ConfigError, UserError
-from txl_tf.hub import (
+from txl_tf.lm.hub import (
     TransformerXLBackbone,
     TransformerXLCausalLM,
     TransformerXLCausalLMPreprocessor,

@@ -12,10 +12,10 @@ import tensorflow as tf
 from hub_utils import VOCAB, tiny_lm
 from train_utils import REPO_ROOT, subprocess_env, tiny_params, tiny_text, train_command
 
+from txl_tf.base.errors import ConfigError, UserError
 from txl_tf.data import corpora, prepare
 from txl_tf.data.vocab import Vocab
-from txl_tf.errors import ConfigError, UserError
-from txl_tf.hub import TransformerXLCausalLM, TransformerXLTokenizer
+from txl_tf.lm.hub import TransformerXLCausalLM, TransformerXLTokenizer
 
 
 # ---- item 8: the tokenizer ----------------------------------------------------------------------------------------
@@ -81,7 +81,7 @@ def relative_run(tmp_path_factory):
     root.mkdir()
     (root / "corpus.txt").write_text(tiny_text(200))
     prepare.prepare("text", str(root / "data" / "tiny"),
-                    corpora.Settings(source=str(root / "corpus.txt"), level="char", cache_dir=str(root)))
+                    corpora.PrepareSettings(source=str(root / "corpus.txt"), level="char", cache_dir=str(root)))
     params = [p for p in tiny_params("data/tiny", **{"TrainConfig.train_steps": 2,
                                                      "TrainConfig.checkpoint_every": 2}) if not p.startswith("DATA_DIR")]
     command = train_command("runs/tiny", params + ["DATA_DIR='data/tiny'"],
@@ -113,7 +113,7 @@ def test_a_moved_project_finds_its_data_beside_the_run_only_with_the_recorded_vo
     record.write_text(json.dumps({**fields, "vocab_file": str(tmp_path / "gone" / "vocab.json")}))
     (moved / "corpus.txt").write_text("zzz qqq\n" * 200)  # another corpus where DATA_DIR points
     prepare.prepare("text", str(moved / "data" / "tiny"),
-                    corpora.Settings(source=str(moved / "corpus.txt"), level="char", cache_dir=str(moved)))
+                    corpora.PrepareSettings(source=str(moved / "corpus.txt"), level="char", cache_dir=str(moved)))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError, match=r"DataConfig.data_dir='data/tiny', which holds none"):
         TransformerXLCausalLM.from_preset(str(moved / "runs" / "tiny"))
@@ -125,31 +125,33 @@ def test_a_moved_project_finds_its_data_beside_the_run_only_with_the_recorded_vo
 
 # ---- item 6: one class per name, one engine, one protocol --------------------------------------------------------
 def test_one_class_per_name():
-    """Each public name is one class: txl_tf's top-level names are the keras-hub classes, and no module of the
-    package defines a second TransformerXL* class of the same name."""
+    """Each public name is one class: txl_tf's top-level names are the keras-hub classes, and no two modules of the
+    package define a class of the same name (a reader, a traceback or `isinstance` never meets two Settings)."""
     import re
 
     import keras
 
     import txl_tf
-    from txl_tf import hub
+    from txl_tf.lm import hub
 
     defined = []
     for folder, _, files in os.walk(os.path.join(REPO_ROOT, "txl_tf")):
         for name in files:
             if name.endswith(".py"):
                 with open(os.path.join(folder, name)) as f:
-                    defined += re.findall(r"^class (TransformerXL\w*)\b", f.read(), re.M)
-    assert sorted(defined) == sorted(set(defined)), defined
+                    defined += re.findall(r"^class (\w+)\b", f.read(), re.M)
+    twice = sorted({name for name in defined if defined.count(name) > 1})
+    assert not twice, f"classes defined in more than one module of txl_tf: {twice}"
+    assert "TransformerXLCausalLM" in defined
     for name in txl_tf.HUB_CLASSES:
         assert getattr(txl_tf, name) is getattr(hub, name)
     assert issubclass(txl_tf.TransformerXLCausalLM, keras.Model)
 
 
 def test_generation_drops_same_length_in_one_place():
-    from txl_tf import generation
     from txl_tf.configs import EvalConfig
-    from txl_tf.protocol import Protocol
+    from txl_tf.lm import generation
+    from txl_tf.model.protocol import Protocol
 
     protocol = Protocol(mem_len=6, clamp_len=3, same_length=True)
     assert protocol.for_generation() == Protocol(mem_len=6, clamp_len=3, same_length=False)
@@ -165,7 +167,7 @@ def test_generate_with_settings_is_the_command_lines_engine_and_adds_no_weights(
     """`generate(..., temperature=, top_k=, seed=)` gives the tokens of `generation.generate_from_model` (what
     `python -m txl_tf.generate` and the trainer run) for the same seed; its sampler's variables are no weights of
     the model, so the preset saved afterwards loads and holds the same weights."""
-    from txl_tf import generation
+    from txl_tf.lm import generation
 
     lm = tiny_lm()
     weights = len(lm.weights)
@@ -208,11 +210,11 @@ def test_from_preset_of_a_missing_path_or_a_file_is_one_line(tmp_path):
 
 # ---- item 9: importing the package from Python ---------------------------------------------------------------------
 def test_importing_txl_tf_hub_prints_no_tensorflow_start_up_lines():
-    """`import txl_tf.hub` in a user's Python (TensorFlow's log level left unset) prints nothing: TensorFlow's
+    """`import txl_tf.lm.hub` in a user's Python (TensorFlow's log level left unset) prints nothing: TensorFlow's
     start-up notices are set aside as for the commands; TXL_TF_TF_LOGS=1 keeps them."""
     env = dict(subprocess_env())
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    code = "import txl_tf.hub, tensorflow as tf; print(tf.constant(2).numpy())"
+    code = "import txl_tf.lm.hub, tensorflow as tf; print(tf.constant(2).numpy())"
     quiet = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                            timeout=120)
     assert quiet.returncode == 0 and quiet.stdout == "2\n" and quiet.stderr == "", quiet.stderr[-2000:]

@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 from hub_utils import VOCAB, tiny_lm
 
+from txl_tf.base.errors import ConfigError
 from txl_tf.data import pipeline
-from txl_tf.errors import ConfigError
 
 TEXTS = ["the quick brown fox jumps over the lazy dog", "hello world", "a stream language model", "xyz"]
 

@@ -1,6 +1,6 @@
 """A keras-hub preset someone sends (issue 52, items 1, 4, 5, 7 and 10).
 
-txl_tf.hub's classes never write outside the folder they are given nor read a file the preset did not ship
+txl_tf.lm.hub's classes never write outside the folder they are given nor read a file the preset did not ship
 (keras-hub's `config_file` field); every file of a local preset is checked before keras-hub reads it when loading
 goes through txl_tf's classes (`TransformerXLCausalLM.from_preset` and the others, and through them keras-hub's
 generic loaders wherever txl_tf's code runs before the file is opened: docs/python.md); a FIFO or a device where
@@ -24,11 +24,11 @@ import numpy as np
 import pytest
 from train_utils import REPO_ROOT, make_run, subprocess_env
 
+from txl_tf.base.errors import ConfigError, UserError
 from txl_tf.configs import EvalConfig, ModelConfig
 from txl_tf.data import corpora, prepare
 from txl_tf.data.vocab import Vocab
-from txl_tf.errors import ConfigError, UserError
-from txl_tf.hub import (
+from txl_tf.lm.hub import (
     TransformerXLBackbone,
     TransformerXLCausalLM,
     TransformerXLCausalLMPreprocessor,
@@ -147,7 +147,8 @@ RUNNER = textwrap.dedent("""
     import json, sys
     import keras_hub
     import txl_tf
-    from txl_tf import errors, hub
+    from txl_tf.base import errors
+    from txl_tf.lm import hub
     loaders = {
         "TransformerXLCausalLM": hub.TransformerXLCausalLM.from_preset,
         "TransformerXLBackbone": hub.TransformerXLBackbone.from_preset,
@@ -218,7 +219,7 @@ TXL_LOADERS = ("TransformerXLCausalLM", "TransformerXLBackbone", "TransformerXLT
 
 
 def test_txl_tfs_loaders_check_every_file_of_a_preset_before_keras_hub_reads_it(saved, tmp_path):
-    """Each JSON file a FIFO, a link to /dev/zero or 200,000 levels deep: each of txl_tf.hub's four from_preset
+    """Each JSON file a FIFO, a link to /dev/zero or 200,000 levels deep: each of txl_tf.lm.hub's four from_preset
     refuses it in one line naming the file (keras-hub's own loaders read config.json, task.json, preprocessor.json
     and tokenizer.json before any txl_tf code runs: docs/python.md)."""
     presets = {
@@ -243,7 +244,7 @@ def test_txl_tfs_loaders_check_every_file_of_a_preset_before_keras_hub_reads_it(
 
 def test_a_fifo_or_a_device_as_the_weights_is_one_line_for_every_loader(saved, tmp_path):
     """model.weights.h5 a FIFO or a link to /dev/zero: keras-hub's CausalLM and Backbone loaders (their load_weights
-    is the backbone's), txl_tf.hub's and txl_tf's from_preset (the earlier preset format). keras-hub's CausalLM
+    is the backbone's), txl_tf.lm.hub's and txl_tf's from_preset (the earlier preset format). keras-hub's CausalLM
     loader also reaches txl_tf's checks (through the tokenizer) before it reads the sharded index and the other
     files keras-hub itself does not read."""
     from legacy_presets import write_legacy_preset
@@ -282,7 +283,7 @@ def test_a_fifo_or_a_device_in_a_run_folders_checkpoints_is_one_line(tmp_path):
     make_run(run, [0.0, 1.0])  # ckpt-10 and ckpt-20
     (tmp_path / "corpus.txt").write_text("abcdefghij\n" * 300)  # the run's 11 symbols, so evaluate reaches the weights
     data_dir = tmp_path / "data"
-    prepare.prepare("text", str(data_dir), corpora.Settings(source=str(tmp_path / "corpus.txt"), level="char",
+    prepare.prepare("text", str(data_dir), corpora.PrepareSettings(source=str(tmp_path / "corpus.txt"), level="char",
                                                             cache_dir=str(tmp_path)))
     (run / "ckpt-20.index").unlink()
     os.mkfifo(run / "ckpt-20.index")

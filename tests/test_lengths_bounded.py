@@ -3,7 +3,7 @@ the value, the bound and the fix, before anything is allocated (issue 52, item 3
 --max_tokens` (from a run and from a SavedModel, under `ulimit -v`), `generate(max_length=...)` on both faces,
 keras-hub's BeamSampler(num_beams=...) and TopKSampler(k=...), a preprocessor's sequence_length, and the number of
 prompts. The bound is one function, `txl_tf.configs.check_generation_size`, against
-`txl_tf.untrusted.available_memory()` (MemAvailable, the container's limit, RLIMIT_AS)."""
+`txl_tf.base.untrusted.available_memory()` (MemAvailable, the container's limit, RLIMIT_AS)."""
 
 import re
 import resource
@@ -17,11 +17,11 @@ import pytest
 from train_utils import REPO_ROOT, prepare_tiny_corpus, run_training, subprocess_env, tiny_params
 
 import txl_tf
-from txl_tf import untrusted
+from txl_tf.base import untrusted
+from txl_tf.base.errors import ConfigError
 from txl_tf.configs import INT32_MAX, EvalConfig, ModelConfig, check_generation_size
 from txl_tf.data.vocab import Vocab
-from txl_tf.errors import ConfigError
-from txl_tf.hub import (
+from txl_tf.lm.hub import (
     TransformerXLBackbone,
     TransformerXLCausalLM,
     TransformerXLCausalLMPreprocessor,
@@ -73,7 +73,7 @@ def _generate_under_ulimit(*flags) -> tuple[subprocess.CompletedProcess, float, 
     """`python -m txl_tf.generate FLAGS --max_tokens=1000000000` under ulimit -v 8000000: (result, wall seconds,
     CPU seconds of the process)."""
     env = subprocess_env()
-    env.pop("TF_CPP_MIN_LOG_LEVEL")  # as a user runs it: TensorFlow's C++ log is txl_tf.cli's to quiet
+    env.pop("TF_CPP_MIN_LOG_LEVEL")  # as a user runs it: TensorFlow's C++ log is txl_tf.base.cli's to quiet
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "txl_tf.generate", *flags, "--prompt=the ",
@@ -117,7 +117,7 @@ def test_generate_cli_refuses_max_tokens_beyond_memory_in_one_line_from_a_saved_
 
 
 def test_available_memory_follows_the_address_space_limit():
-    code = "from txl_tf import untrusted; print(untrusted.available_memory())"
+    code = "from txl_tf.base import untrusted; print(untrusted.available_memory())"
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=subprocess_env(), capture_output=True,
                             text=True, timeout=60, preexec_fn=_limited_address_space)
     assert result.returncode == 0, result.stderr

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from txl_tf import TransformerXL, encodings
-from txl_tf.protocol import Protocol
-from txl_tf.state import Cache, Memory
+from txl_tf import TransformerXL
+from txl_tf.model import encodings
+from txl_tf.model.protocol import Protocol
+from txl_tf.model.state import Cache, Memory
 
 V, NL, DM, NH, DH, DI = 23, 2, 12, 2, 5, 17
 

@@ -20,7 +20,8 @@ from train_utils import (
     train_command,
 )
 
-from txl_tf import errors, train
+from txl_tf import train
+from txl_tf.base import errors
 
 RUN = {"TrainConfig.eval_every": 3, "TrainConfig.checkpoint_every": 3}  # ckpt-3, ckpt-6 and best/ckpt-6
 
@@ -210,7 +211,7 @@ def test_a_write_refused_by_the_system_is_one_line_naming_the_folder(tmp_path, r
 def test_a_file_system_that_refuses_every_user_is_one_line(capsys):
     """sysfs refuses new files to every user, root included: the same paths as a read-only run folder, without
     mount or chattr (so this runs wherever Linux does)."""
-    from txl_tf.run_lock import RunLock
+    from txl_tf.base.run_lock import RunLock
 
     if not os.path.isdir("/sys/kernel") or errors.not_writable_reason("/sys") is None:
         pytest.skip("no sysfs refusing writes here")

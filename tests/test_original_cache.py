@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from conftest import SHARED
 
-from txl_tf import errors
+from txl_tf.base import errors
 from txl_tf.data import corpora, original_cache, prepare, records
 from txl_tf.data.vocab import Vocab
 
@@ -32,7 +32,7 @@ def cache_dir():
 
 
 def _prepare(cache_path, data_dir):
-    settings = corpora.Settings(original_cache=str(cache_path))
+    settings = corpora.PrepareSettings(original_cache=str(cache_path))
     return prepare.prepare(original_cache.dataset_of(str(cache_path)), str(data_dir), settings)
 
 

@@ -10,11 +10,13 @@ import sys
 import pytest
 from train_utils import REPO_ROOT, make_run, subprocess_env, tiny_text
 
-from txl_tf import TransformerXLCausalLM, average, loading, paths, staging
+from txl_tf import TransformerXLCausalLM, average
+from txl_tf.base import paths, staging
+from txl_tf.base.errors import UserError
 from txl_tf.configs import EvalConfig, ModelConfig
 from txl_tf.data import corpora, prepare
 from txl_tf.data.vocab import Vocab
-from txl_tf.errors import UserError
+from txl_tf.runs import loading
 
 LONGEST = "p" * 255  # the longest name ext4, xfs, btrfs and tmpfs allow: NAME.tmp-<pid>-xxxxxxxx would not fit
 
@@ -43,7 +45,7 @@ def source(tmp_path_factory):
 
 def _writers(lm, run, source, overwrite=False) -> dict:
     """{what: write(folder)} for the Python writers of a folder: save_to_preset, prepare, average."""
-    settings = corpora.Settings(source=str(source), level="char", cache_dir=str(source.parent))
+    settings = corpora.PrepareSettings(source=str(source), level="char", cache_dir=str(source.parent))
     return {
         "save_to_preset": lambda folder: lm.save_to_preset(folder, overwrite=overwrite),
         "prepare": lambda folder: prepare.prepare("text", folder, settings, overwrite=overwrite),

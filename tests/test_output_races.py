@@ -2,7 +2,7 @@
 the folder, and the folder holds the successful writer's output, whole, with nothing staged left beside it.
 
 Two real worker processes import once and then race round after round, each round into a new folder, meeting at a
-barrier of files before each call: txl_tf.staging itself (fast), and the real save_to_preset of both faces, prepare
+barrier of files before each call: txl_tf.base.staging itself (fast), and the real save_to_preset of both faces, prepare
 and average (each worker saving or computing something different, so the folder shows whose it is)."""
 
 import json
@@ -14,7 +14,7 @@ import h5py
 import pytest
 from train_utils import REPO_ROOT, make_run, subprocess_env, tiny_text
 
-from txl_tf import paths, staging
+from txl_tf.base import paths, staging
 
 ROUNDS = 20
 
@@ -35,7 +35,7 @@ def barrier(name):
 
 
 def staging_writer():
-    from txl_tf import paths, staging
+    from txl_tf.base import paths, staging
 
     def write(target):  # as every command does: the check, the work, then the staged write
         paths.replaceable_dir(target, "--export_dir", kind="export", overwrite=False)
@@ -49,7 +49,7 @@ def staging_writer():
 def hub_preset_writer():
     from txl_tf.configs import EvalConfig, ModelConfig
     from txl_tf.data.vocab import Vocab
-    from txl_tf.hub import (TransformerXLBackbone, TransformerXLCausalLM, TransformerXLCausalLMPreprocessor,
+    from txl_tf.lm.hub import (TransformerXLBackbone, TransformerXLCausalLM, TransformerXLCausalLMPreprocessor,
                             TransformerXLTokenizer)
 
     vocab = Vocab(list(range(97, 117)), "char")
@@ -64,7 +64,7 @@ def hub_preset_writer():
 def prepare_writer():
     from txl_tf.data import corpora, prepare
 
-    settings = corpora.Settings(source=os.path.join(root, f"source-{role}.txt"), level="char",
+    settings = corpora.PrepareSettings(source=os.path.join(root, f"source-{role}.txt"), level="char",
                                 cache_dir=os.path.join(root, f"cache-{role}"))
     return lambda target: prepare.prepare("text", target, settings)
 
@@ -77,7 +77,7 @@ def average_writer():
     return lambda target: average.average(prefixes, target, model_dir=run)
 
 
-from txl_tf import errors
+from txl_tf.base import errors
 
 with open(os.path.join(root, f"results-{role}.jsonl"), "w") as results:
     for command in commands:
@@ -183,14 +183,14 @@ def _check(root, commands, outcomes):
 
 
 def test_two_writers_of_one_new_folder_one_succeeds_one_is_refused(tmp_path):
-    """txl_tf.staging alone (no TensorFlow): 20 rounds of two writers that each take 20 ms."""
+    """txl_tf.base.staging alone (no TensorFlow): 20 rounds of two writers that each take 20 ms."""
     outcomes = _race(tmp_path, ["staging"])
     _check(tmp_path, ["staging"], outcomes)
 
 
 KILLED = r"""
 import sys
-from txl_tf import staging
+from txl_tf.base import staging
 
 with staging.staged_dir(sys.argv[1], kind="export", name="--export_dir") as tmp:
     print("claimed", flush=True)

@@ -13,7 +13,8 @@ import sys
 import pytest
 import train_utils
 
-from txl_tf import cli, configs
+from txl_tf import configs
+from txl_tf.base import cli
 
 REPO_ROOT = pathlib.Path(__file__).absolute().parents[1]
 # A line TensorFlow (or absl's C++ log) prints by itself: `I0000 00:00:...`, `E0000 ...`, the absl pre-init warning.
@@ -75,9 +76,9 @@ def test_a_missing_extra_is_one_line_naming_it(tmp_path):
 
 
 def test_tensorflow_starts_quietly_after_cli_and_loudly_when_asked():
-    """Importing txl_tf.cli before TensorFlow hides what TensorFlow prints when it starts (the first op included);
+    """Importing txl_tf.base.cli before TensorFlow hides what TensorFlow prints when it starts (the first op included);
     TXL_TF_TF_LOGS=1 leaves TensorFlow's logging alone; our own stderr stays."""
-    code = ("import sys, txl_tf.cli, tensorflow as tf\n"
+    code = ("import sys, txl_tf.base.cli, tensorflow as tf\n"
             "print(float(tf.constant(1.0) + 1))\n"
             "print('our own line', file=sys.stderr)\n")
     quiet = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=_env(), capture_output=True, text=True,
@@ -85,7 +86,7 @@ def test_tensorflow_starts_quietly_after_cli_and_loudly_when_asked():
     assert quiet.returncode == 0, quiet.stderr
     assert quiet.stdout.split() == ["2.0"]
     assert quiet.stderr == "our own line\n"
-    settings = ("import os, sys, txl_tf.cli\n"
+    settings = ("import os, sys, txl_tf.base.cli\n"
                 "print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'), any(type(f).__name__ == '_QuietTensorFlowImport'\n"
                 "      for f in sys.meta_path))\n")
     for extra, expected in (({}, ["3", "True"]), ({cli.TF_LOGS_ENV: "1"}, ["None", "False"]),

@@ -1,4 +1,4 @@
-"""Every path a user gives goes through one check (txl_tf.paths): an empty path, the working directory or a folder
+"""Every path a user gives goes through one check (txl_tf.base.paths): an empty path, the working directory or a folder
 above it, home and / are never a folder to replace; a writer replaces only what it wrote itself (its manifest); no
 output follows a link. Real commands in subprocesses, real files, a listing with checksums before and after."""
 
@@ -15,8 +15,8 @@ import pytest
 from conftest import REPO_ROOT
 from train_utils import prepare_tiny_corpus, run_training, subprocess_env, tiny_params
 
-from txl_tf import paths
-from txl_tf.errors import UserError
+from txl_tf.base import paths
+from txl_tf.base.errors import UserError
 
 BAD_VALUES = ("", ".", "..", "link")  # "link": a symbolic link in the working directory to a folder elsewhere
 
@@ -72,7 +72,7 @@ def test_output_dir_refuses_home_and_root_and_accepts_a_new_folder(world, monkey
 
 
 def test_replaceable_dir_replaces_only_what_its_kind_wrote(world):
-    from txl_tf import staging
+    from txl_tf.base import staging
 
     with staging.staged_dir("out", kind="export") as tmp:
         with open(os.path.join(tmp, "saved_model.pb"), "w") as f:
@@ -117,7 +117,7 @@ def test_save_to_preset_of_an_empty_path_leaves_the_working_directory_alone(worl
 
 
 def _user_env(home) -> dict:
-    """A user's environment: TensorFlow's log level left to txl_tf.cli (a test's TF_CPP_MIN_LOG_LEVEL shows CUDA
+    """A user's environment: TensorFlow's log level left to txl_tf.base.cli (a test's TF_CPP_MIN_LOG_LEVEL shows CUDA
     notices a user never sees), HOME elsewhere (Keras writes ~/.keras)."""
     env = dict(subprocess_env(), HOME=str(home))
     env.pop("TF_CPP_MIN_LOG_LEVEL")
@@ -129,7 +129,7 @@ def test_every_path_argument_of_the_python_api_refuses_bad_paths_in_one_line(wor
 
     from txl_tf import TransformerXLCausalLM, TransformerXLTokenizer, average, export, train
     from txl_tf.data import corpora, prepare
-    from txl_tf.protocol import Protocol
+    from txl_tf.model.protocol import Protocol
     from txl_tf.study import report, studies
 
     data_dir, run = trained
@@ -142,7 +142,7 @@ def test_every_path_argument_of_the_python_api_refuses_bad_paths_in_one_line(wor
         "train.run(gin_files)": lambda v: train.run([v], tiny_params(data_dir), model_dir="new_run"),
         "export.export_model": lambda v: export.export_model(lm.transformer_xl, v, protocol=Protocol(3), max_len=2),
         "export.write_export": lambda v: export.write_export(lambda d: None, v),
-        "prepare.prepare": lambda v: prepare.prepare("enwik8_sample", v, corpora.Settings(), overwrite=True),
+        "prepare.prepare": lambda v: prepare.prepare("enwik8_sample", v, corpora.PrepareSettings(), overwrite=True),
         "average.average": lambda v: average.average([tf.train.latest_checkpoint(run)], v, model_dir=run,
                                                      overwrite=True),
         "TransformerXLTokenizer.from_data_dir": lambda v: TransformerXLTokenizer.from_data_dir(v),
@@ -192,13 +192,13 @@ def test_prepare_overwrite_keeps_the_users_files_and_refuses_a_source_inside(wor
     from txl_tf.data import prepare as prep
 
     mydata = world[1] / "mydata"
-    settings = corpora.Settings(source=str(tmp_path / "corpus.txt"), cache_dir=str(tmp_path / "cache"))
+    settings = corpora.PrepareSettings(source=str(tmp_path / "corpus.txt"), cache_dir=str(tmp_path / "cache"))
     (tmp_path / "corpus.txt").write_text("some text to prepare\n" * 100)
     prep.prepare("text", str(mydata), settings)
     inside = mydata / "corpus.txt"
     inside.write_text("some other text\n" * 100)
     with pytest.raises(UserError, match="lies inside --data_dir"):
-        prep.prepare("text", str(mydata), corpora.Settings(source=str(inside), cache_dir=str(tmp_path / "c")),
+        prep.prepare("text", str(mydata), corpora.PrepareSettings(source=str(inside), cache_dir=str(tmp_path / "c")),
                      overwrite=True)
     inside.unlink()
     (mydata / "NOTES.txt").write_text("mine")
@@ -258,7 +258,7 @@ def test_study_publish_never_follows_a_link(tmp_path):
 # ---- acceptance: every path flag of every command, given "", ".", ".." and a link ---------------------------------
 _DRIVER = textwrap.dedent("""
     import contextlib, importlib, io, json, sys, traceback
-    from txl_tf import cli, errors
+    from txl_tf.base import cli, errors
     from absl import flags
     module = importlib.import_module(sys.argv[1])
     FLAGS = flags.FLAGS

@@ -61,7 +61,7 @@ def sample_dir(tmp_path_factory):
     source = root / "corpus.txt"
     source.write_text(tiny_text(300) + string.ascii_letters + string.digits + string.punctuation + " \t\n")
     data_dir = str(root / DATA_DIR)
-    prepare.prepare("text", data_dir, corpora.Settings(source=str(source), level="char", cache_dir=str(root)))
+    prepare.prepare("text", data_dir, corpora.PrepareSettings(source=str(source), level="char", cache_dir=str(root)))
     source.unlink()
     return root
 

@@ -8,12 +8,13 @@ import pytest
 import tensorflow as tf
 from train_utils import B, L, make_trainer, prepare_tiny_corpus, tiny_train_config
 
-from txl_tf import configs, fused
+from txl_tf import configs
+from txl_tf.base.errors import ConfigError
 from txl_tf.configs import ModelConfig
-from txl_tf.errors import ConfigError
-from txl_tf.model import TransformerXL
-from txl_tf.policy import TrainingPolicy
-from txl_tf.state import Memory
+from txl_tf.model import fused
+from txl_tf.model.policy import TrainingPolicy
+from txl_tf.model.state import Memory
+from txl_tf.model.transformer_xl import TransformerXL
 
 V, NL, M = 13, 2, 6  # vocabulary, layers, memory (with B=4, L=5: pairwise distinct)
 MODEL = dict(n_layer=NL, d_model=16, n_head=2, d_head=8, d_inner=24, mem_len=M, dropout=0.3, dropatt=0.2)

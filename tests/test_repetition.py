@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from txl_tf.analysis import repetition
+from txl_tf.base.errors import UserError
 from txl_tf.data import corpora
 from txl_tf.data import prepare as prep
-from txl_tf.errors import UserError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -110,7 +110,7 @@ def test_cli_on_a_prepared_folder_writes_tables_and_json(tmp_path):
     block = random_tokens(600, 26, seed=7)
     (tmp_path / "text.txt").write_bytes(bytes((block + ord("a")).astype(np.uint8).tolist()) * 20)
     data_dir = str(tmp_path / "data")
-    prep.prepare("text", data_dir, corpora.Settings(source=str(tmp_path / "text.txt"),
+    prep.prepare("text", data_dir, corpora.PrepareSettings(source=str(tmp_path / "text.txt"),
                                                     cache_dir=str(tmp_path / "cache")))
     out = tmp_path / "out" / "repetition.json"
     proc = subprocess.run(

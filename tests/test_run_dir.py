@@ -1,4 +1,4 @@
-"""txl_tf.run_dir: rebuild + restore from a model_dir (config.gin, ckpt-N, best/) or a converted checkpoint
+"""txl_tf.runs.run_dir: rebuild + restore from a model_dir (config.gin, ckpt-N, best/) or a converted checkpoint
 directory, and the config files it writes. Damaged checkpoints, fallback and resume: tests/test_faults.py."""
 
 import gin
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from txl_tf import loading, run_dir
 from txl_tf.configs import ModelConfig
+from txl_tf.runs import loading, run_dir
 
 CONFIG = """
 DATA_DIR = '{data_dir}'

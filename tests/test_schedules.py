@@ -1,4 +1,4 @@
-"""txl_tf.schedules: the learning rate against the formula of the original scripts, and the Adam settings."""
+"""txl_tf.training.schedules: the learning rate against the formula of the original scripts, and the Adam settings."""
 
 import math
 
@@ -6,9 +6,9 @@ import keras
 import numpy as np
 import pytest
 
+from txl_tf.base.errors import ConfigError
 from txl_tf.configs import TrainConfig
-from txl_tf.errors import ConfigError
-from txl_tf.schedules import learning_rate_schedule, make_optimizer
+from txl_tf.training.schedules import learning_rate_schedule, make_optimizer
 
 
 def original_lr(step, lr, warmup, total, floor_ratio):
@@ -105,7 +105,7 @@ def _numpy_adam(indices, replicas=1, steps=4, lr=0.01, b1=0.8, b2=0.95, eps=1e-6
 def test_fused_adam_is_keras_adam_in_one_kernel():
     import tensorflow as tf
 
-    from txl_tf.schedules import FusedAdam
+    from txl_tf.training.schedules import FusedAdam
 
     strategy = tf.distribute.get_strategy()
     keras_weight, keras_table, keras_steps = _adam_run(keras.optimizers.Adam, strategy, [0, 2, 3])
@@ -121,13 +121,13 @@ def test_fused_adam_sums_repeated_rows_before_squaring_on_one_or_two_replicas():
     Adam and a dense gradient give; Keras's own Adam squares each occurrence of an IndexedSlices row apart."""
     import tensorflow as tf
 
-    from txl_tf.schedules import FusedAdam
+    from txl_tf.training.schedules import FusedAdam
 
     expected_weight, expected_table = _numpy_adam([0, 2, 2])
     weight, table, _ = _adam_run(FusedAdam, tf.distribute.get_strategy(), [0, 2, 2])
     np.testing.assert_allclose(weight, expected_weight, rtol=0, atol=2e-6)
     np.testing.assert_allclose(table, expected_table, rtol=0, atol=2e-6)
-    from txl_tf import distribute
+    from txl_tf.training import distribute
 
     # tests/conftest.py splits the CPU into 2 logical devices; make_strategy keeps one MirroredStrategy per device
     # set (separate instances number their collectives alike and break each other's all-reduces).

@@ -8,7 +8,7 @@ import tensorflow as tf
 from txl_tf import export
 from txl_tf.configs import ModelConfig
 from txl_tf.data.vocab import Vocab  # the in-graph tokenizer (score_text)
-from txl_tf.protocol import Protocol
+from txl_tf.model.protocol import Protocol
 
 MEM_LEN, MAX_LEN = 6, 4
 TOKENS = np.array([[1, 2, 3]], np.int32)  # [B=1, L=3]

@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 from layer_test_case import run_layer_checks
 
-from txl_tf.embedding import AdaptiveEmbedding
-from txl_tf.softmax import AdaptiveSoftmax
+from txl_tf.model.embedding import AdaptiveEmbedding
+from txl_tf.model.softmax import AdaptiveSoftmax
 
 V, DM, B, L = 19, 6, 2, 5
 CUTOFFS = (4, 10)

@@ -1,4 +1,4 @@
-"""Staged directories (txl_tf.staging) and their users: a writer killed with SIGKILL at any moment leaves the target
+"""Staged directories (txl_tf.base.staging) and their users: a writer killed with SIGKILL at any moment leaves the target
 intact plus marked staging folders that the next run removes; folders of the user beside the target (data.old-2024,
 data.tmp-mine) are never touched by prepare, export or average; average is replaced whole; the study's --publish
 writes only inside its folder and a bad --readme is refused before anything is written."""
@@ -12,7 +12,9 @@ import sys
 import pytest
 from train_utils import REPO_ROOT, make_run, subprocess_env, tiny_text
 
-from txl_tf import average, loading, staging
+from txl_tf import average
+from txl_tf.base import staging
+from txl_tf.runs import loading
 from txl_tf.study import report
 
 USER_FOLDERS = ("old-2024", "tmp-mine")

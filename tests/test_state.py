@@ -1,4 +1,4 @@
-"""txl_tf.state: row selection, the per-layer split and stack, validation in one line, and the state as a nest
+"""txl_tf.model.state: row selection, the per-layer split and stack, validation in one line, and the state as a nest
 (tf.nest, tf.function, tf.while_loop, the SavedModel's named tensors), on the states a real model makes."""
 
 import keras
@@ -7,9 +7,9 @@ import pytest
 import tensorflow as tf
 
 from txl_tf import TransformerXL
-from txl_tf.attention import RelativeMultiHeadAttention
-from txl_tf.protocol import Protocol
-from txl_tf.state import Cache, LayerCache, LayerMemory, Memory, check_type, from_named
+from txl_tf.model.attention import RelativeMultiHeadAttention
+from txl_tf.model.protocol import Protocol
+from txl_tf.model.state import Cache, LayerCache, LayerMemory, Memory, check_type, from_named
 
 V, NL, DM, NH, DH, B, M = 19, 3, 8, 2, 3, 4, 5
 

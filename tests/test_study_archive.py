@@ -10,7 +10,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from txl_tf.errors import UserError
+from txl_tf.base.errors import UserError
 from txl_tf.study import archive, runs
 
 BLOCK = 10

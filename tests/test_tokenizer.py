@@ -11,11 +11,11 @@ import pytest
 import tensorflow as tf
 from layer_test_case import LayerHolder
 
-from txl_tf import tokenizer as tokenizer_module
+from txl_tf.base.errors import ConfigError
 from txl_tf.data import records
 from txl_tf.data.vocab import VOCAB_FILE, Vocab, char_vocab_from_bytes
-from txl_tf.errors import ConfigError
-from txl_tf.tokenizer import GraphTokenizer
+from txl_tf.lm import tokenizer as tokenizer_module
+from txl_tf.lm.tokenizer import GraphTokenizer
 
 WORDS = Vocab(["<eos>", "the", "cat", "<unk>", "sat", "on", "mat"], "word", eos="<eos>", unk="<unk>")
 SENTENCES = Vocab(["<S>", "</S>", "<UNK>", "a", "b"], "word", bos="<S>", eos="<S>", unk="<UNK>")  # lm1b style

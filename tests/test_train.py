@@ -305,7 +305,7 @@ def _too_large(data_dir: str, batch: int) -> str:
 @pytest.mark.parametrize("path", ["auto", "explicit"])
 def test_a_batch_the_data_cannot_fill_is_refused_before_a_model_is_built(char_data, tmp_path, capsys, path):
     from txl_tf import train
-    from txl_tf.errors import ConfigError
+    from txl_tf.base.errors import ConfigError
 
     params = tiny_params(char_data, **{"TrainConfig.batch_size": 10000, **(AUTO_PATH if path == "auto" else {})})
     with pytest.raises(ConfigError) as raised:

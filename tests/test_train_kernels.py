@@ -19,9 +19,9 @@ from train_utils import (
     train_command,
 )
 
-from txl_tf import fused
+from txl_tf.base.errors import ConfigError
 from txl_tf.configs import TrainConfig
-from txl_tf.errors import ConfigError
+from txl_tf.model import fused
 
 NOT_BITWISE = "from here its weights are no longer bit for bit those of an uninterrupted run"
 needs_compiler = pytest.mark.skipif(fused._compiler() is None,

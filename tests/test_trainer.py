@@ -1,4 +1,4 @@
-"""txl_tf.trainer (the step): host loops against independent oracles (NumPy Adam step, the model's own NLL),
+"""txl_tf.training.trainer (the step): host loops against independent oracles (NumPy Adam step, the model's own NLL),
 strategy equivalence (MirroredStrategy on 2 logical CPUs vs the default strategy), gradient accumulation,
 non-finite handling, and training on an in-memory dataset (no corpus on disk). What the loop around it writes is
 tests/test_controller.py's."""

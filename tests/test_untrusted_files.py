@@ -16,8 +16,11 @@ import gin
 import pytest
 from train_utils import REPO_ROOT, subprocess_env, tiny_params
 
-from txl_tf import configs, fused, run_dir, untrusted
-from txl_tf.errors import ConfigError
+from txl_tf import configs
+from txl_tf.base import untrusted
+from txl_tf.base.errors import ConfigError
+from txl_tf.model import fused
+from txl_tf.runs import run_dir
 
 ALLOW_IMPORTS = "TXL_TF_GIN_ALLOW_IMPORTS"  # the opt-in (configs.ALLOW_IMPORTS_ENV)
 REFUSAL = "gin files may not import modules (a run folder someone sends must be as safe as a checkpoint)"
@@ -381,7 +384,7 @@ print("swaps", swaps, flush=True)
 
 LOADER = r"""
 import os, sys
-from txl_tf import fused
+from txl_tf.model import fused
 loaded = 0
 for compiler in sys.argv[1:]:
     os.environ["CXX"] = compiler

@@ -1,4 +1,4 @@
-"""Checkpoints and presets written before the attention's projections became Keras layers (`txl_tf.upgrade`):
+"""Checkpoints and presets written before the attention's projections became Keras layers (`txl_tf.model.upgrade`):
 they load into today's model and give the log-probabilities the old code gave (fixtures written by it, see
 tests/data/legacy_attention/README.md); training cannot resume from one, in one line."""
 
@@ -9,14 +9,15 @@ import shutil
 import numpy as np
 import pytest
 
-from txl_tf import loading, upgrade
+from txl_tf.model import upgrade
+from txl_tf.runs import loading
 
 LEGACY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "legacy_attention")
 ENCODINGS = ("xl", "shaw", "rope")
 
 
 def _model(attn_type):
-    from txl_tf.model import TransformerXL
+    from txl_tf.model.transformer_xl import TransformerXL
 
     model = TransformerXL(n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, n_token=14, mem_len=4,
                           dropout=0.0, dropatt=0.0, attn_type=attn_type, max_position=16)
@@ -87,7 +88,7 @@ def test_a_preset_of_the_earlier_format_loads(expected, tmp_path):
 def test_training_cannot_resume_from_an_old_checkpoint_in_one_line():
     from train_utils import in_memory_trainer
 
-    from txl_tf.run_dir import RunDirError
+    from txl_tf.runs.run_dir import RunDirError
 
     trainer = in_memory_trainer()
     with pytest.raises(RunDirError, match=r"^[^\n]*TrainConfig.init_checkpoint='[^']*xl-1'[^\n]*$"):

@@ -17,10 +17,10 @@ import pytest
 import tensorflow as tf
 
 from txl_tf import TransformerXL
-from txl_tf.attention import attention_bias
-from txl_tf.block import TransformerXLBlock
-from txl_tf.policy import TrainingPolicy
-from txl_tf.state import LayerMemory, Memory
+from txl_tf.model.attention import attention_bias
+from txl_tf.model.block import TransformerXLBlock
+from txl_tf.model.policy import TrainingPolicy
+from txl_tf.model.state import LayerMemory, Memory
 from txl_tf.study.scoring import score_windows
 
 B, L, M, N, D, DM, DI, V, NL = 2, 3, 5, 4, 6, 11, 9, 13, 2  # pairwise distinct where they meet

@@ -20,7 +20,7 @@ import sysconfig
 import pytest
 import train_utils
 
-from txl_tf import cli
+from txl_tf.base import cli
 
 REPO_ROOT = pathlib.Path(__file__).absolute().parents[1]
 # A line TensorFlow (or absl's C++ log) prints by itself (as in tests/test_packaging.py).

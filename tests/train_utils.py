@@ -33,7 +33,7 @@ def prepare_tiny_corpus(directory: str, level: str = "char", n_lines: int = 400)
     with open(source, "w") as f:
         f.write(tiny_text(n_lines))
     data_dir = os.path.join(directory, f"tiny_{level}")
-    prepare.prepare("text", data_dir, corpora.Settings(source=source, level=level, cache_dir=directory))
+    prepare.prepare("text", data_dir, corpora.PrepareSettings(source=source, level=level, cache_dir=directory))
     return data_dir
 
 
@@ -93,12 +93,12 @@ TINY_EVAL = dict(tgt_len=4, mem_len=7, clamp_len=-1, same_length=True, batch_siz
 
 
 def make_trainer(model_config, train_config, data_dir: str, strategy: str = "default"):
-    """A txl_tf.trainer.Trainer on the prepared `data_dir`, put together as txl_tf.train.run does: the global seeds
+    """A txl_tf.training.trainer.Trainer on the prepared `data_dir`, put together as txl_tf.train.run does: the global seeds
     first, the data's vocabulary size, the distributed train batches (`train.training_batches`)."""
-    from txl_tf import distribute
     from txl_tf.data import pipeline
     from txl_tf.train import training_batches
-    from txl_tf.trainer import Trainer, set_global_seeds
+    from txl_tf.training import distribute
+    from txl_tf.training.trainer import Trainer, set_global_seeds
 
     strategy = distribute.make_strategy(strategy)
     set_global_seeds(train_config)
@@ -126,7 +126,7 @@ def tiny_model_config(**model):
 
 
 def tiny_trainer(data_dir: str, strategy: str = "default", model: dict | None = None, **train):
-    """A txl_tf.trainer.Trainer of a 1-layer model on `data_dir`; TrainConfig fields as keywords."""
+    """A txl_tf.training.trainer.Trainer of a 1-layer model on `data_dir`; TrainConfig fields as keywords."""
     return make_trainer(tiny_model_config(**(model or {})), tiny_train_config(**train), data_dir, strategy)
 
 
@@ -147,7 +147,7 @@ def in_memory_trainer(starts: list | None = None, model: dict | None = None, **t
     appended to `starts`. TrainConfig fields as keywords."""
     import tensorflow as tf
 
-    from txl_tf.trainer import Trainer, set_global_seeds
+    from txl_tf.training.trainer import Trainer, set_global_seeds
 
     batch = repeated_batch()
 
@@ -164,19 +164,19 @@ def in_memory_trainer(starts: list | None = None, model: dict | None = None, **t
 
 def tiny_controller(trainer, model_dir, data_dir: str | None = None, evaluation: dict | None = None,
                     actions=None, **kwargs):
-    """A txl_tf.controller.Controller of `trainer` in `model_dir`, put together as txl_tf.train.run does: the
+    """A txl_tf.training.controller.Controller of `trainer` in `model_dir`, put together as txl_tf.train.run does: the
     trainer restored from model_dir's newest checkpoint (if any), then the checkpoint managers. Its actions are
     `actions`, else the default ones on `data_dir` (evaluation with TINY_EVAL updated by `evaluation`, samples);
     the metric's level is the data's ("char" without data). No console output unless `log` is given."""
-    from txl_tf import run_dir
     from txl_tf.configs import EvalConfig
-    from txl_tf.controller import Controller, default_actions
     from txl_tf.data import pipeline
+    from txl_tf.runs import run_dir
+    from txl_tf.training.controller import Controller, checkpoint_managers, default_actions
 
     kwargs.setdefault("log", lambda line: None)
     model_dir = str(model_dir)
     run_dir.resume_training(model_dir, trainer.restore_checkpoint, chief=True, log=kwargs["log"])
-    checkpoints = run_dir.checkpoint_managers(trainer.checkpoint, model_dir, strategy=trainer.strategy,
+    checkpoints = checkpoint_managers(trainer.checkpoint, model_dir, strategy=trainer.strategy,
                                               step_counter=trainer.step_var, keep=trainer.config.keep_checkpoints)
     vocab = pipeline.load_vocab(data_dir) if data_dir else None
     if actions is None:
@@ -196,8 +196,9 @@ def make_run(directory, offsets):
     float weights."""
     import tensorflow as tf
 
-    from txl_tf import average, loading
+    from txl_tf import average
     from txl_tf.configs import ModelConfig
+    from txl_tf.runs import loading
 
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.gin").write_text("".join(f"ModelConfig.{k} = {v!r}\n" for k, v in AVERAGE_CONFIG.items()))

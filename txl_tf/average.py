@@ -13,7 +13,7 @@ config as `config.gin`, `averaged.json` (which checkpoints) and the run's vocabu
 checkpoints of several runs are averaged only when the runs' configs make one model. The run's own checkpoints
 are only read: the output directory may not be one that holds them, and an existing output directory is replaced
 only with --overwrite and only if this command wrote it. The average is
-written whole into a staging directory beside it and then swapped in (txl_tf.staging): a run killed at any point
+written whole into a staging directory beside it and then swapped in (txl_tf.base.staging): a run killed at any point
 leaves the previous average (or none), never half of one, and the next run removes what it left. A checkpoint
 that a trainer still saving into the run deletes before it is read is named in one line (re-run the command), and
 an output folder that cannot be written is refused in one line before the work.
@@ -32,21 +32,22 @@ import re
 import sys
 from collections.abc import Sequence
 
-# First: txl_tf.cli quiets TensorFlow's start-up (it must come before TensorFlow's import).
-from txl_tf import cli
+# First: txl_tf.base.cli quiets TensorFlow's start-up (it must come before TensorFlow's import).
+from txl_tf.base import cli
 
 # isort: split
 import numpy as np
 import tensorflow as tf
 from absl import flags
 
-from txl_tf import errors, loading, paths, run_dir, staging
+from txl_tf.base import errors, paths, staging
+from txl_tf.base.errors import ConfigError, UserError
 from txl_tf.configs import architecture
-from txl_tf.errors import ConfigError, UserError
+from txl_tf.runs import loading, run_dir
 
 OUTPUT_DIR = "averaged"
 RECORD_FILE = "averaged.json"
-KIND = "average"  # the kind of output in the folder's manifest (txl_tf.paths)
+KIND = "average"  # the kind of output in the folder's manifest (txl_tf.base.paths)
 _NUMBERED = re.compile(r"ckpt-(\d+)$")
 
 

@@ -15,7 +15,7 @@ build with the vocabulary's size) and `check_inference_size` (the evaluation's l
 estimate of the bytes with the machine's memory; `check_generation_size` bounds every length a user gives to
 generation by the memory the process can allocate now. `architecture` is the record of what defines a model's
 function, saved beside checkpoints and in presets and compared on every load. `parse_configs` makes the four of them (`Configs`) from gin files
-and bindings (a run's saved config.gin comes from txl_tf.run_dir.read_configs); `compare_configs` checks a new set
+and bindings (a run's saved config.gin comes from txl_tf.runs.run_dir.read_configs); `compare_configs` checks a new set
 against a run's saved one. `check_clamp` refuses a clamp_len > 0 (ModelConfig's or EvalConfig's) for an encoding
 that ignores it (rope, shaw, al_rfou).
 """
@@ -37,9 +37,10 @@ from typing import Optional
 import gin
 from gin import config_parser
 
-from txl_tf import encodings, policy, untrusted
-from txl_tf.errors import ConfigError, one_line
-from txl_tf.protocol import COMPUTE_DTYPES, LAYOUTS, PROTOCOLS, Protocol
+from txl_tf.base import untrusted
+from txl_tf.base.errors import ConfigError, one_line
+from txl_tf.model import encodings, policy
+from txl_tf.model.protocol import COMPUTE_DTYPES, LAYOUTS, PROTOCOLS, Protocol
 
 
 @gin.configurable
@@ -99,7 +100,9 @@ class ModelConfig:
         return kwargs
 
     def build(self, n_token: Optional[int] = None):
-        from txl_tf.model import TransformerXL  # imported late: keeps this module light
+        from txl_tf.model.transformer_xl import (
+            TransformerXL,  # imported late: keeps this module light
+        )
 
         return TransformerXL(**self.model_kwargs(n_token))
 
@@ -134,10 +137,10 @@ class TrainConfig:
     grad_accum_steps: int = 1  # the batch is split into this many chunks, each with its own memory
     loss_recent_half: bool = False  # ablation: loss only over the most recent half of each segment
     # The training path. "auto" (the default) times the candidates on this machine at the run's model and batch
-    # and trains on the fastest (txl_tf.autotune); config.gin records what was chosen and a resumed run keeps it.
+    # and trains on the fastest (txl_tf.training.autotune); config.gin records what was chosen and a resumed run keeps it.
     mixed_precision: bool | str = "auto"  # keras mixed_bfloat16 policy: True, False or "auto"
     jit_compile: bool | str = "auto"  # XLA: True, False or "auto"
-    # The step's elementwise ops: "tf" (TensorFlow's), "fused" (txl_tf.fused's C++ CPU kernels; their dropout
+    # The step's elementwise ops: "tf" (TensorFlow's), "fused" (txl_tf.model.fused's C++ CPU kernels; their dropout
     # draws other masks, so the two give different runs from one seed; not with jit_compile) or "auto". The
     # trainer falls back to "tf" with one warning where "fused" cannot run, and config.gin records what ran.
     kernels: str = "auto"
@@ -180,7 +183,7 @@ class EvalConfig:
     protocol: str = "xl"  # "xl": segments + memory; "vanilla": al_rfou window of tgt_len shifted by one token
     compute_dtype: str = "float32"  # or "mixed_bfloat16" (where bfloat16 is native: docs/performance.md)
     layout: str = "corpus"  # "corpus": every token scored once; "original": the authors' batching
-    kv_cache: bool = True  # carry the memory's keys/values (txl_tf.inference; same numbers, faster)
+    kv_cache: bool = True  # carry the memory's keys/values (txl_tf.model.inference; same numbers, faster)
 
     def __post_init__(self):
         validate(self)
@@ -759,7 +762,7 @@ def parse_configs(gin_files: Sequence[str] = (), gin_params: Sequence[str] = (),
                   base_files: Sequence[str] = ()) -> Configs:
     """Clears gin, parses `base_files`, then `gin_files`, then `gin_params` (later values win); returns the configs.
 
-    `base_files` (a run's saved config.gin: txl_tf.run_dir.read_configs) may bind configurables of modules not
+    `base_files` (a run's saved config.gin: txl_tf.runs.run_dir.read_configs) may bind configurables of modules not
     imported here; an unknown configurable or parameter in `gin_files` or `gin_params` is an error (ConfigError).
     """
     gin.clear_config()
@@ -785,7 +788,7 @@ def architecture(model, n_token: int | None = None) -> dict:
     ARCHITECTURE_FIELDS, with the defaults a model resolves filled in (d_embed None is d_model, tie_projs None is
     the softmax's default) and max_position kept only where the encoding has tables of it. `n_token` stands in
     for an unset one. The record that travels with every checkpoint folder, preset and export
-    (`txl_tf.run_dir.record_architecture`) and is compared on every load (`differing_architecture`)."""
+    (`txl_tf.runs.run_dir.record_architecture`) and is compared on every load (`differing_architecture`)."""
     values = {name: getattr(model, name) for name in ARCHITECTURE_FIELDS}
     if values["n_token"] is None:
         values["n_token"] = n_token

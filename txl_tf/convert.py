@@ -8,7 +8,7 @@ n_head, d_head, d_inner, n_token, d_embed, cutoffs, div_val, untie_r, tie_projs,
 the bound `ModelConfig` is used as given (n_token from the checkpoint when unset) and must fit the checkpoint.
 Writes `DIR/ckpt-1` (`tf.train.Checkpoint(model=model)`), `DIR/model_config.json` (the `TransformerXL`
 arguments) and `DIR/model.gin` (the same as `ModelConfig` bindings), staged beside DIR and renamed into place; DIR
-must be new or empty, or hold an earlier conversion and `--overwrite` be given (`txl_tf.paths.replaceable_dir`).
+must be new or empty, or hold an earlier conversion and `--overwrite` be given (`txl_tf.base.paths.replaceable_dir`).
 """
 
 from __future__ import annotations
@@ -18,24 +18,24 @@ import json
 import os
 import re
 
-# First: txl_tf.cli quiets TensorFlow's start-up (it must come before TensorFlow's import).
-from txl_tf import cli
+# First: txl_tf.base.cli quiets TensorFlow's start-up (it must come before TensorFlow's import).
+from txl_tf.base import cli
 
 # isort: split
 import numpy as np
 import tensorflow as tf
 from absl import flags
 
-from txl_tf.errors import ConfigError, UserError, one_line
-from txl_tf.model import TransformerXL
+from txl_tf.base.errors import ConfigError, UserError, one_line
+from txl_tf.model.transformer_xl import TransformerXL
 
 SCOPE = "transformer/"
-KIND = "converted checkpoint"  # the kind of output in the folder's manifest (txl_tf.paths)
+KIND = "converted checkpoint"  # the kind of output in the folder's manifest (txl_tf.base.paths)
 # Variables written by the original training code that are not model weights.
 _IGNORED = re.compile(r"(^global_step$|/Adam(_\d+)?$|^beta\d_power$|^_CHECKPOINTABLE_OBJECT_GRAPH$)")
 
 
-class CheckpointMismatchError(ConfigError):
+class OriginalCheckpointError(ConfigError):
     """The original checkpoint does not fit the requested architecture (one line: the command exits with status 2)."""
 
 
@@ -48,7 +48,7 @@ _ORIGINAL = "give the prefix of a checkpoint of the authors' TF code, e.g. --che
 
 
 def _read_checkpoint(prefix):
-    from txl_tf import run_dir
+    from txl_tf.runs import run_dir
 
     problem = run_dir.checkpoint_problem(prefix)  # regular files before TensorFlow opens them (a FIFO would hang)
     if problem:
@@ -61,14 +61,14 @@ def _read_checkpoint(prefix):
                                   f"({type(error).__name__}: {one_line(error)}); {_ORIGINAL}") from None
     if any(name.endswith("/.ATTRIBUTES/VARIABLE_VALUE") for name in variables) and not any(
             name.startswith(SCOPE) for name in variables):
-        raise CheckpointMismatchError(
+        raise OriginalCheckpointError(
             f"--checkpoint={prefix} is a txl_tf checkpoint, not one of the authors' TF code: it needs no conversion; "
             "pass its run folder as --model_dir to evaluate, export or generate (or as TrainConfig.init_checkpoint)")
     shapes = {name: shape for name, shape in variables.items() if not _IGNORED.search(name)}
     unknown = sorted(n for n in shapes if not n.startswith(SCOPE))
     if unknown:
         shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
-        raise CheckpointMismatchError(f"--checkpoint={prefix} has unknown variables outside '{SCOPE}' ({shown}): not a "
+        raise OriginalCheckpointError(f"--checkpoint={prefix} has unknown variables outside '{SCOPE}' ({shown}): not a "
                                       f"checkpoint of the authors' TF code; {_ORIGINAL}")
     return reader, {name[len(SCOPE) :]: shape for name, shape in shapes.items()}
 
@@ -77,7 +77,7 @@ def infer_architecture(shapes):
     """Model arguments that the original checkpoint's variable shapes determine."""
     n_layer = len({m.group(1) for n in shapes if (m := re.match(r"layer_(\d+)/", n))})
     if n_layer == 0 or "r_w_bias" not in shapes:
-        raise CheckpointMismatchError("not a Transformer-XL checkpoint: no layer_*/ or r_w_bias variables")
+        raise OriginalCheckpointError("not a Transformer-XL checkpoint: no layer_*/ or r_w_bias variables")
     qkv = shapes["layer_0/rel_attn/qkv/kernel"]
     r_w = shapes["r_w_bias"]
     arch = {
@@ -131,7 +131,7 @@ def _name_map(model):
     """{original name (without 'transformer/'): model variable} for `model`."""
     names = {}
     if model.attn_type != "xl":
-        raise CheckpointMismatchError(f"the original TF code only has attn_type='xl', not {model.attn_type!r}")
+        raise OriginalCheckpointError(f"the original TF code only has attn_type='xl', not {model.attn_type!r}")
     names["r_w_bias"] = model.r_w_bias
     names["r_r_bias"] = model.r_r_bias
     emb, soft = model.embedding, model.softmax
@@ -182,14 +182,14 @@ def load_original_weights(model, prefix):
     missing = sorted(expected - set(shapes))
     unexpected = sorted(set(shapes) - expected)
     if missing or unexpected:
-        raise CheckpointMismatchError(
+        raise OriginalCheckpointError(
             f"{prefix} does not fit the model: missing variables {[SCOPE + n for n in missing]}, "
             f"unexpected variables {[SCOPE + n for n in unexpected]} (check cutoffs/div_val/tie_projs/untie_r)"
         )
     for name, var in names.items():
         value = reader.get_tensor(SCOPE + name)
         if tuple(value.shape) != tuple(var.shape):
-            raise CheckpointMismatchError(
+            raise OriginalCheckpointError(
                 f"{prefix}: variable {SCOPE + name} has shape {list(value.shape)}, the model expects "
                 f"{list(var.shape)} (for {var.path})"
             )
@@ -198,7 +198,7 @@ def load_original_weights(model, prefix):
         for i, name in enumerate(bias_names):
             size = model.softmax.edges[i + 1] - model.softmax.edges[i]
             if shapes[name] != [size]:
-                raise CheckpointMismatchError(
+                raise OriginalCheckpointError(
                     f"{prefix}: variable {SCOPE + name} has shape {shapes[name]}, the model expects [{size}]"
                 )
         model.softmax.bias.assign(np.concatenate([reader.get_tensor(SCOPE + n) for n in bias_names]))
@@ -249,8 +249,9 @@ def define_flags(flag_values) -> None:
 
 
 def main(argv):
-    from txl_tf import paths, run_dir, staging
+    from txl_tf.base import paths, staging
     from txl_tf.configs import architecture
+    from txl_tf.runs import run_dir
 
     cli.no_arguments(argv)
     flag_values = flags.FLAGS

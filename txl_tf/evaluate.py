@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from absl import flags
 
-from txl_tf import cli, loading, paths, run_dir
-from txl_tf.errors import ConfigError
+from txl_tf.base import cli, paths
+from txl_tf.base.errors import ConfigError
+from txl_tf.runs import loading, run_dir
 
 FLAGS = flags.FLAGS
 
@@ -34,8 +35,8 @@ def define_flags(flag_values) -> None:
 def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_params=(), split="test",
         token_losses=None, progress=True):
     """Restores the model, evaluates `split` and returns the EvalResult (also printed)."""
-    from txl_tf import evaluation
     from txl_tf.data.pipeline import load_vocab, read_split
+    from txl_tf.evaluation import loops as evaluation
 
     configs = run_dir.read_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)
     protocol = configs.eval  # its fields' choices and ranges were checked when it was made (txl_tf.configs)

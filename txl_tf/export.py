@@ -11,7 +11,7 @@ The model's recurrent state travels through the signatures as named tensors: the
 models a cache cannot serve (pre_lnorm with vaswani / al_rfou) the hidden memory `mems` [n_layer, B, M, d]. Take
 the state from `initial_state`, pass each tensor back by its name and replace it with the output of the same
 name. It is in the model's compute dtype (float32, or bfloat16 for a mixed_bfloat16 export). In Python these are
-the `named()` tensors of a `txl_tf.state` value (`txl_tf.state.from_named` turns them back). Shapes: B batch,
+the `named()` tensors of a `txl_tf.model.state` value (`txl_tf.model.state.from_named` turns them back). Shapes: B batch,
 L tokens (at most `max_len`, the exported EvalConfig.tgt_len), M = mem_len, V = vocabulary size.
 
     initial_state      batch_size int32 [] -> the state of a zero memory
@@ -23,7 +23,7 @@ L tokens (at most `max_len`, the exported EvalConfig.tgt_len), M = mem_len, V = 
                        padding; every row >= 1 token), seed int32 [], temperature float32 [] (finite, >= 0; 0:
                        greedy), top_k int32 [] (0 to V; 0: all), top_p float32 [] (in (0, 1]; 1: all) ->
                        token_ids int32 [B, T]: each prompt followed by sampled tokens up to T. No state in or out:
-                       `txl_tf.generation.Generator` (keras-hub's loop over the prompt's state), the function
+                       `txl_tf.lm.generation.Generator` (keras-hub's loop over the prompt's state), the function
                        Python and `python -m txl_tf.generate` run: the same seed gives the same tokens.
     score              tokens int32 [B, L], targets int32 [B, L], state -> nll float32 [B, L], state
     score_text         text string [B], state -> tokens int32 [B, T] (0-padded), lengths int32 [B],
@@ -44,18 +44,20 @@ from __future__ import annotations
 
 import os
 
-# First: txl_tf.cli quiets TensorFlow's start-up (it must come before TensorFlow's import).
-from txl_tf import cli
+# First: txl_tf.base.cli quiets TensorFlow's start-up (it must come before TensorFlow's import).
+from txl_tf.base import cli
 
 # isort: split
 import tensorflow as tf
 from absl import flags
 
-from txl_tf import generation, loading, paths, run_dir
+from txl_tf.base import paths
 from txl_tf.configs import architecture
-from txl_tf.inference import Recurrent
-from txl_tf.protocol import Protocol
-from txl_tf.state import from_named
+from txl_tf.lm import generation
+from txl_tf.model.inference import Recurrent
+from txl_tf.model.protocol import Protocol
+from txl_tf.model.state import from_named
+from txl_tf.runs import loading, run_dir
 
 SIGNATURES = ("initial_state", "next_token_logits", "generate", "score", "score_text")
 
@@ -219,19 +221,19 @@ def export_model(model, export_dir: str, *, protocol: Protocol, max_len: int, vo
     return module
 
 
-KIND = "export"  # the kind of output in the folder's manifest (txl_tf.paths)
+KIND = "export"  # the kind of output in the folder's manifest (txl_tf.base.paths)
 
 
 def check_export_dir(export_dir: str, overwrite: bool) -> str:
     """`export_dir` if it may receive the export: a new or empty folder, or (with `overwrite`) one holding only an
-    export this program wrote (`txl_tf.paths.replaceable_dir`); one line otherwise."""
+    export this program wrote (`txl_tf.base.paths.replaceable_dir`); one line otherwise."""
     return paths.replaceable_dir(export_dir, "--export_dir", kind=KIND, overwrite=overwrite)
 
 
 def write_export(module_fn, export_dir: str, overwrite: bool = False) -> None:
     """Writes the SavedModel with `module_fn(tmp_dir)` into a sibling directory, then swaps it in (no mixing); an
     existing export is replaced only with `overwrite` (checked again under the write's claim)."""
-    from txl_tf.staging import staged_dir
+    from txl_tf.base.staging import staged_dir
 
     with staged_dir(export_dir, kind=KIND, name="--export_dir", overwrite=overwrite) as tmp:
         module_fn(tmp)
@@ -247,9 +249,9 @@ def define_flags(flag_values) -> None:
 
 
 def main(argv):
+    from txl_tf.base.staging import remove_stale
     from txl_tf.data.pipeline import load_vocab
     from txl_tf.data.vocab import VOCAB_FILE
-    from txl_tf.staging import remove_stale
 
     cli.no_arguments(argv)
     cfg = flags.FLAGS

@@ -5,7 +5,7 @@
     python -m txl_tf.generate --saved_model=exports/sample --prompt='The history of ' --prompt='In 1990, '
 
 Each --prompt is one row of a batch (prompts of different lengths are fine). Both sources run one function,
-`txl_tf.generation.Generator` (the SavedModel's `generate` signature is that function, traced at export): the
+`txl_tf.lm.generation.Generator` (the SavedModel's `generate` signature is that function, traced at export): the
 prompts consumed in segments of EvalConfig.tgt_len, then keras-hub's sampler loop, each new token one position
 over the keys/values of the last EvalConfig.mem_len positions (nothing of the context is projected again):
 --temperature=0 is keras-hub's greedy sampler, anything else its top-p sampler among the --top_k likeliest
@@ -26,8 +26,9 @@ import os
 
 from absl import flags
 
-from txl_tf import cli, errors, loading, run_dir
-from txl_tf.errors import ConfigError
+from txl_tf.base import cli, errors
+from txl_tf.base.errors import ConfigError
+from txl_tf.runs import loading, run_dir
 
 FLAGS = flags.FLAGS
 
@@ -49,7 +50,7 @@ def define_flags(flag_values) -> None:
 
 
 def _check_flags(vocab) -> list:
-    from txl_tf.generation import check_settings
+    from txl_tf.lm.generation import check_settings
 
     return check_settings(vocab, FLAGS.prompt, max_tokens=FLAGS.max_tokens, temperature=FLAGS.temperature,
                           top_k=FLAGS.top_k, top_p=FLAGS.top_p)
@@ -74,7 +75,7 @@ def _export_sizes(saved_model: str, n_token: int):
 
     import tensorflow as tf
 
-    from txl_tf import untrusted
+    from txl_tf.base import untrusted
     from txl_tf.configs import ModelConfig
 
     try:
@@ -109,8 +110,8 @@ def _sampling() -> dict:
 
 
 def _from_model_dir():
-    from txl_tf import generation
     from txl_tf.data.pipeline import load_vocab
+    from txl_tf.lm import generation
 
     configs = run_dir.read_configs(FLAGS.model_dir, FLAGS.gin_file, FLAGS.gin_param, checkpoint=FLAGS.checkpoint)
     vocab = load_vocab(configs.data.data_dir)
@@ -128,8 +129,8 @@ def _from_model_dir():
 def _from_saved_model():
     import tensorflow as tf
 
-    from txl_tf import generation
     from txl_tf.data.vocab import VOCAB_FILE, Vocab
+    from txl_tf.lm import generation
 
     vocab_file = os.path.join(FLAGS.saved_model, "assets", VOCAB_FILE)
     if not os.path.exists(os.path.join(FLAGS.saved_model, "saved_model.pb")):
@@ -154,7 +155,7 @@ def _from_saved_model():
 
 
 def main(argv):
-    from txl_tf import generation
+    from txl_tf.lm import generation
 
     cli.no_arguments(argv, "quote the --prompt (see --helpshort)")
     if bool(FLAGS.saved_model) == bool(FLAGS.model_dir or FLAGS.checkpoint):

@@ -24,9 +24,10 @@ from collections.abc import Sequence
 
 from absl import flags
 
-from txl_tf import cli, loading, paths, run_dir
+from txl_tf.base import cli, paths
+from txl_tf.base.errors import ConfigError
 from txl_tf.configs import check_clamp
-from txl_tf.errors import ConfigError
+from txl_tf.runs import loading, run_dir
 
 AXES = ("tgt_len", "mem_len", "clamp_len", "same_length", "batch_size")
 _BOOLEANS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
@@ -65,8 +66,8 @@ def run(model_dir=None, checkpoint=None, *, which="latest", gin_files=(), gin_pa
         grid: dict | None = None, log=None) -> dict:
     """Loads the model once and evaluates `split` under every protocol of `grid`; returns the sweep as a dict
     (`rows` with the protocol fields, loss, metric, tokens, seconds; `config`: the configured protocol)."""
-    from txl_tf import evaluation
     from txl_tf.data.pipeline import load_vocab, read_split
+    from txl_tf.evaluation import loops as evaluation
 
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     configs = run_dir.read_configs(model_dir, gin_files, gin_params, checkpoint=checkpoint)

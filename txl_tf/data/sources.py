@@ -27,9 +27,9 @@ import urllib.parse
 import urllib.request
 from typing import Optional
 
-from txl_tf import untrusted
+from txl_tf.base import untrusted
+from txl_tf.base.errors import UserError
 from txl_tf.data.progress import Progress
-from txl_tf.errors import UserError
 
 CACHE_ENV = "TXL_TF_CACHE"
 

@@ -25,7 +25,7 @@ class TFTokenizer(tf.Module):
 
     Unknown symbols (where the vocabulary has no unk) raise InvalidArgumentError. The lookup tables are tracked,
     so the tokenizer can live inside a SavedModel. `tf_decode(ids [N, (T)]) -> strings [N]` is the inverse, equal
-    to `[vocab.decode(row) for row in ids]`; `txl_tf.tokenizer.TransformerXLTokenizer` is the Keras layer around
+    to `[vocab.decode(row) for row in ids]`; `txl_tf.lm.tokenizer.TransformerXLTokenizer` is the Keras layer around
     both.
 
     Args:

@@ -29,8 +29,8 @@ from typing import Optional, Union
 
 import numpy as np
 
-from txl_tf import untrusted
-from txl_tf.errors import ConfigError, UserError, one_line
+from txl_tf.base import untrusted
+from txl_tf.base.errors import ConfigError, UserError, one_line
 
 VOCAB_FILE = "vocab.json"
 VOCAB_FORMAT = "txl_tf.vocab"

@@ -25,7 +25,7 @@ import os
 
 from absl import flags
 
-from txl_tf import cli, errors, paths
+from txl_tf.base import cli, errors, paths
 from txl_tf.study import report
 from txl_tf.study.runs import log
 from txl_tf.study.studies import STUDIES, run

@@ -31,7 +31,7 @@ import os
 
 import numpy as np
 
-from txl_tf.protocol import Protocol
+from txl_tf.model.protocol import Protocol
 from txl_tf.study import runs
 from txl_tf.study.tables import PAPER_GROUP
 
@@ -71,7 +71,7 @@ PARAMETER_TOLERANCE = 0.05
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
+class AblationSettings:
     """Sizes of the evaluation; `quick` shrinks everything so the pipeline runs in the test suite."""
 
     train_attention: int = 128
@@ -93,8 +93,8 @@ class Settings:
     nonrecurrent_params: tuple = ()
 
 
-FULL = Settings()
-QUICK = Settings(
+FULL = AblationSettings()
+QUICK = AblationSettings(
     train_attention=32, lengths=(32, 64, 128, 256), recl_contexts=(32, 64, 128, 192, 256), eval_tgt_len=16,
     eval_batch=4, n_layer=2, vanilla_blocks=4, bootstrap_block=20, max_tokens=6001, seeds=(1, 2),
     sanity_windows=(16, 32),
@@ -108,11 +108,11 @@ QUICK = Settings(
 )
 
 
-def _drop(settings: Settings) -> int:
+def _drop(settings: AblationSettings) -> int:
     return settings.n_layer * max(max(settings.lengths), max(settings.recl_contexts))
 
 
-def scored_tokens(tokens: np.ndarray, settings: Settings, split: str = "test"):
+def scored_tokens(tokens: np.ndarray, settings: AblationSettings, split: str = "test"):
     """The kept tokens of a split (txl_tf.study.scoring.ScoredTokens), checked to leave some."""
     from txl_tf.study import scoring
 
@@ -128,11 +128,11 @@ def scored_tokens(tokens: np.ndarray, settings: Settings, split: str = "test"):
     return scored
 
 
-def settings_for(quick: bool) -> Settings:
+def settings_for(quick: bool) -> AblationSettings:
     return QUICK if quick else FULL
 
 
-def run_spec(variant: Variant, settings: Settings, data_dir: str, quick: bool, seed: int = 1) -> runs.RunSpec:
+def run_spec(variant: Variant, settings: AblationSettings, data_dir: str, quick: bool, seed: int = 1) -> runs.RunSpec:
     params = [f"DATA_DIR = '{data_dir}'", *settings.train_params]
     if quick:
         params += settings.recurrent_params if variant.recurrent else settings.nonrecurrent_params
@@ -144,7 +144,7 @@ def run_spec(variant: Variant, settings: Settings, data_dir: str, quick: bool, s
                         label=variant.label)
 
 
-def _evaluate(run_dir: str, model, configs, scored, length: int, settings: Settings, clamp_len: int = -1,
+def _evaluate(run_dir: str, model, configs, scored, length: int, settings: AblationSettings, clamp_len: int = -1,
               split: str = "test"):
     """Per-token losses (nats) at attention length `length`: [count] kept tokens (recurrent), [subset] (vanilla);
     `scored` is the test split's unless `split` says otherwise (its cache keys then start with the split)."""
@@ -175,7 +175,7 @@ def _evaluate(run_dir: str, model, configs, scored, length: int, settings: Setti
     return runs.cached_eval(run_dir, key, compute)
 
 
-def _facts(scored, settings: Settings, contexts: tuple, clamped: tuple, valid=None) -> dict:
+def _facts(scored, settings: AblationSettings, contexts: tuple, clamped: tuple, valid=None) -> dict:
     """The settings a variant's cells are scored under (txl_tf.study.archive), as JSON reads them back; `valid`
     (the validation split's scored tokens) for a vanilla variant, whose sanity check scores it."""
     import json
@@ -190,7 +190,7 @@ def _facts(scored, settings: Settings, contexts: tuple, clamped: tuple, valid=No
     return json.loads(json.dumps(facts))
 
 
-def _train_and_score(spec: runs.RunSpec, output_dir: str, scored, settings: Settings, contexts: tuple,
+def _train_and_score(spec: runs.RunSpec, output_dir: str, scored, settings: AblationSettings, contexts: tuple,
                      position: str, archive_dir: str, clamped: tuple = (), clean: bool = False, valid=None
                      ) -> tuple[dict, dict]:
     """Trains one run (or finds it finished, or reads it from `archive_dir` as ablation_<run>) and scores it at
@@ -256,7 +256,7 @@ def _subset_losses(cells: dict, names) -> dict:
                 if split == "test" and clamp == -1} for n in names}
 
 
-def _compare(cells: dict, a: tuple, b: tuple, settings: Settings, vanilla: frozenset) -> dict:
+def _compare(cells: dict, a: tuple, b: tuple, settings: AblationSettings, vanilla: frozenset) -> dict:
     """a - b in bits per token with a 95% block-bootstrap interval; a and b are (run, length), on every kept
     token, or on the vanilla subset when either side is a vanilla run (scored on that subset only)."""
     from txl_tf.study import archive
@@ -267,7 +267,7 @@ def _compare(cells: dict, a: tuple, b: tuple, settings: Settings, vanilla: froze
     return {"a": list(a), "b": list(b), **stats}
 
 
-def seed_claims(cells: dict, seeds: dict, length: int, settings: Settings, vanilla: frozenset) -> dict:
+def seed_claims(cells: dict, seeds: dict, length: int, settings: AblationSettings, vanilla: frozenset) -> dict:
     """The ablation's family of claims (docs/study_plan.md): XL against each other variant at attention length
     `length`, one paired difference per seed (seed k against seed k), decided together (evidence.decide: t
     interval over seeds, Holm within the family, every seed's sign). Each entry keeps every seed's own block
@@ -420,7 +420,7 @@ def _recl_group(losses: dict, names, contexts, best_up_to: bool) -> dict:
     return out
 
 
-def recl_by_seed(losses: dict, seeds: dict, settings: Settings, names=PAPER_GROUP) -> list[dict]:
+def recl_by_seed(losses: dict, seeds: dict, settings: AblationSettings, names=PAPER_GROUP) -> list[dict]:
     """RECL of the group `names` once per seed (the group of seed k of every model), each at exactly each context
     of the grid as appendix C reads, with each model's noise share (evidence.recl_noise_share), and the verdict
     "XL has the longest RECL" at r = 0.1 over the seeds (docs/study_plan.md, section 6)."""
@@ -437,7 +437,7 @@ def recl_by_seed(losses: dict, seeds: dict, settings: Settings, names=PAPER_GROU
     return out
 
 
-def recl_section(losses: dict, settings: Settings) -> dict:
+def recl_section(losses: dict, settings: AblationSettings) -> dict:
     """RECL of the six first-seed models as appendix C reads, and of the paper's Table 6 group (PAPER_GROUP) with
     every model at its best attention length up to each context."""
     contexts = tuple(settings.recl_contexts)

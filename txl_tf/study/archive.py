@@ -28,7 +28,7 @@ import zipfile
 
 import numpy as np
 
-from txl_tf import paths, untrusted
+from txl_tf.base import paths, untrusted
 from txl_tf.study import runs
 
 SCHEMA = 1

@@ -44,7 +44,7 @@ import os
 
 import numpy as np
 
-from txl_tf.protocol import Protocol
+from txl_tf.model.protocol import Protocol
 from txl_tf.study import ablation, runs, sanity, scoring
 from txl_tf.study import probe as probe_lib
 
@@ -110,7 +110,7 @@ def studies() -> dict:
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
+class ContextSettings:
     """The study's axes and sizes; `quick` shrinks everything so the pipeline runs in the test suite."""
 
     memories: tuple = (64, 128, 192, 256, 384, 512, 768, 1024)
@@ -148,8 +148,8 @@ class Settings:
         return min(memory, self.train_span)
 
 
-FULL = Settings()
-QUICK = Settings(
+FULL = ContextSettings()
+QUICK = ContextSettings(
     memories=(8, 16, 32, 64), train_memory=16, train_span=32, recl_contexts=tuple(range(8, 65, 8)),
     eval_tgt_len=16, eval_batch=4, n_layer=2, block=20, vanilla_blocks=4, vanilla_batch=16, max_tokens=3001, seeds=(1, 2),
     probe=probe_lib.Probe(distances=(16, 32, 64, 128, 256), span=8, examples=3, lead=80),
@@ -158,11 +158,11 @@ QUICK = Settings(
 )
 
 
-def settings_for(quick: bool) -> Settings:
+def settings_for(quick: bool) -> ContextSettings:
     return QUICK if quick else FULL
 
 
-def run_spec(model: Model, settings: Settings, data_dir: str, quick: bool, corpus: Corpus = CORPORA[0],
+def run_spec(model: Model, settings: ContextSettings, data_dir: str, quick: bool, corpus: Corpus = CORPORA[0],
              seed: int = 1) -> runs.RunSpec:
     params = [f"DATA_DIR = '{data_dir}'", *settings.train_params]
     if corpus.dataset != CORPORA[0].dataset:  # the gin files name enwik8_sample
@@ -186,7 +186,7 @@ class Splits:
     test_tokens: np.ndarray
 
 
-def splits(data_dir: str, settings: Settings) -> Splits:
+def splits(data_dir: str, settings: ContextSettings) -> Splits:
     from txl_tf.data import pipeline
 
     out = {}
@@ -203,7 +203,7 @@ def splits(data_dir: str, settings: Settings) -> Splits:
 class Scorer:
     """Per-token losses of one model (a run's checkpoint), cached under the run's evals/ (runs.cached_eval)."""
 
-    def __init__(self, run_dir: str, model, spec: Model, settings: Settings, prefix: str = ""):
+    def __init__(self, run_dir: str, model, spec: Model, settings: ContextSettings, prefix: str = ""):
         self.run_dir, self.model, self.settings, self.prefix = run_dir, model, settings, prefix
         # The study's list and the model's encoding must both say clamp_len changes its scores (rope and shaw
         # ignore it, and TransformerXL refuses a clamp it would ignore).
@@ -275,7 +275,7 @@ class Scorer:
         return both[0], both[1], both[2]
 
 
-def _grid(scorer: Scorer, data: Splits, settings: Settings, *, memories=None, clamps=None, recl: bool = True) -> dict:
+def _grid(scorer: Scorer, data: Splits, settings: ContextSettings, *, memories=None, clamps=None, recl: bool = True) -> dict:
     """{(split, memory, clamp): losses}: both splits at every memory and clamp, and the RECL contexts on test."""
     memories = memories or settings.memories
     clamps = clamps or (settings.clamps if scorer.clamped else (UNCLAMPED,))
@@ -292,12 +292,12 @@ def _grid(scorer: Scorer, data: Splits, settings: Settings, *, memories=None, cl
     return cells
 
 
-def _checkpoint_steps(train_steps: int, settings: Settings) -> list[int]:
+def _checkpoint_steps(train_steps: int, settings: ContextSettings) -> list[int]:
     limit, denominator = settings.checkpoint_fractions
     return [train_steps * k // denominator for k in range(1, limit)]
 
 
-def archive_facts(data: Splits, settings: Settings, corpus: Corpus) -> dict:
+def archive_facts(data: Splits, settings: ContextSettings, corpus: Corpus) -> dict:
     """The settings a model's cells are scored under (txl_tf.study.archive): an archive is reused only where they
     match, as JSON reads them back."""
     import json
@@ -310,7 +310,7 @@ def archive_facts(data: Splits, settings: Settings, corpus: Corpus) -> dict:
     return json.loads(json.dumps(facts))
 
 
-def _cells(losses: dict, settings: Settings, data: Splits, vanilla: bool) -> dict:
+def _cells(losses: dict, settings: ContextSettings, data: Splits, vanilla: bool) -> dict:
     """{(split, memory, clamp): archive.Cell}: the test cells keep their losses on the vanilla subset (a vanilla
     model's test losses are that subset)."""
     from txl_tf.study import archive
@@ -323,7 +323,7 @@ def _cells(losses: dict, settings: Settings, data: Splits, vanilla: bool) -> dic
     return out
 
 
-def check_sanity(model: Model, run: str, cells: dict, settings: Settings) -> None:
+def check_sanity(model: Model, run: str, cells: dict, settings: ContextSettings) -> None:
     """The sanity check of docs/study_plan_v2.md: a model scored with a fixed window (the vanilla one, its window
     the training span) must not be worse at that window than at a shorter one on the validation split
     (txl_tf.study.sanity.check_vanilla); a StudyError stops the study otherwise. Recurrent models choose their
@@ -332,7 +332,7 @@ def check_sanity(model: Model, run: str, cells: dict, settings: Settings) -> Non
         sanity.check_vanilla(cells, settings.train_span, name=run)
 
 
-def train_and_score(model: Model, output_dir: str, data_dir: str, data: Splits, settings: Settings,
+def train_and_score(model: Model, output_dir: str, data_dir: str, data: Splits, settings: ContextSettings,
                     quick: bool, corpus: Corpus = CORPORA[0], archive_dir: str | None = None, seed: int = 1
                     ) -> tuple[dict, dict]:
     """Trains one seed of a model (or finds it finished) and computes (or reads back) every score the section

@@ -17,25 +17,32 @@ import os
 import numpy as np
 
 from txl_tf.study import archive, context, runs
-from txl_tf.study.context import BASELINE, MODELS, PARAMETER_TOLERANCE, UNCLAMPED, Corpus, Settings
+from txl_tf.study.context import (
+    BASELINE,
+    MODELS,
+    PARAMETER_TOLERANCE,
+    UNCLAMPED,
+    ContextSettings,
+    Corpus,
+)
 from txl_tf.study.tables import PAPER_GROUP
 
 BOOTSTRAP_SAMPLES = 200
 
 
-def _init(name: str, settings: Settings) -> tuple[int, int]:
+def _init(name: str, settings: ContextSettings) -> tuple[int, int]:
     vanilla = next(m for m in MODELS if m.name == name).vanilla
     return (settings.train_span if vanilla else settings.train_memory), UNCLAMPED
 
 
-def _best(cells: dict, settings: Settings) -> tuple[int, int]:
+def _best(cells: dict, settings: ContextSettings) -> tuple[int, int]:
     """(memory, clamp) with the lowest validation loss (the first such in the axis' order)."""
     options = [(m, c) for (split, m, c) in cells if split == "valid"]
     options.sort()
     return min(options, key=lambda key: cells[("valid", *key)].mean)
 
 
-def _table(cells: dict, split: str, settings: Settings, on_subset: bool = False) -> dict:
+def _table(cells: dict, split: str, settings: ContextSettings, on_subset: bool = False) -> dict:
     """{clamp: {memory: bpc}} of one split (string keys), on every kept token or on the vanilla subset."""
     out = {}
     for (s, memory, clamp), cell in sorted(cells.items()):
@@ -50,7 +57,7 @@ def _check_parameters(records: dict) -> float:
     return runs.check_parameters(records, BASELINE, PARAMETER_TOLERANCE, "gin/study/context_*.gin")
 
 
-def _gain_curve(scores: dict, final_steps: int, final_tokens: int, settings: Settings) -> list[dict]:
+def _gain_curve(scores: dict, final_steps: int, final_tokens: int, settings: ContextSettings) -> list[dict]:
     """Transformer-XL's (best - init) on test at each kept checkpoint and at the end (unclamped memories)."""
     points = [(step, scores["checkpoints"][step], scores["checkpoint_tokens"][step])
               for step in sorted(scores.get("checkpoints", {}))]
@@ -66,7 +73,7 @@ def _gain_curve(scores: dict, final_steps: int, final_tokens: int, settings: Set
     return curve
 
 
-def _recl(scores: dict, names: list, settings: Settings) -> dict:
+def _recl(scores: dict, names: list, settings: ContextSettings) -> dict:
     """RECL (appendix C) of `names` on the vanilla subset, each at exactly each context (the vanilla model at its
     window up to the training span)."""
     from txl_tf.analysis import recl
@@ -85,7 +92,7 @@ def _recl(scores: dict, names: list, settings: Settings) -> dict:
     return out
 
 
-def section(records: dict, scores: dict, data, settings: Settings, *, quick: bool, corpus: Corpus) -> dict:
+def section(records: dict, scores: dict, data, settings: ContextSettings, *, quick: bool, corpus: Corpus) -> dict:
     """The study's section of results.json from the models there are (`records`, `scores` of
     context.train_and_score)."""
     names = [m.name for m in MODELS if m.name in records]
@@ -154,7 +161,7 @@ def section(records: dict, scores: dict, data, settings: Settings, *, quick: boo
     return out
 
 
-def _finished(output_dir: str, archive_dir: str, model: context.Model, settings: Settings, data_dir: str,
+def _finished(output_dir: str, archive_dir: str, model: context.Model, settings: ContextSettings, data_dir: str,
               quick: bool, corpus: Corpus, seed: int = 1) -> bool:
     """Whether seed `seed` of `model` is archived (checked when it is read) or its run here is finished."""
     spec = context.run_spec(model, settings, data_dir, quick, corpus, seed)

@@ -18,12 +18,12 @@ from __future__ import annotations
 import numpy as np
 
 from txl_tf.study import archive, evidence
-from txl_tf.study.context import BASELINE, MODELS, UNCLAMPED, Settings
+from txl_tf.study.context import BASELINE, MODELS, UNCLAMPED, ContextSettings
 
 LATER = ("rope", "alibi")
 
 
-def recl_grid(settings: Settings) -> tuple:
+def recl_grid(settings: ContextSettings) -> tuple:
     """The plan's RECL grid: the training span and its multiples up to the longest scored context."""
     return tuple(c for c in settings.recl_contexts if c % settings.train_span == 0)
 
@@ -38,7 +38,7 @@ def _best(cells: dict, memories=None) -> tuple[int, int]:
     return min(options, key=lambda key: cells[("valid", *key)].mean)
 
 
-def parts(cells: dict, settings: Settings) -> dict:
+def parts(cells: dict, settings: ContextSettings) -> dict:
     """One seed's {best, inside, beyond, beyond_at} of a recurrent model (bits per character on test)."""
     span, init = settings.train_span, settings.train_memory
     test = {key[1:]: cell for key, cell in cells.items() if key[0] == "test"}
@@ -48,7 +48,7 @@ def parts(cells: dict, settings: Settings) -> dict:
             "inside": at_span - test[(init, UNCLAMPED)].bits(), "beyond": test[beyond_at].bits() - at_span}
 
 
-def family(seed_scores: dict, settings: Settings) -> tuple[dict, dict]:
+def family(seed_scores: dict, settings: ContextSettings) -> tuple[dict, dict]:
     """({claim: per-seed differences}, {model: [parts per seed]}) of one corpus.
 
     `seed_scores`: {model: [scores of seed 1, seed 2, ...]} (each as context.train_and_score returns it). A claim
@@ -88,7 +88,7 @@ def family(seed_scores: dict, settings: Settings) -> tuple[dict, dict]:
     return claims, split
 
 
-def recl_by_seed(seed_scores: dict, settings: Settings, names) -> list[dict]:
+def recl_by_seed(seed_scores: dict, settings: ContextSettings, names) -> list[dict]:
     """RECL of the group `names` per seed on the plan's grid, on the vanilla subset, each at exactly each context,
     with every model's noise share; as many seeds as every model of the group has."""
     grid = recl_grid(settings)
@@ -101,7 +101,7 @@ def recl_by_seed(seed_scores: dict, settings: Settings, names) -> list[dict]:
     return out
 
 
-def section(seed_scores: dict, settings: Settings) -> dict:
+def section(seed_scores: dict, settings: ContextSettings) -> dict:
     """The `by_seed` part of a context section: the decided claims, each model's inside/beyond parts per seed,
     and RECL per seed (the paper's group when all four models are there, else the recurrent ones)."""
     from txl_tf.study.tables import PAPER_GROUP

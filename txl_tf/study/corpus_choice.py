@@ -20,14 +20,14 @@ from txl_tf.study import runs
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
+class CorpusChoiceSettings:
     max_tokens: int = repetition.MAX_TOKENS
     positions: int = repetition.POSITIONS
     windows: tuple = repetition.WINDOWS
 
 
 @dataclasses.dataclass(frozen=True)
-class Candidate:
+class CorpusCandidate:
     """Python source measured as a candidate corpus: the `.py` files of one pinned pure-Python wheel."""
 
     name: str
@@ -38,12 +38,12 @@ class Candidate:
 
 CANDIDATES = (
     # https://pypi.org/project/Django/5.2.8/ (883 .py files, 5.66 MB)
-    Candidate("django_code", "Django==5.2.8", "37e687f7bd73ddf043e2b6b97cfe02fcbb11f2dbb3adccc6a2b18c6daa054d7f",
+    CorpusCandidate("django_code", "Django==5.2.8", "37e687f7bd73ddf043e2b6b97cfe02fcbb11f2dbb3adccc6a2b18c6daa054d7f",
               "BSD-3-Clause"),
 )
 TRAIN_SHARE = 0.9  # the share a prepared char corpus trains on (txl_tf.data.corpora: 90/5/5)
-FULL = Settings()
-QUICK = Settings(max_tokens=200_000, positions=2_000, windows=(256, 1024, 8192))
+FULL = CorpusChoiceSettings()
+QUICK = CorpusChoiceSettings(max_tokens=200_000, positions=2_000, windows=(256, 1024, 8192))
 
 
 def run(data_dirs: dict, *, quick: bool = False, cache_dir: str | None = None) -> dict:
@@ -71,7 +71,7 @@ def candidate_tokens(data: bytes, max_tokens: int) -> tuple[np.ndarray, int]:
     return ids[:int(len(data) * TRAIN_SHARE)][:max_tokens].astype(np.int64), int(symbols.size)
 
 
-def measure_candidate(candidate: Candidate, settings: Settings, cache_dir: str | None = None) -> dict:
+def measure_candidate(candidate: CorpusCandidate, settings: CorpusChoiceSettings, cache_dir: str | None = None) -> dict:
     """Both measurements on a candidate's source, with where it came from."""
     from txl_tf.data import corpora, sources
 

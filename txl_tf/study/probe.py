@@ -23,7 +23,7 @@ import dataclasses
 
 import numpy as np
 
-from txl_tf.protocol import Protocol
+from txl_tf.model.protocol import Protocol
 from txl_tf.study import scoring
 
 
@@ -88,7 +88,7 @@ class Probe:
 
 def score_recurrent(model, probe: Probe, tokens: np.ndarray, *, tgt_len: int, protocol: Protocol):
     """([B, P] x 3) losses (nats) on the two copies and the control with the segment-recurrent protocol."""
-    from txl_tf import evaluation
+    from txl_tf.evaluation import loops as evaluation
 
     streams, first, second = probe.streams(tokens)
     result = evaluation.evaluate_streams(model, streams, tgt_len=tgt_len, protocol=protocol,

@@ -23,7 +23,7 @@ AVERAGED_DIR = "averaged"
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
+class PTBSettings:
     average_last: int = 5
     eval_tokens: int = 0  # 0 = the whole test split (and the whole validation split for the sweep)
     sweep_memories: tuple = (35, 70, 140, 210, 280, 350, 420)  # evaluation memories tried on the validation split
@@ -32,8 +32,8 @@ class Settings:
     vanilla_params: tuple = ()
 
 
-FULL = Settings()
-QUICK = Settings(
+FULL = PTBSettings()
+QUICK = PTBSettings(
     eval_tokens=600, bootstrap_block=20, sweep_memories=(4, 8, 16, 24),
     params=("ModelConfig.n_layer = 2", "ModelConfig.d_model = 32", "ModelConfig.n_head = 2", "ModelConfig.d_head = 16",
             "ModelConfig.d_inner = 64", "ModelConfig.mem_len = 8", "TrainConfig.batch_size = 4",
@@ -48,7 +48,7 @@ MODELS = (("xl", "Transformer-XL (gin/ptb_cpu.gin)", ("ptb_cpu.gin",)),
           ("vanilla", "vanilla Transformer, same budget (gin/study/ptb_vanilla.gin)", ("study/ptb_vanilla.gin",)))
 
 
-def run_spec(name: str, label: str, gin_files: tuple, data_dir: str, settings: Settings) -> runs.RunSpec:
+def run_spec(name: str, label: str, gin_files: tuple, data_dir: str, settings: PTBSettings) -> runs.RunSpec:
     params = (f"DATA_DIR = '{data_dir}'", *settings.params, *(settings.vanilla_params if name == "vanilla" else ()))
     return runs.RunSpec(name=name, gin_files=gin_files, gin_params=params, label=label)
 
@@ -66,7 +66,7 @@ def _averaged_dir(run_dir: str, count: int) -> str:
 def _score(model_dir: str, run_dir: str, key: str, tokens: np.ndarray, mem_len: int | None = None):
     """Per-word losses of the model in model_dir with its run's evaluation protocol (cached under run_dir);
     `mem_len` replaces the protocol's memory (the validation sweep)."""
-    from txl_tf import evaluation
+    from txl_tf.evaluation import loops as evaluation
 
     def compute():
         model, configs = runs.load_run_model(model_dir)
@@ -87,7 +87,7 @@ def _score(model_dir: str, run_dir: str, key: str, tokens: np.ndarray, mem_len: 
     return runs.cached_eval(run_dir, key, compute)
 
 
-def _memory_sweep(model_dir: str, run_dir: str, valid: np.ndarray, test: np.ndarray, settings: Settings):
+def _memory_sweep(model_dir: str, run_dir: str, valid: np.ndarray, test: np.ndarray, settings: PTBSettings):
     """The averaged model's validation perplexity at every memory of the sweep, then the test split at the best
     one; returns ({"valid_ppl": {memory: ppl}, "chosen": memory, "test_ppl": ppl}, test losses at it)."""
     n = settings.average_last

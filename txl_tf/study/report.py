@@ -16,8 +16,8 @@ import math
 import os
 import shutil
 
-from txl_tf import errors, paths
-from txl_tf.errors import ConfigError
+from txl_tf.base import errors, paths
+from txl_tf.base.errors import ConfigError
 from txl_tf.study import context, corpus_choice, report_context, tables
 from txl_tf.study.tables import PAPER, interval, label, markdown_table, seeded_verdict, verdict
 

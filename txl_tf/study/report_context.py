@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from txl_tf import paths
+from txl_tf.base import paths
 from txl_tf.study import evidence, tables
 from txl_tf.study.tables import PAPER, TIMES, interval, label, markdown_table, verdict
 

@@ -31,13 +31,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from txl_tf import paths, untrusted
-from txl_tf.autotune import cpu_flags, cpu_model
-from txl_tf.errors import UserError
+from txl_tf.base import paths, untrusted
+from txl_tf.base.errors import UserError
+from txl_tf.training.autotune import cpu_flags, cpu_model
 
 RUN_RECORD = "study.json"
 RESULTS_LIMIT = 64 * untrusted.MIB  # results.json and a run's study.json (the published results.json is ~0.1 MiB)
-# The quick studies (the test suite's) pin the training path instead of timing candidates (txl_tf.autotune).
+# The quick studies (the test suite's) pin the training path instead of timing candidates (txl_tf.training.autotune).
 PINNED_PATH = ("TrainConfig.mixed_precision = False", "TrainConfig.jit_compile = False", "TrainConfig.kernels = 'tf'")
 TRAIN_LOG = "train.log"
 EVAL_DIR = "evals"
@@ -224,7 +224,7 @@ def train_run(spec: RunSpec, run_dir: str, *, echo: bool = True, clean: bool = F
         attempts["attempts"] += 1
         write_json(attempts_path, attempts)
         keras.backend.clear_session()
-    from txl_tf.run_dir import read_configs
+    from txl_tf.runs.run_dir import read_configs
 
     planned = read_configs(run_dir).train.train_steps
     gin.clear_config()
@@ -258,7 +258,7 @@ def cached_eval(run_dir: str, key: str, compute: Callable[[], tuple[np.ndarray, 
 def load_run_model(run_dir: str, gin_params: Sequence[str] = (), checkpoint: str | None = None):
     """(model, configs) of a finished run, float32, from its config.gin and latest checkpoint (or `checkpoint`, a
     prefix such as run_dir/ckpt-500)."""
-    from txl_tf.loading import load_model
+    from txl_tf.runs.loading import load_model
 
     model, configs, _ = load_model(run_dir, checkpoint, gin_params=gin_params)
     return model, configs

@@ -1,6 +1,6 @@
 """One fixed set of scored tokens for every model and every attention length of a study.
 
-A split is cut into `batch_size` contiguous streams (`txl_tf.evaluation.corpus_streams`, without its tail) and
+A split is cut into `batch_size` contiguous streams (`txl_tf.evaluation.loops.corpus_streams`, without its tail) and
 every stream's first `drop` predictions are scored but thrown away, so the tokens kept have at least `drop`
 tokens of real context before them whatever the memory: with `drop` >= n_layer x the longest memory, no kept
 token sees the zero memory of the start, and every cell of a table scores exactly the same tokens.
@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from txl_tf.protocol import Protocol
+from txl_tf.model.protocol import Protocol
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +49,7 @@ class ScoredTokens:
 
     def streams(self) -> np.ndarray:
         """[B, S + 1] int32: stream b predicts tokens b*S + 1 .. b*S + S."""
-        from txl_tf.evaluation import corpus_streams
+        from txl_tf.evaluation.loops import corpus_streams
 
         return corpus_streams(self.tokens, self.batch_size)[0]
 
@@ -80,7 +80,7 @@ class ScoredTokens:
 
 def score_recurrent(model, scored: ScoredTokens, *, tgt_len: int, protocol: Protocol):
     """(kept per-token losses [count] float32 in nats, EvalResult) of the segment-recurrent protocol."""
-    from txl_tf import evaluation
+    from txl_tf.evaluation import loops as evaluation
 
     result = evaluation.evaluate_streams(model, scored.streams(), tgt_len=tgt_len, protocol=protocol,
                                          return_token_losses=True)
@@ -94,7 +94,7 @@ def score_windows(model, tokens: np.ndarray, positions: np.ndarray, *, window: i
     every p of `positions` (each >= window)."""
     import tensorflow as tf
 
-    from txl_tf import evaluation
+    from txl_tf.evaluation import loops as evaluation
 
     positions = np.asarray(positions, np.int64)
     if positions.min() < window:

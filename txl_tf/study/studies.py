@@ -22,7 +22,7 @@ def prepared_data(data_root: str, dataset: str) -> str:
         from txl_tf.study.runs import log
 
         log(f"preparing {dataset} in {data_dir}")
-        prepare.prepare(dataset, data_dir, corpora.Settings())
+        prepare.prepare(dataset, data_dir, corpora.PrepareSettings())
     return data_dir
 
 
@@ -31,7 +31,7 @@ def run(studies, output_dir: str, *, quick: bool = False, data_root: str = "data
     """Runs the studies in order, then writes the report; returns the results document. The ablation's and the
     context studies' scored models are read from and written to `archive_dir` (default OUTPUT_DIR/archive:
     txl_tf.study.archive)."""
-    from txl_tf import paths
+    from txl_tf.base import paths
     from txl_tf.study import report, results_schema, runs
 
     paths.output_dir(output_dir, "--output_dir")

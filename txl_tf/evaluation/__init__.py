@@ -1,0 +1,1 @@
+"""Evaluation: the segment-recurrent and sliding-window loops over a split (loops)."""

@@ -1,0 +1,52 @@
+"""Rotary position embedding (RoPE, Su et al., 2021) with recurrence: queries and keys are rotated by the angle of
+their own window position (query i at M + i, key j at j, the memory's keys at their own positions), so
+
+    score(i, j) = (Rot(M + i) q_i).(Rot(j) k_j) = q_i.Rot(M + i - j) k_j
+
+depends on the distance only. Rotation pairs dimension t with t + D/2 (the half-split layout), frequency
+theta_t = 10000^(-2t / D). No position weights; the keys/values cache keeps unrotated keys, rotated with the window
+at every call. The rotation table [2, K, D/2] (cos, sin) is computed once per call for all layers.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from txl_tf.model.encodings.base import Encoding, Prepared
+
+BASE = 10000.0
+
+
+def rotation_table(klen, d_head, dtype=tf.float32):
+    """[2, K, D/2]: cos and sin of position p * theta_t for the window positions p = 0 .. K-1."""
+    inv_freq = 1.0 / (BASE ** (tf.range(0, d_head, 2, dtype=tf.float32) / d_head))  # [D/2]
+    angles = tf.cast(tf.range(klen), tf.float32)[:, None] * inv_freq[None, :]  # [K, D/2]
+    return tf.cast(tf.stack([tf.cos(angles), tf.sin(angles)]), dtype)
+
+
+def rotate_half(x, cos, sin):
+    """Rotates [..., T, D] by the angles of `cos`, `sin` [T, D/2] (dimension t with t + D/2)."""
+    first, second = tf.split(x, 2, axis=-1)  # [..., T, D/2] each
+    return tf.concat([first * cos - second * sin, first * sin + second * cos], axis=-1)
+
+
+class RoPE(Encoding):
+    name = "rope"
+    citation = "Su et al. (2021)"
+    clamp = "none: a rotation is exact at every distance (clamp_len does not apply)"
+
+    def problem(self, *, d_model: int, d_head: int) -> str | None:
+        return f"rope rotates pairs of dimensions: d_head must be even, got {d_head}" if d_head % 2 else None
+
+    def build_attention(self, layer) -> None:
+        problem = self.problem(d_model=layer.d_model, d_head=layer.d_head)
+        if problem:
+            raise ValueError(problem)
+
+    def prepare(self, model, mlen, qlen, protocol, training, cached, kernels=False) -> Prepared:
+        return Prepared(encoding=rotation_table(mlen + qlen, model.d_head, model.compute_dtype))
+
+    def rotate(self, q, k, position_encoding):
+        klen, qlen = tf.shape(k)[2], tf.shape(q)[2]
+        cos, sin = tf.cast(position_encoding[0], q.dtype), tf.cast(position_encoding[1], q.dtype)  # [K, D/2]
+        return rotate_half(q, cos[klen - qlen:], sin[klen - qlen:]), rotate_half(k, cos, sin)
