@@ -36,6 +36,9 @@ For every path, batch and context (a random prompt of that many tokens, consumed
     function and the same prompt work in both.
   Each of --repeats rounds times every path's pair of calls in turn, the paths taking turns so that a slow
   moment of a shared machine hits all; a cell is the median of its rounds, printed with their min and max.
+  streaming (batch 1, the Python path): `Generator.stream` making max(--tokens, 4 x --stream_chunk) new tokens
+    greedily, --stream_chunk a piece (one compiled call each, the decoding state kept between calls): the ms per
+    token after the first piece (what a reader of the stream waits per token) against the decode loop's.
 Then the bound the machine's memory reads put on decoding (the ring's bytes per step over the read bandwidth
 measured in the same run), and per-segment scoring latency: --segments calls of `score` with max_len tokens and
 the state carried.
@@ -86,6 +89,8 @@ def define_flags(flag_values) -> None:
     flags.DEFINE_enum("dtype", "float32", ["float32", "mixed_bfloat16"], "Compute dtype.", flag_values=fv)
     flags.DEFINE_integer("most_tokens", 512, "Most new tokens of a Transformer-XL decode-loop call where the prompt "
                          "would outweigh --tokens' loop.", flag_values=fv)
+    flags.DEFINE_integer("stream_chunk", 16, "New tokens per piece of the streamed generation timed at batch 1 "
+                         "(`Generator.stream`).", flag_values=fv)
     # A string, as every script's --peer (tests/test_cli.py): the one value taken here is checked in main.
     flags.DEFINE_string("peer", None, "gpt2: also time keras-hub's GPT2CausalLM of --arch's shape (random weights, "
                         "built offline; not with --model_dir) and print the ratios.", flag_values=fv)
@@ -174,6 +179,22 @@ def txl_timer(generate, prompt):
 
     rows = [list(row) for row in prompt]
     return lambda new: generation.generate_with(generate, rows, max_tokens=new, temperature=0.0).seconds
+
+
+def stream_timing(generator, prompt, tokens: int, chunk: int, repeats: int) -> tuple[list, list]:
+    """([ms per token after the first piece, per round], [ms to the first piece, per round]) of `generator.stream`
+    (greedy) making `tokens` new tokens after one prompt [P], `chunk` at a time; a first call compiles."""
+    row = [int(x) for x in prompt]
+    list(generator.stream(row, max_tokens=tokens, chunk=chunk, temperature=0.0))
+    per_token, first = [], []
+    for _ in range(repeats):
+        start, stamps = time.perf_counter(), []
+        for piece in generator.stream(row, max_tokens=tokens, chunk=chunk, temperature=0.0):
+            stamps.append((time.perf_counter(), len(piece)))
+        first.append(1000 * (stamps[0][0] - start))
+        after = sum(count for _, count in stamps[1:])
+        per_token.append(1000 * (stamps[-1][0] - stamps[0][0]) / after if after else float("nan"))
+    return per_token, first
 
 
 def gpt2_model(n_token: int, sequence_length: int):
@@ -355,13 +376,13 @@ def main(argv):
         out = loaded.signatures["initial_state"](batch_size=tf.constant(batch, tf.int32))
         return from_named({name: out[name] for name in state_names})
 
+    python_generator = generation.generator(model, protocol, max_len)
     paths = {
-        "Python": (model_step(recurrent), recurrent.initial_state, recurrent.score,
-                   generation.generator(model, protocol, max_len).generate),
+        "Python": (model_step(recurrent), recurrent.initial_state, recurrent.score, python_generator.generate),
         "SavedModel": (saved_model_step(loaded), served_initial, served_score, loaded.signatures["generate"]),
     }
     rng = np.random.default_rng(1)
-    rows, score_rows, peer_rows = [], [], []
+    rows, score_rows, peer_rows, stream_rows = [], [], [], []
     for batch in batches:
         for context in contexts:
             prompt = rng.integers(0, model.n_token, [batch, context]).astype(np.int32)
@@ -380,6 +401,13 @@ def main(argv):
                 rows.append((name, batch, context, latency, speeds[name]))
                 print(f"{name:10s} batch {batch:3d} context {context:5d}: per token p50 {latency[0]:.2f} / p90 "
                       f"{latency[1]:.2f} / p99 {latency[2]:.2f} ms; {loop[name]}", flush=True)
+            if batch == 1:
+                tokens = max(FLAGS.tokens, 4 * FLAGS.stream_chunk)
+                per_token, first = stream_timing(python_generator, prompt[0], tokens, FLAGS.stream_chunk,
+                                                 FLAGS.repeats)
+                stream_rows.append((context, tokens, per_token, first, speeds["Python"]))
+                print(f"{'stream':10s} batch   1 context {context:5d}: {spread(per_token)[0]:.3f} ms a token after "
+                      f"the first piece of {FLAGS.stream_chunk} ({spread(first)[0]:.1f} ms to it)", flush=True)
             if gpt2 is not None:
                 peer_rows.append((batch, context, speeds["GPT-2"], speeds["Python"], speeds["SavedModel"]))
                 print(f"{'GPT-2':10s} batch {batch:3d} context {context:5d}: {loop['GPT-2']}", flush=True)
@@ -418,6 +446,19 @@ def main(argv):
             base = spread(peer)[0]
             print(f"| {batch} | {context} | {cell(peer)} | {cell(python)} | {cell(saved)} | "
                   f"{spread(python)[0] / base:.2f}x | {spread(saved)[0] / base:.2f}x |")
+    if stream_rows:
+        print(f"\nStreaming at batch 1 (`Generator.stream`, greedy, {FLAGS.stream_chunk} new tokens a piece, one "
+              "compiled call per piece, the state kept between calls): ms per token after the first piece and to the "
+              f"first piece (the prompt and one piece), the median (min-max) of {FLAGS.repeats} rounds, against the "
+              "decode loop's ms per token (1,000 / the Python path's median tokens/s above):\n")
+        print("| context | new tokens | streamed ms/token | first piece ms | loop ms/token | streamed / loop |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for context, tokens, per_token, first, loop in stream_rows:
+            median, low, high = spread(per_token)
+            loop_ms = 1000 / spread(loop)[0]
+            first_median, first_low, first_high = spread(first)
+            print(f"| {context} | {tokens} | {median:.3f} ({low:.3f}-{high:.3f}) | {first_median:.1f} "
+                  f"({first_low:.1f}-{first_high:.1f}) | {loop_ms:.3f} | {median / loop_ms:.2f}x |")
     bandwidth = read_bandwidth()
     print(f"\nDecoding bound by memory reads: a step reads at least the ring's keys and values (and the position "
           f"keys) of every layer once; this machine read {bandwidth:.1f} GB/s in this run (XLA kernels over 400 MB). "

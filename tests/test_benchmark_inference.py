@@ -49,6 +49,12 @@ def test_gpt2_peer_table():
             assert all(math.isfinite(x) and x > 0 for x in (median, low, high)) and low <= median <= high, row
         assert all(math.isfinite(x) and x > 0 for text in row[5:] for x in numbers(text)), row
     assert "GPT-2 (keras-hub GPT2CausalLM, greedy, XLA)" in stdout
+    # Streaming at batch 1: ms per token after the first piece, to the first piece, the loop's, their ratio.
+    streamed = table(stdout, "| context | new tokens | streamed ms/token | first piece ms | loop ms/token | "
+                             "streamed / loop |")
+    assert [row[:2] for row in streamed] == [["4", "64"]], stdout  # 4 pieces of --stream_chunk=16
+    median, low, high = numbers(streamed[0][2])
+    assert 0 < low <= median <= high and all(x > 0 for cell in streamed[0][3:] for x in numbers(cell)), streamed
 
 
 # slow: ~150 s (500 tokens a cell, the generator compiled for three widths per cell); CI runs it in its slow phase

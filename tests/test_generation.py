@@ -197,6 +197,38 @@ def test_cli_model_dir_and_saved_model_print_the_same_text(tmp_path):
 
     assert TransformerXLCausalLM.from_preset(model_dir).generate("the memory", max_length=2 + 6,
                                                                  temperature=0.0) == from_run
+    # --stream prints the same text as it is made (three pieces of 2 tokens), and is refused for a batch.
+    one = ["--prompt=the memory", "--max_tokens=6", "--seed=3", "--temperature=0.9", "--top_p=0.95"]
+    streamed = run("txl_tf.generate", f"--model_dir={model_dir}", *one, "--stream=2")
+    assert texts(streamed) == texts(run("txl_tf.generate", f"--model_dir={model_dir}", *one)), streamed
+    assert streamed.splitlines()[0].endswith("2 tokens at a time"), streamed
+    refused = subprocess.run([sys.executable, "-m", "txl_tf.generate", f"--model_dir={model_dir}", *sampling,
+                              "--stream=2"], cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True,
+                             timeout=300)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1] == (
+        "error: --stream prints one --prompt from --model_dir as it is made, not 2 prompts; give one --prompt and "
+        "--model_dir, or drop --stream"), refused.stderr
+
+
+@pytest.mark.parametrize("attn_type", ["xl", "vaswani"])
+def test_a_stream_gives_the_tokens_of_one_call_chunk_by_chunk(model, attn_type):
+    """`Generator.stream` (the decoding state kept between its calls: xl's ring, the vanilla encodings' cache):
+    the tokens of one `generate` call for the same settings and seed, in chunks of any size, past the memory (9);
+    the chunk loop is traced once for every chunk size and both settings."""
+    if attn_type != "xl":
+        tf.keras.utils.set_random_seed(4)
+        model = ModelConfig(n_layer=2, d_model=10, n_head=2, d_head=5, d_inner=14, dropout=0.0, dropatt=0.0,
+                            mem_len=9, attn_type=attn_type, max_position=64).build(N_TOKEN)
+    prompt = PROMPT[0].tolist()
+    generator = generation.generator(model, None, 3)
+    for settings in (dict(temperature=0.0), dict(temperature=1.3, top_k=6, top_p=0.9, seed=7)):
+        whole = generation.generate_from_model(model, [prompt], max_tokens=13, segment_len=3, **settings).tokens[0]
+        for chunk in (1, 5, 13, 40):
+            pieces = list(generator.stream(prompt, max_tokens=13, chunk=chunk, **settings))
+            assert [len(piece) for piece in pieces] == [min(chunk, 13 - i) for i in range(0, 13, chunk)]
+            np.testing.assert_array_equal(np.concatenate(pieces), whole)
+    assert generator._advance.experimental_get_tracing_count() == 1
+    assert generator._start.experimental_get_tracing_count() == 1
 
 
 def test_generating_again_traces_nothing_again(model):

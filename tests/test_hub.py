@@ -111,6 +111,22 @@ def test_one_prompt_decodes_as_txl_tf_does_and_with_its_row_repeated():
     assert out[0].startswith(PROMPTS[0]) and len(out[0]) == 50, out
 
 
+def test_stream_generate_yields_generates_text_piece_by_piece():
+    """The prompt first, then a piece per `chunk` new tokens; joined, `generate`'s text for the same settings and
+    seed, greedy and sampled. Bad requests are one line when the call is made, before any piece is read."""
+    lm = make_lm()
+    for settings in (dict(temperature=0.0, seed=1), dict(temperature=0.9, top_k=5, seed=5)):
+        pieces = list(lm.stream_generate("hello wo", max_length=40, chunk=7, **settings))
+        assert pieces[0] == "hello wo" and len(pieces) == 1 + 5 and all(len(p) == 7 for p in pieces[1:-1])
+        assert "".join(pieces) == lm.generate("hello wo", max_length=40, **settings)
+    with pytest.raises(ConfigError, match=r"^stream_generate's chunk=0 must be a whole number from 1 to 4096"):
+        lm.stream_generate("hello", max_length=20, chunk=0)
+    with pytest.raises(ConfigError, match=r"^stream_generate takes one prompt, a str; got list"):
+        lm.stream_generate(["hello"], max_length=20)
+    with pytest.raises(ConfigError, match=r"^stream_generate's max_length=3 must be above the longest prompt's 5"):
+        lm.stream_generate("hello", max_length=3)
+
+
 @pytest.mark.slow  # ~20 s: six samplers traced; CI's slow phase
 def test_every_keras_hub_sampler_runs_with_the_batch_first_memory(lm):
     """Beam and contrastive repeat and gather the cache's rows: the memory has the batch on axis 0."""

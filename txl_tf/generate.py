@@ -10,7 +10,8 @@ prompts consumed in segments of EvalConfig.tgt_len, then keras-hub's sampler loo
 over the keys/values of the last EvalConfig.mem_len positions (nothing of the context is projected again):
 --temperature=0 is keras-hub's greedy sampler, anything else its top-p sampler among the --top_k likeliest
 tokens. The same --seed, settings and prompts give the same text, from the model_dir and from its SavedModel.
-Prints each continuation and tokens/s.
+Prints each continuation and tokens/s; `--stream=N` prints one prompt's continuation N tokens at a time as it is
+made (the same text: `Generator.stream` keeps the decoding state between its calls).
 
 Settings are checked against the vocabulary before the model is loaded: --temperature >= 0 (0 is greedy
 decoding, not an error: the most likely token each time), 0 <= --top_k <= vocabulary size, 0 < --top_p <= 1,
@@ -47,6 +48,8 @@ def define_flags(flag_values) -> None:
     flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: sample among the likeliest tokens that make up this share "
                        "of the probability, in (0, 1] (1 = all).", flag_values=flag_values)
     flags.DEFINE_integer("seed", 0, "Stateless sampling seed.", flag_values=flag_values)
+    flags.DEFINE_integer("stream", 0, "Print the text as it is made, this many new tokens at a time (0: all at the "
+                         "end; --model_dir and one --prompt). The same text as without it.", flag_values=flag_values)
 
 
 def _check_flags(vocab) -> list:
@@ -121,9 +124,39 @@ def _from_model_dir():
     model, configs, prefix = loading.load_model(FLAGS.model_dir, FLAGS.checkpoint, which=FLAGS.which,
                                                 configs=configs)
     # The SavedModel's protocol: EvalConfig's lengths (export fixes the same ones).
+    if FLAGS.stream:
+        generator = generation.generator(model, configs.eval.attention_protocol(), configs.eval.tgt_len)
+        return prefix, vocab, _stream(generator, vocab, ids[0], prefix)
     result = generation.generate_from_model(model, ids, protocol=configs.eval.attention_protocol(),
                                             segment_len=configs.eval.tgt_len, **_sampling())
     return prefix, vocab, result
+
+
+def _stream(generator, vocab, ids, source: str):
+    """Prints the prompt, then its continuation `--stream` tokens at a time as they are made
+    (`Generator.stream`); returns the GenerationResult of the whole call."""
+    import sys
+    import time
+
+    import numpy as np
+
+    from txl_tf.lm import generation
+
+    prompt = FLAGS.prompt[0]
+    start, made, shown = time.perf_counter(), [], prompt
+    print(f"# {source}: seed {FLAGS.seed}, temperature {FLAGS.temperature}, top_k "
+          f"{FLAGS.top_k}, top_p {FLAGS.top_p}, {FLAGS.stream} tokens at a time")
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    settings = _sampling()
+    for tokens in generator.stream(ids, max_tokens=settings.pop("max_tokens"), chunk=FLAGS.stream, **settings):
+        made += tokens.tolist()
+        text = generation.with_prompt(vocab, prompt, vocab.decode(made))
+        sys.stdout.write(text[len(shown):])
+        sys.stdout.flush()
+        shown = text
+    sys.stdout.write("\n")
+    return generation.GenerationResult(tokens=np.asarray([made], np.int32), seconds=time.perf_counter() - start)
 
 
 def _from_saved_model():
@@ -160,11 +193,18 @@ def main(argv):
     cli.no_arguments(argv, "quote the --prompt (see --helpshort)")
     if bool(FLAGS.saved_model) == bool(FLAGS.model_dir or FLAGS.checkpoint):
         raise ConfigError("give exactly one of --model_dir (or --checkpoint with --gin_file) and --saved_model")
+    if not 0 <= FLAGS.stream <= 4096:
+        raise ConfigError(f"--stream={FLAGS.stream} must be 0 (off) to 4096 new tokens per printed piece")
+    if FLAGS.stream and (FLAGS.saved_model or len(FLAGS.prompt) != 1):
+        raise ConfigError(f"--stream prints one --prompt from --model_dir as it is made, not "
+                          f"{'a --saved_model' if FLAGS.saved_model else f'{len(FLAGS.prompt)} prompts'}; give one "
+                          "--prompt and --model_dir, or drop --stream")
     source, vocab, result = _from_saved_model() if FLAGS.saved_model else _from_model_dir()
-    print(f"# {source}: seed {FLAGS.seed}, temperature {FLAGS.temperature}, top_k {FLAGS.top_k}, "
-          f"top_p {FLAGS.top_p}")
-    for prompt, row in zip(FLAGS.prompt, result.tokens, strict=True):
-        print(generation.with_prompt(vocab, prompt, vocab.decode(row.tolist())))
+    if not FLAGS.stream:
+        print(f"# {source}: seed {FLAGS.seed}, temperature {FLAGS.temperature}, top_k {FLAGS.top_k}, "
+              f"top_p {FLAGS.top_p}")
+        for prompt, row in zip(FLAGS.prompt, result.tokens, strict=True):
+            print(generation.with_prompt(vocab, prompt, vocab.decode(row.tolist())))
     print(f"# {result.tokens.size} tokens in {result.seconds:.2f} s: {result.tokens_per_second:.1f} tokens/s "
           "(the prompt and the first call's compilation included)")
 

@@ -127,6 +127,17 @@ def _file_name(name: str) -> property:
     return property(get, set, doc=f"The JSON file this object is saved as in a preset: always {name}.")
 
 
+def _pieces(vocab, prompt: str, chunks):
+    """The prompt, then the text each chunk of new token ids adds to it (`stream_generate`)."""
+    made, shown = [], prompt
+    yield prompt
+    for tokens in chunks:
+        made += tokens.tolist()
+        text = with_prompt(vocab, prompt, vocab.decode(made))
+        yield text[len(shown):]
+        shown = text
+
+
 def _length(value, what: str) -> int:
     """A number of tokens given by a user or read from a preset: a whole number >= 1 (one-line ConfigError)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
@@ -590,6 +601,11 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         row's M kept positions rolled there once, the free slot the one its first new token writes, and the scratch
         slot last. One tensor per layer: a step writes one slot of each and copies none.
         """
+        ring_cache = self._to_ring(cache)
+        return self._ring_next(position_keys, ring_cache), ring_cache
+
+    def _to_ring(self, cache):
+        """The ring cache (`_ring_loop`) of the prompt's cache."""
         model = self.backbone.transformer_xl
         keys, values, last_logits, last_hidden, lengths = cache
         memory = keys.shape[3]
@@ -605,11 +621,17 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
 
         keys = tuple(in_ring(keys[:, i]) for i in range(model.n_layer))
         values = tuple(in_ring(values[:, i]) for i in range(model.n_layer))
+        return keys, values, last_logits, last_hidden, lengths
+
+    def _ring_next(self, position_keys, ring_cache):
+        """The ring decoding step `next(prompt, ring cache, index)` for a ring cache of `ring_cache`'s shapes."""
+        model = self.backbone.transformer_xl
+        ring = ring_cache[0][0].shape[3] - 1
         rows = tf.unstack(position_keys[:, :, -ring:])  # per layer [N, R, D]: distances R - 1 .. 0
         # At batch 1 each projection as two half-width products (`projection.dense_row`), their kernels arranged
         # here once; None: the layer's own call. A sampler may repeat the rows (beam search): the step checks
         # that it gets one row.
-        one_row = keys[0].shape[0] == 1
+        one_row = ring_cache[0][0].shape[0] == 1
         attention_rows = [block.attention.row_kernels() if one_row else None for block in model.blocks]
         feed_forward_rows = [block.feed_forward.row_kernels() if one_row else None for block in model.blocks]
 
@@ -636,7 +658,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             hidden = tf.where(fresh[:, None], tf.cast(h[:, 0], last_hidden.dtype), last_hidden)
             return logits, hidden, (tuple(new_keys), tuple(new_values), last_logits, last_hidden, lengths)
 
-        return next, (keys, values, last_logits, last_hidden, lengths)
+        return next
 
     def generate_step(self, inputs, stop_token_ids=None, ring=None, sampler=None):
         """keras-hub's generation step; `ring`: decode with `_ring_loop` (None: `_decodes_in_a_ring()`);
@@ -649,6 +671,12 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             return self._finish(token_ids, padding_mask, stop_token_ids, hidden_states,
                                 *self._ring_loop(cache, position_keys), sampler=sampler)
 
+        return self._finish(token_ids, padding_mask, stop_token_ids, hidden_states, self._cached_next(position_keys),
+                            cache, sampler=sampler)
+
+    def _cached_next(self, position_keys):
+        """The decoding step `next(prompt, cache, index)` of the model's cached call (`call_with_cache`)."""
+
         def next(prompt, cache, index):
             *state, last_logits, last_hidden, lengths = cache
             token = tf.slice(prompt, [0, index - 1], [-1, 1])
@@ -659,7 +687,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             hidden = tf.where(fresh[:, None], tf.cast(hidden[:, 0], last_hidden.dtype), last_hidden)
             return logits, hidden, (*state, last_logits, last_hidden, lengths)
 
-        return self._finish(token_ids, padding_mask, stop_token_ids, hidden_states, next, cache, sampler=sampler)
+        return next
 
     def _finish(self, token_ids, padding_mask, stop_token_ids, hidden_states, next, cache, sampler=None):
         """The sampler's loop from `cache` with `next`, and the padding mask of what it generated."""
@@ -1050,31 +1078,32 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             object.__setattr__(self, "_txl_tf_generator", made)
         return made
 
-    def _generate_with_settings(self, inputs, max_length, strip_prompt, *, temperature, top_k, top_p, seed):
-        """`generate` with txl_tf's settings: the sampling `Generator` (see `generate`)."""
+    def _sampling_request(self, what, inputs, max_length, *, temperature, top_k, top_p, seed):
+        """The checked request of `generate` with settings or of `stream_generate` (`what`): (one text?, the texts,
+        their ids, their lengths, max_length, the new tokens of the longest continuation); one-line ConfigErrors."""
         if self.preprocessor is None:
-            raise ConfigError("generate(temperature=..., top_k=..., top_p=..., seed=...) takes text: this model has no "
+            raise ConfigError(f"{what}(temperature=..., top_k=..., top_p=..., seed=...) takes text: this model has no "
                               "preprocessor; compile(sampler=...) and generate token ids, or load it with from_preset")
         rows, _ = _prompt_rows(inputs, self.preprocessor)  # keras-hub's path's checks of the text, its messages
         if rows is None:
-            raise ConfigError("generate(temperature=..., top_k=..., top_p=..., seed=...) takes a str or a list of str, "
+            raise ConfigError(f"{what}(temperature=..., top_k=..., top_p=..., seed=...) takes a str or a list of str, "
                               "not a dataset; compile(sampler=...) and generate the dataset without them")
         if tf.is_tensor(inputs) or isinstance(inputs, np.ndarray):
             inputs = [text.decode("utf-8") if isinstance(text, bytes) else str(text)
                       for text in np.asarray(inputs).reshape([-1]).tolist()]
-        single, texts = as_texts(inputs, "generate's inputs")
+        single, texts = as_texts(inputs, f"{what}'s inputs")
         for name, value, kind in (("temperature", temperature, numbers.Real), ("top_k", top_k, numbers.Integral),
                                   ("top_p", top_p, numbers.Real)):
             if isinstance(value, bool) or not isinstance(value, kind):
-                raise ConfigError(f"generate's {name}={str(value)[:40]!r} must be a "
+                raise ConfigError(f"{what}'s {name}={str(value)[:40]!r} must be a "
                                   f"{'whole number' if kind is numbers.Integral else 'number'}")
         vocab = self.vocab
         ids = check_settings(vocab, texts, max_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p)
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**31:
-            raise ConfigError(f"generate's seed={str(seed)[:40]!r} must be a whole number in [0, 2**31) (None: a "
+            raise ConfigError(f"{what}'s seed={str(seed)[:40]!r} must be a whole number in [0, 2**31) (None: a "
                               "random one)")
         lengths = [len(row) for row in ids]
-        name = "generate's max_length"
+        name = f"{what}'s max_length"
         if max_length is None:
             max_length, name = self.preprocessor.sequence_length, "the preprocessor's sequence_length"
         if max_length <= max(lengths):
@@ -1084,6 +1113,13 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         check_generation_size(self.transformer_xl, batch_size=len(ids), length=max(lengths) + new, given=max_length,
                               name=name, batch_name="the number of prompts", segment_len=self.backbone.segment_len,
                               mem_len=self.backbone.protocol.mem_len)
+        return single, texts, ids, lengths, max_length, new
+
+    def _generate_with_settings(self, inputs, max_length, strip_prompt, *, temperature, top_k, top_p, seed):
+        """`generate` with txl_tf's settings: the sampling `Generator` (see `generate`)."""
+        single, texts, ids, lengths, max_length, new = self._sampling_request(
+            "generate", inputs, max_length, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        vocab = self.vocab
         result = generate_with(self._sampling_generator().generate, ids, max_tokens=new, temperature=temperature,
                                top_k=top_k, top_p=top_p, seed=int(seed))
         outputs = []
@@ -1091,6 +1127,29 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             continuation = vocab.decode(row[:max_length - length].tolist())
             outputs.append(continuation if strip_prompt else with_prompt(vocab, text, continuation))
         return outputs[0] if single else outputs
+
+    def stream_generate(self, prompt, max_length=None, *, temperature=1.0, top_k=0, top_p=1.0, seed=None,
+                        chunk=16):
+        """Yields the text `generate(prompt, max_length, temperature=..., top_k=..., top_p=..., seed=...)` returns,
+        piece by piece as it is made: first the prompt, then `chunk` new tokens at a time (the last piece may be
+        shorter). Joined, the pieces are `generate`'s text for the same settings and seed.
+
+        Each piece is one call of a compiled loop that keeps the decoding state between calls
+        (`txl_tf.lm.sampling.Generator.stream`): the prompt is read once, and a piece costs its tokens' steps and
+        one call, where a call per token would pay the call's fixed cost for every token. `python -m
+        txl_tf.generate --stream` prints this way. `chunk`: new tokens per piece, 1 to 4,096."""
+        if isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or not 1 <= chunk <= 4096:
+            raise ConfigError(f"stream_generate's chunk={str(chunk)[:40]} must be a whole number from 1 to 4096 "
+                              "(new tokens per piece)")
+        if not isinstance(prompt, str):
+            raise ConfigError(f"stream_generate takes one prompt, a str; got {type(prompt).__name__} (generate "
+                              "takes lists)")
+        seed = random.SystemRandom().randrange(2**31) if seed is None else seed
+        _, texts, ids, lengths, max_length, new = self._sampling_request(
+            "stream_generate", prompt, max_length, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        tokens = self._sampling_generator().stream(ids[0], max_tokens=new, chunk=int(chunk), temperature=temperature,
+                                                   top_k=top_k, top_p=top_p, seed=int(seed))
+        return _pieces(self.vocab, prompt, tokens)  # checked now, made as the caller reads
 
     # ---- presets -------------------------------------------------------------------------------------------
     @classmethod

@@ -126,6 +126,8 @@ class Generator(tf.Module):
         self._jit = lm._generate_jit(compiled=False)
         self._loop = tf.function(self._decode, jit_compile=self._jit)
         self.generate = tf.function(self._checked)
+        self._start = tf.function(self._stream_start, jit_compile=self._jit)
+        self._advance = tf.function(self._stream_advance, jit_compile=self._jit)
 
     def _decode(self, token_ids, padding_mask, sample):
         inputs = {"token_ids": token_ids, "padding_mask": padding_mask}
@@ -134,6 +136,57 @@ class Generator(tf.Module):
             return self._lm.generate_step(inputs, ring=self._ring, sampler=sampler)["token_ids"]
 
         # Traced once; under XLA without the Assert ops it would drop with a warning each (as keras-hub's generate)
+        with without_runtime_asserts() if self._jit else contextlib.nullcontext():
+            return tf.cond(sample, lambda: run(self.sampling), lambda: run(self.greedy))
+
+    def stream(self, prompt: Sequence[int], *, max_tokens: int, chunk: int = 16, temperature: float = 1.0,
+               top_k: int = 0, top_p: float = 1.0, seed: int = 0):
+        """Yields `max_tokens` new token ids after one prompt (a list of ids), `chunk` at a time (int32 arrays):
+        the tokens `generate` gives for the same settings and seed, as they are made.
+
+        The prompt is read once; each chunk is one call of a compiled loop that carries the decoding state (the
+        ring of keys and values, or the model's cache) to the next call, so a chunk costs its tokens' steps and
+        one call, and the text can be shown while the rest is made. The settings are the caller's to check
+        (`check_settings`)."""
+        if max_tokens < 1 or chunk < 1 or not prompt:
+            raise ValueError(f"stream needs a prompt, max_tokens >= 1 and chunk >= 1; got {len(prompt)} prompt "
+                             f"tokens, max_tokens={max_tokens}, chunk={chunk}")
+        token_ids, mask = padded([list(prompt)], len(prompt) + max_tokens)
+        token_ids, mask = tf.constant(token_ids), tf.constant(mask, tf.bool)
+        self.sampling.set(temperature if temperature > 0 else 1.0, top_k, top_p, seed)
+        sample = tf.constant(temperature > 0)
+        cache, position_keys = self._start(token_ids, mask)
+        index, width = len(prompt), len(prompt) + max_tokens
+        while index < width:
+            stop = min(index + chunk, width)
+            token_ids, cache = self._advance(token_ids, mask, cache, position_keys, tf.constant(index, tf.int32),
+                                             tf.constant(stop, tf.int32), sample)
+            yield token_ids[0, index:stop].numpy()
+            index = stop
+
+    def _stream_start(self, token_ids, padding_mask):
+        """(the decoding state after the prompt, the position keys): `_decode`'s start, kept between calls."""
+        lm = self._lm
+        lengths = tf.reduce_sum(tf.cast(padding_mask, tf.int32), axis=1)
+        with without_runtime_asserts() if self._jit else contextlib.nullcontext():
+            _, cache, position_keys = lm._build_cache(token_ids, lengths)
+            return (lm._to_ring(cache) if self._ring else cache), position_keys
+
+    def _stream_advance(self, token_ids, padding_mask, state, position_keys, index, stop, sample):
+        """The tokens at index .. stop - 1 (keras-hub's sampler loop, one step per token) and the state after."""
+        lm = self._lm
+        next = lm._ring_next(position_keys, state) if self._ring else lm._cached_next(position_keys)
+
+        def run(sampler):
+            def body(prompt, cache, i):
+                logits, _, cache = next(prompt, cache, i)
+                token = tf.cast(sampler.get_next_token(sampler.compute_probabilities(logits)), prompt.dtype)
+                token = tf.where(padding_mask[:, i], prompt[:, i], token)  # a prompt's own tokens stay
+                return keras.ops.slice_update(prompt, [0, i], token[:, None]), cache, i + 1
+
+            prompt, after, _ = tf.while_loop(lambda prompt, cache, i: i < stop, body, (token_ids, state, index))
+            return prompt, after
+
         with without_runtime_asserts() if self._jit else contextlib.nullcontext():
             return tf.cond(sample, lambda: run(self.sampling), lambda: run(self.greedy))
 
