@@ -229,6 +229,19 @@ def test_a_stream_gives_the_tokens_of_one_call_chunk_by_chunk(model, attn_type):
             np.testing.assert_array_equal(np.concatenate(pieces), whole)
     assert generator._advance.experimental_get_tracing_count() == 1
     assert generator._start.experimental_get_tracing_count() == 1
+    # Two streams read in turn, with a generate call between their chunks: each keeps its settings and random state.
+    first = dict(temperature=1.3, top_k=6, seed=7)
+    second = dict(temperature=0.8, top_p=0.9, seed=8)
+    alone = [generation.generate_from_model(model, [prompt], max_tokens=13, segment_len=3, **s).tokens[0]
+             for s in (first, second)]
+    streams = [generator.stream(prompt, max_tokens=13, chunk=4, **s) for s in (first, second)]
+    made = [[], []]
+    for _ in range(4):
+        for i, stream in enumerate(streams):
+            made[i].append(next(stream))
+        generation.generate_from_model(model, [prompt], max_tokens=3, segment_len=3, temperature=2.0, seed=99)
+    for tokens, expected in zip(made, alone, strict=True):
+        np.testing.assert_array_equal(np.concatenate(tokens), expected)
 
 
 def test_generating_again_traces_nothing_again(model):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import threading
 import time
 from collections.abc import Sequence
 
@@ -126,6 +127,8 @@ class Generator(tf.Module):
         self._jit = lm._generate_jit(compiled=False)
         self._loop = tf.function(self._decode, jit_compile=self._jit)
         self.generate = tf.function(self._checked)
+        # A stream's chunk: its sampler settings and random state, then the call (untracked: no state to save).
+        object.__setattr__(self, "_lock", threading.Lock())
         self._start = tf.function(self._stream_start, jit_compile=self._jit)
         self._advance = tf.function(self._stream_advance, jit_compile=self._jit)
 
@@ -153,14 +156,24 @@ class Generator(tf.Module):
                              f"tokens, max_tokens={max_tokens}, chunk={chunk}")
         token_ids, mask = padded([list(prompt)], len(prompt) + max_tokens)
         token_ids, mask = tf.constant(token_ids), tf.constant(mask, tf.bool)
-        self.sampling.set(temperature if temperature > 0 else 1.0, top_k, top_p, seed)
+        settings = (temperature if temperature > 0 else 1.0, top_k, top_p)
         sample = tf.constant(temperature > 0)
-        cache, position_keys = self._start(token_ids, mask)
+        with self._lock:
+            cache, position_keys = self._start(token_ids, mask)
+        # The sampler's settings and random state are this Generator's, shared by every call: a stream keeps its
+        # own and puts them back before each chunk, so that another stream read in between, or a `generate` call,
+        # changes none of its tokens.
+        state = None  # the random state after the last chunk (None: the seed's)
         index, width = len(prompt), len(prompt) + max_tokens
         while index < width:
             stop = min(index + chunk, width)
-            token_ids, cache = self._advance(token_ids, mask, cache, position_keys, tf.constant(index, tf.int32),
-                                             tf.constant(stop, tf.int32), sample)
+            with self._lock:
+                self.sampling.set(*settings, seed)
+                if state is not None:
+                    self.sampling.seed_generator.state.assign(state)
+                token_ids, cache = self._advance(token_ids, mask, cache, position_keys,
+                                                 tf.constant(index, tf.int32), tf.constant(stop, tf.int32), sample)
+                state = tf.identity(self.sampling.seed_generator.state)
             yield token_ids[0, index:stop].numpy()
             index = stop
 
