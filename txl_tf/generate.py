@@ -142,21 +142,21 @@ def _stream(generator, vocab, ids, source: str):
 
     from txl_tf.lm import generation
 
-    prompt = FLAGS.prompt[0]
-    start, made, shown = time.perf_counter(), [], prompt
     print(f"# {source}: seed {FLAGS.seed}, temperature {FLAGS.temperature}, top_k "
           f"{FLAGS.top_k}, top_p {FLAGS.top_p}, {FLAGS.stream} tokens at a time")
-    sys.stdout.write(prompt)
-    sys.stdout.flush()
-    settings = _sampling()
-    for tokens in generator.stream(ids, max_tokens=settings.pop("max_tokens"), chunk=FLAGS.stream, **settings):
-        made += tokens.tolist()
-        text = generation.with_prompt(vocab, prompt, vocab.decode(made))
-        sys.stdout.write(text[len(shown):])
+    start, made, settings = time.perf_counter(), [], _sampling()
+
+    def chunks():  # the stream's chunks, kept for the count of tokens
+        for tokens in generator.stream(ids, max_tokens=settings.pop("max_tokens"), chunk=FLAGS.stream, **settings):
+            made.append(tokens)
+            yield tokens
+
+    for piece in generation.text_pieces(vocab, FLAGS.prompt[0], chunks()):
+        sys.stdout.write(piece)
         sys.stdout.flush()
-        shown = text
     sys.stdout.write("\n")
-    return generation.GenerationResult(tokens=np.asarray([made], np.int32), seconds=time.perf_counter() - start)
+    return generation.GenerationResult(tokens=np.concatenate(made)[None].astype(np.int32),
+                                       seconds=time.perf_counter() - start)
 
 
 def _from_saved_model():

@@ -17,12 +17,13 @@ from txl_tf.lm.sampling import (  # the engine's driver and host-side helpers, h
     check_settings,
     generate_with,
     padded,
+    text_pieces,
     with_prompt,
 )
 from txl_tf.model.protocol import Protocol
 
 __all__ = ["GenerationResult", "Generator", "Sampling", "check_settings", "generate_from_model", "generate_text",
-           "generate_with", "generation_protocol", "generator", "padded", "with_prompt"]
+           "generate_with", "generation_protocol", "generator", "padded", "text_pieces", "with_prompt"]
 
 
 def generator(model, protocol: Protocol | None = None, segment_len: int = 64) -> Generator:

@@ -57,7 +57,7 @@ from txl_tf.configs import architecture as configs_architecture
 from txl_tf.data.vocab import Vocab
 from txl_tf.evaluation.loops import evaluate_vanilla
 from txl_tf.lm import hub_files
-from txl_tf.lm.sampling import Generator, check_settings, generate_with, with_prompt
+from txl_tf.lm.sampling import Generator, check_settings, generate_with, text_pieces, with_prompt
 from txl_tf.lm.text_scoring import ScoreResult, ScoreStream, as_texts, check_text, short_text
 from txl_tf.lm.tokenizer import GraphTokenizer
 from txl_tf.model.attention import without_runtime_asserts
@@ -125,17 +125,6 @@ def _file_name(name: str) -> property:
                               "only; leave config_file unset")
 
     return property(get, set, doc=f"The JSON file this object is saved as in a preset: always {name}.")
-
-
-def _pieces(vocab, prompt: str, chunks):
-    """The prompt, then the text each chunk of new token ids adds to it (`stream_generate`)."""
-    made, shown = [], prompt
-    yield prompt
-    for tokens in chunks:
-        made += tokens.tolist()
-        text = with_prompt(vocab, prompt, vocab.decode(made))
-        yield text[len(shown):]
-        shown = text
 
 
 def _length(value, what: str) -> int:
@@ -1149,7 +1138,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             "stream_generate", prompt, max_length, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         tokens = self._sampling_generator().stream(ids[0], max_tokens=new, chunk=int(chunk), temperature=temperature,
                                                    top_k=top_k, top_p=top_p, seed=int(seed))
-        return _pieces(self.vocab, prompt, tokens)  # checked now, made as the caller reads
+        return text_pieces(self.vocab, prompt, tokens)  # checked now, made as the caller reads
 
     # ---- presets -------------------------------------------------------------------------------------------
     @classmethod

@@ -158,8 +158,7 @@ class Generator(tf.Module):
         token_ids, mask = tf.constant(token_ids), tf.constant(mask, tf.bool)
         settings = (temperature if temperature > 0 else 1.0, top_k, top_p)
         sample = tf.constant(temperature > 0)
-        with self._lock:
-            cache, position_keys = self._start(token_ids, mask)
+        cache, position_keys = self._start(token_ids, mask)  # the sampler is not read before the first chunk
         # The sampler's settings and random state are this Generator's, shared by every call: a stream keeps its
         # own and puts them back before each chunk, so that another stream read in between, or a `generate` call,
         # changes none of its tokens.
@@ -280,6 +279,19 @@ def with_prompt(vocab, prompt: str, continuation: str) -> str:
     joiner = " " if vocab.level == "word" and prompt and not prompt[-1].isspace() and continuation \
         and not continuation[0].isspace() else ""
     return prompt + joiner + continuation
+
+
+def text_pieces(vocab, prompt: str, chunks):
+    """The prompt, then the text each chunk of new token ids (`Generator.stream`) adds to it: joined, the
+    `with_prompt` text of all the chunks (`TransformerXLCausalLM.stream_generate`, `python -m txl_tf.generate
+    --stream`)."""
+    made, shown = [], prompt
+    yield prompt
+    for tokens in chunks:
+        made += tokens.tolist()
+        text = with_prompt(vocab, prompt, vocab.decode(made))
+        yield text[len(shown):]
+        shown = text
 
 
 def check_settings(vocab, prompts: Sequence[str] | str, *, max_tokens: int, temperature: float, top_k: int,
