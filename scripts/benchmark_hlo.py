@@ -64,6 +64,7 @@ from txl_tf.base.errors import UserError
 
 FLAGS = flags.FLAGS
 KIND = "hlo benchmark"
+PROFILE_KIND = "hlo profile"
 MODES = ("f32", "bf16")
 ENWIK8 = dict(n_token=204, n_layer=12, d_model=512, n_head=8, d_head=64, d_inner=2048, cutoffs=(), div_val=1)
 WT103 = dict(n_token=267735, n_layer=16, d_model=410, n_head=10, d_head=41, d_inner=2100,
@@ -93,6 +94,10 @@ def define_flags(flag_values) -> None:
                          flag_values=fv)
     flags.DEFINE_string("peer", None, "--time: directory made by ../shared/peer/setup.sh: also time the authors' "
                         "PyTorch code on the same device", flag_values=fv)
+    flags.DEFINE_string("profile", None, "--time: also trace a few steps of each module and write where the step's "
+                        "time goes to this folder (profile.json and each module's optimized HLO)", flag_values=fv)
+    flags.DEFINE_list("batches", [], "--dump: batch sizes to write besides each case's own (names get _bN)",
+                      flag_values=fv)
     flags.DEFINE_string("child", None, "internal: time one thing in this process and print it as JSON",
                         flag_values=fv)
 
@@ -122,7 +127,7 @@ def strip_module(blob: bytes) -> bytes:
     return module.SerializeToString()
 
 
-def dump(folder: str, cases: list, modes: list, overwrite: bool = False) -> None:
+def dump(folder: str, cases: list, modes: list, overwrite: bool = False, batches: tuple = ()) -> None:
     import keras
 
     from txl_tf.base import staging
@@ -133,15 +138,15 @@ def dump(folder: str, cases: list, modes: list, overwrite: bool = False) -> None
 
     meta = {}
     with staging.staged_dir(folder, kind=KIND, name="--dump", overwrite=overwrite) as tmp:
-        for case in cases:
-            arch, batch, length = CASES[case]
+        for case, batch in ((c, b) for c in cases for b in dict.fromkeys((CASES[c][1], *batches))):
+            arch, own_batch, length = CASES[case]
             kwargs = dict(arch, mem_len=length, dropout=0.1, dropatt=0.0, untie_r=case.startswith("wt103"))
             for mode in modes:
                 keras.utils.set_random_seed(0)
                 path = autotune.TrainPath(mode == "bf16", True, "tf")
                 trainer = trainer_lib.timing_trainer(kwargs, TrainConfig(tgt_len=length), batch, path)
                 blob = trainer_lib.gradient_hlo(trainer)
-                name = f"{case}_{mode}"
+                name = f"{case}_{mode}" if batch == own_batch else f"{case}_b{batch}_{mode}"
                 with open(os.path.join(tmp, f"{name}.pb.gz"), "wb") as f:
                     f.write(gzip.compress(strip_module(blob), mtime=0))
                 per_token = config_flops_per_token(ModelConfig(**kwargs), arch["n_token"], tgt_len=length,
@@ -244,8 +249,105 @@ def child_peaks(size: int) -> dict:
                 device=str(getattr(device, "device_kind", device)), jax=jax.__version__)
 
 
-def child_module(folder: str, name: str, steps: int) -> dict:
-    """Compiles and times one module on JAX's first device."""
+_HLO_LINE = re.compile(r"\s*(?:ROOT )?%([\w.-]+) = .*? ([a-z][\w-]*)\(")
+
+
+def hlo_ops(hlo: str) -> dict:
+    """{instruction: (opcode, fusion kind, custom-call target, TensorFlow op name, whether it computes a dot)} of an
+    optimized module's text; a fusion computes a dot when its fused computation holds one."""
+    computations, current = {}, None
+    for line in hlo.splitlines():
+        head = re.match(r"(?:ENTRY )?%([\w.-]+) \(", line)
+        if head:
+            current = computations.setdefault(head.group(1), [])
+        elif current is not None and line.startswith("  "):
+            current.append(line)
+    has_dot = {name: any(re.search(r" (?:dot|convolution)\(", line) for line in lines)
+               for name, lines in computations.items()}
+    ops = {}
+    for lines in computations.values():
+        for line in lines:
+            match = _HLO_LINE.match(line)
+            if not match:
+                continue
+            kind = re.search(r"kind=(k\w+)", line)
+            target = re.search(r'custom_call_target="([^"]+)"', line)
+            op_name = re.search(r'op_name="([^"]+)"', line)
+            calls = re.search(r"calls=%([\w.-]+)", line)
+            ops[match.group(1)] = (match.group(2), kind.group(1) if kind else "", target.group(1) if target else "",
+                                   op_name.group(1) if op_name else "",
+                                   match.group(2) == "dot" or bool(calls and has_dot.get(calls.group(1))))
+    return ops
+
+
+def category(opcode: str, kind: str, target: str, dot: bool, kernel: str) -> str:
+    """What an executed instruction does, in a few classes."""
+    if dot or re.search(r"gemm|matmul|cublas|xmma|cutlass|wgmma", f"{target} {kernel}", re.I):
+        return "matmul"
+    if opcode in ("copy", "transpose") or re.search(r"transpose|copy", kernel, re.I):
+        return "layout (copy, transpose)"
+    if re.search(r"rng|philox|random", f"{opcode} {target} {kernel}", re.I):
+        return "random numbers"
+    if kind == "kInput" or opcode == "reduce":
+        return "reduction fusion (softmax, layer norm, sums)"
+    if kind == "kLoop" or opcode == "fusion":
+        return "elementwise fusion"
+    return opcode or "other"
+
+
+def kernel_table(events: list, hlo: str, runs: int) -> dict:
+    """Where the traced steps' time went, per executed instruction of the module (device events where the trace has
+    a device, else the host's XLA thunks): microseconds per step, calls per step, the class, the TensorFlow op name
+    (`gradients` or `gradient_tape` in it: the backward pass)."""
+    names = {e.get("pid"): (e.get("args") or {}).get("name", "") for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    devices = {pid for pid, process in names.items() if str(process).startswith("/device:")}
+    ops, info = {}, hlo_ops(hlo)
+    for e in events:
+        args = e.get("args") or {}
+        if e.get("ph") != "X" or "hlo_op" not in args or (devices and e.get("pid") not in devices):
+            continue
+        row = ops.setdefault(args["hlo_op"], dict(us=0.0, calls=0, kernel=str(e.get("name", ""))[:120]))
+        row["us"] += float(e.get("dur", 0)) / runs
+        row["calls"] += 1 / runs
+    classes, passes, groups = {}, {}, {}
+    for op, row in ops.items():
+        opcode, kind, target, op_name, dot = info.get(op, ("", "", "", "", False))
+        row.update(op=op, opcode=opcode, kind=kind, op_name=op_name[:160],
+                   category=category(opcode, kind, target, dot, row["kernel"]))
+        classes[row["category"]] = classes.get(row["category"], 0.0) + row["us"]
+        backward = re.search(r"gradient", op_name, re.I) is not None
+        key = "backward" if backward else "forward" if op_name else "unnamed"
+        passes[key] = passes.get(key, 0.0) + row["us"]
+        # the same op in every layer (and Keras's call-count suffixes) as one group
+        group = f"{row['category']}: " + re.sub(r"_\d+(?=/|$)", "", re.sub(r"layer_\d+", "layer_N", op_name))
+        groups[group] = groups.get(group, 0.0) + row["us"]
+    top = sorted(ops.values(), key=lambda r: -r["us"])
+    return dict(busy_us=sum(r["us"] for r in top), classes=classes, passes=passes, top=top[:40],
+                groups=dict(sorted(groups.items(), key=lambda kv: -kv[1])[:40]), device_events=bool(devices))
+
+
+def _profile(jax, step, executable, runs: int = 3) -> tuple:
+    """(the optimized HLO text, `kernel_table` of `runs` traced steps)."""
+    import glob
+    import tempfile
+
+    hlo = executable.hlo_modules()[0].to_string()
+    with tempfile.TemporaryDirectory() as trace:
+        with jax.profiler.trace(trace, create_perfetto_trace=True):
+            for _ in range(runs):
+                step()
+        found = glob.glob(os.path.join(trace, "**", "perfetto_trace.json.gz"), recursive=True)
+        if len(found) != 1:
+            raise UserError(f"the profiler wrote {len(found)} perfetto traces, not one; time without --profile")
+        with gzip.open(found[0], "rt") as f:
+            events = json.load(f).get("traceEvents", [])
+    return hlo, kernel_table(events, hlo, runs)
+
+
+def child_module(folder: str, name: str, steps: int, profile: str | None = None) -> dict:
+    """Compiles and times one module on JAX's first device; with `profile` (a folder), also traces three steps and
+    writes the optimized HLO there as NAME.hlo.txt.gz."""
     import jax
     import numpy as np
     from jax._src.lib import xla_client
@@ -291,9 +393,14 @@ def child_module(folder: str, name: str, steps: int) -> dict:
         times.append(time.perf_counter() - start)
     seconds = sorted(times)[len(times) // 2]
     memory = executable.get_compiled_memory_stats()
-    return dict(seconds=seconds, compile_seconds=compile_seconds, nll_per_token=nll_sum / entry["tokens"],
-                memory=memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes,
-                device=str(getattr(device, "device_kind", device)))
+    result = dict(seconds=seconds, compile_seconds=compile_seconds, nll_per_token=nll_sum / entry["tokens"],
+                  memory=memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes,
+                  device=str(getattr(device, "device_kind", device)))
+    if profile:
+        hlo, result["profile"] = _profile(jax, step, executable)
+        with open(os.path.join(profile, f"{name}.hlo.txt.gz"), "wb") as f:
+            f.write(gzip.compress(hlo.encode(), mtime=0))
+    return result
 
 
 def _peer_code(peer: str) -> str:
@@ -304,14 +411,15 @@ def _peer_code(peer: str) -> str:
     return code
 
 
-def child_peer(peer: str, case: str, steps: int) -> list:
-    """The authors' MemTransformerLM of `case` on PyTorch's first device: one row per precision and step kind."""
+def child_peer(peer: str, case: str, batch: int, steps: int) -> list:
+    """The authors' MemTransformerLM of `case` at `batch` on PyTorch's first device: one row per precision and step
+    kind."""
     code = _peer_code(peer)
     sys.path[:0] = [code, os.path.join(code, "utils")]
     import torch
     from mem_transformer import MemTransformerLM
 
-    arch, batch, length = CASES[case]
+    arch, _, length = CASES[case]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.backends.cuda.matmul.allow_tf32 = True  # XLA's default precision on NVIDIA GPUs, and NVIDIA's TF32 rows
     torch.manual_seed(0)
@@ -369,10 +477,34 @@ def _child(*args: str) -> object:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def time_all(folder: str, steps: int, size: int, peer: str | None) -> None:
+def print_profile(name: str, seconds: float, table: dict) -> None:
+    step_us = seconds * 1e6
+    source = "device kernels" if table["device_events"] else "host XLA thunks"
+    print(f"  {name}: {table['busy_us'] / step_us:.0%} of the step's {step_us / 1e3:.1f} ms in {source}; "
+          + ", ".join(f"{k} {v / step_us:.0%}" for k, v in sorted(table["classes"].items(), key=lambda kv: -kv[1]))
+          + "; " + ", ".join(f"{k} {v / step_us:.0%}" for k, v in sorted(table["passes"].items())), flush=True)
+    for group, us in list(table["groups"].items())[:10]:
+        print(f"    {us / step_us:5.1%}  {group[-110:]}", flush=True)
+
+
+def time_all(folder: str, steps: int, size: int, peer: str | None, profile: str | None = None,
+             overwrite: bool = False) -> None:
     meta = read_meta(folder)
     if peer:
         _peer_code(peer)
+    if profile is None:
+        _time_all(meta, folder, steps, size, peer, None)
+        return
+    from txl_tf.base import staging
+
+    paths.replaceable_dir(profile, "--profile", kind=PROFILE_KIND, overwrite=overwrite)
+    with staging.staged_dir(profile, kind=PROFILE_KIND, name="--profile", overwrite=overwrite) as tmp:
+        tables = _time_all(meta, folder, steps, size, peer, tmp)
+        with open(os.path.join(tmp, "profile.json"), "w") as f:
+            json.dump(tables, f, indent=1)
+
+
+def _time_all(meta: dict, folder: str, steps: int, size: int, peer: str | None, profile: str | None) -> dict:
     peaks = _child("--child=peaks", f"--matmul_size={size}")
     print(f"device: {peaks['device']} (JAX {peaks['jax']}); matmul peak {peaks['bf16'] / 1e12:.3g} TFLOP/s bf16, "
           f"{peaks['f32'] / 1e12:.3g} TFLOP/s f32 at default precision ({size}^3)", flush=True)
@@ -380,28 +512,39 @@ def time_all(folder: str, steps: int, size: int, peer: str | None) -> None:
     header = (f"{'module':<20} {'s/step':>8} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'memory GB':>9} "
               f"{'NLL/tok':>7} {'at 0':>5}" + ("  peer fwd+bwd tok/s, step tok/s, GB   ours/peer" if peer else ""))
     print(header)
+    tables = {}
     for name, entry in meta.items():
-        got = _child(f"--child=module:{name}", f"--time={folder}", f"--steps={steps}")
+        got = _child(f"--child=module:{name}", f"--time={folder}", f"--steps={steps}",
+                     *([f"--profile={profile}"] if profile else []))
         flops = entry["flops_per_step"] / got["seconds"]
         line = (f"{name:<20} {got['seconds']:8.4f} {entry['tokens'] / got['seconds']:10,.0f} {flops / 1e12:8.3g} "
                 f"{flops / peaks[entry['mode']]:6.1%} {got['memory'] / 1e9:9.2f} {got['nll_per_token']:7.3f} "
                 f"{zero_logit_nll(entry['n_token'], entry['cutoffs']):5.2f}")
         if peer:
-            if entry["case"] not in theirs:
-                theirs[entry["case"]] = _child(f"--child=peer:{entry['case']}", f"--peer={peer}",
-                                               f"--steps={min(steps, 10)}")
-            rows = {(r["mode"], r["whole"]): r for r in theirs[entry["case"]]}
+            key = (entry["case"], entry["batch"])
+            if key not in theirs:
+                theirs[key] = _child(f"--child=peer:{entry['case']}:{entry['batch']}", f"--peer={peer}",
+                                     f"--steps={min(steps, 10)}")
+            rows = {(r["mode"], r["whole"]): r for r in theirs[key]}
             fwd, whole = rows[(entry["mode"], False)], rows[(entry["mode"], True)]
             peer_memory = f"{whole['memory'] / 1e9:.2f}" if whole["memory"] else "-"
             line += (f"  {fwd['tokens'] / fwd['seconds']:12,.0f} {whole['tokens'] / whole['seconds']:10,.0f} "
                      f"{peer_memory:>6}   {fwd['seconds'] / got['seconds']:5.2f}x")
         print(line, flush=True)
+        if profile:
+            tables[name] = dict(got["profile"], seconds=got["seconds"], device=peaks["device"], peaks=peaks)
+            print_profile(name, got["seconds"], got["profile"])
     print("ours: the trainer's XLA gradient program (forward, NLL, backward; no clipping or Adam); memory: XLA's "
           "buffer assignment (arguments + outputs + temporaries); NLL/tok: the step's, at 0: uniform targets' "
           "NLL at zero logits")
     if peer:
         print("peer: the authors' PyTorch MemTransformerLM, fp32 (TF32 matmuls) / bf16 autocast; step = with "
               "clip_grad_norm_ and Adam; GB: PyTorch's peak allocated; ours/peer: fwd+bwd time ratio (theirs / ours)")
+    if profile:
+        print("profile: each module's share of the step by class of executed instruction and by pass (TensorFlow op "
+              "names with `gradient` in them: the backward pass), then its ten largest groups (an op of every "
+              "layer as one, by TensorFlow op name)")
+    return tables
 
 
 def main(argv) -> None:
@@ -411,9 +554,10 @@ def main(argv) -> None:
         if kind == "peaks":
             result = child_peaks(FLAGS.matmul_size)
         elif kind == "module":
-            result = child_module(FLAGS.time, name, FLAGS.steps)
+            result = child_module(FLAGS.time, name, FLAGS.steps, FLAGS.profile)
         else:
-            result = child_peer(FLAGS.peer, name, FLAGS.steps)
+            case, _, batch = name.partition(":")
+            result = child_peer(FLAGS.peer, case, int(batch), FLAGS.steps)
         print(json.dumps(result))
         return
     if (FLAGS.dump is None) == (FLAGS.time is None):
@@ -424,9 +568,14 @@ def main(argv) -> None:
         if unknown:
             raise UserError(f"--cases/--modes: unknown {unknown}; cases are {sorted(CASES)}, modes {list(MODES)}")
         paths.replaceable_dir(FLAGS.dump, "--dump", kind=KIND, overwrite=FLAGS.overwrite)
-        dump(FLAGS.dump, FLAGS.cases, FLAGS.modes, FLAGS.overwrite)
+        batches = []
+        for text in FLAGS.batches:
+            if not text.isdigit() or not 0 < int(text) <= 4096:
+                raise UserError(f"--batches: {text!r} is not a batch size from 1 to 4096")
+            batches.append(int(text))
+        dump(FLAGS.dump, FLAGS.cases, FLAGS.modes, FLAGS.overwrite, tuple(batches))
     else:
-        time_all(FLAGS.time, FLAGS.steps, FLAGS.matmul_size, FLAGS.peer)
+        time_all(FLAGS.time, FLAGS.steps, FLAGS.matmul_size, FLAGS.peer, FLAGS.profile, FLAGS.overwrite)
 
 
 if __name__ == "__main__":
