@@ -15,9 +15,8 @@ probability.
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 
-from txl_tf.model import fused
+from txl_tf.model import tensor_ops as T
 
 _LEVELS = 1 << 16
 
@@ -56,14 +55,23 @@ class Dropout(keras.layers.Layer):
         (`txl_tf.model.fused`); with rate 0, threshold 0 and scale 1 (nothing dropped). A `seed` given (one this
         method returned before) is returned as it is and the generator does not advance."""
         if self.seed_generator is None:
-            return tf.zeros([2], tf.int32), 0, 1.0
-        seed = tf.cast(self.seed_generator.next(), tf.int32) if seed is None else tf.cast(seed, tf.int32)
+            return T.zeros([2], T.int32), 0, 1.0
+        if not T.TENSORFLOW:  # the backend's own seed (JAX: uint32), as keras.random takes it
+            return self.seed_generator.next() if seed is None else seed, self.threshold, 1.0 / (1.0 - self.rate)
+        seed = T.cast(self.seed_generator.next(), T.int32) if seed is None else T.cast(seed, T.int32)
         return seed, self.threshold, 1.0 / (1.0 - self.rate)
 
     def call(self, inputs, training=False, seed=None, kernels=False):
         if not training or self.seed_generator is None:
             return inputs
         seed, threshold, scale = self.draw(seed)
+        if not T.TENSORFLOW:  # keras.random's stream: 16 bits per element as an integer in [0, 65536)
+            bits = keras.random.randint(T.shape(inputs), 0, _LEVELS, dtype="int32", seed=seed)
+            return T.where(bits >= threshold, inputs * T.cast(scale, inputs.dtype), T.zeros((), inputs.dtype))
+        import tensorflow as tf
+
+        from txl_tf.model import fused
+
         if fused.applies(kernels, inputs.dtype, training):  # draw, compare and scale in one pass
             return fused.dropout(inputs, seed, threshold, scale)
         shape = tf.shape(inputs)

@@ -15,10 +15,11 @@ from __future__ import annotations
 import math
 
 import keras
-import tensorflow as tf
+
+from txl_tf.model import tensor_ops as T
 
 
-def sinusoid_encoding(positions, d_model, dtype=tf.float32):
+def sinusoid_encoding(positions, d_model, dtype=T.float32):
     """Sinusoid encodings of `positions` [P] (float): [P, d_model] = [sin(p * f) | cos(p * f)].
 
     Frequencies f_k = 1 / 10000**(2k / d_model) for k < d_model / 2 (Vaswani et al., 2017), computed in float32
@@ -26,17 +27,17 @@ def sinusoid_encoding(positions, d_model, dtype=tf.float32):
     """
     if d_model % 2:
         raise ValueError(f"sinusoid encodings need an even d_model, got {d_model}")
-    positions = tf.cast(positions, tf.float32)
-    inv_freq = 1.0 / (10000.0 ** (tf.range(0, d_model, 2, dtype=tf.float32) / d_model))  # [d/2]
+    positions = T.cast(positions, T.float32)
+    inv_freq = 1.0 / (10000.0 ** (T.arange(0, d_model, 2, dtype=T.float32) / d_model))  # [d/2]
     angles = positions[:, None] * inv_freq[None, :]  # [P, d/2]
-    return tf.cast(tf.concat([tf.sin(angles), tf.cos(angles)], axis=-1), dtype)  # [P, d]
+    return T.cast(T.concat([T.sin(angles), T.cos(angles)], axis=-1), dtype)  # [P, d]
 
 
 def relative_distances(klen, clamp_len=-1):
     """Distances K-1, K-2, ..., 0 as float32 [K], clamped at `clamp_len` when `clamp_len > 0`."""
-    distances = tf.range(klen - 1, -1, -1.0, dtype=tf.float32)  # [K]
+    distances = T.arange(klen - 1, -1, -1.0, dtype=T.float32)  # [K]
     if clamp_len > 0:
-        distances = tf.minimum(distances, float(clamp_len))
+        distances = T.minimum(distances, float(clamp_len))
     return distances
 
 
@@ -167,13 +168,13 @@ class AdaptiveEmbedding(keras.layers.Layer):
         return [getattr(self, f"proj_{i}") for i in range(len(self.widths))]
 
     def _embed_bin(self, i, ids):
-        vectors = tf.gather(tf.cast(self.tables[i], self.compute_dtype), ids)  # [B, L, E_i]
+        vectors = T.gather(T.cast(self.tables[i], self.compute_dtype), ids)  # [B, L, E_i]
         if self.projections[i] is not None:
-            vectors = tf.matmul(vectors, tf.cast(self.projections[i], self.compute_dtype))  # [B, L, d]
+            vectors = T.matmul(vectors, T.cast(self.projections[i], self.compute_dtype))  # [B, L, d]
         return vectors
 
     def call(self, tokens):
-        tokens = tf.cast(tokens, tf.int32)
+        tokens = T.cast(tokens, T.int32)
         if self.div_val == 1:
             out = self._embed_bin(0, tokens)  # [B, L, d]
         else:
@@ -181,10 +182,10 @@ class AdaptiveEmbedding(keras.layers.Layer):
             for i in range(len(self.widths)):
                 low, high = self.edges[i], self.edges[i + 1]
                 in_bin = (tokens >= low) & (tokens < high)  # [B, L]
-                ids = tf.clip_by_value(tokens - low, 0, high - low - 1)
-                part = tf.where(in_bin[..., None], self._embed_bin(i, ids), tf.zeros((), self.compute_dtype))
+                ids = T.clip_by_value(tokens - low, 0, high - low - 1)
+                part = T.where(in_bin[..., None], self._embed_bin(i, ids), T.zeros((), self.compute_dtype))
                 out = part if out is None else out + part
-        return out * tf.cast(math.sqrt(self.d_model), self.compute_dtype)  # [B, L, d]
+        return out * T.cast(math.sqrt(self.d_model), self.compute_dtype)  # [B, L, d]
 
     def get_config(self):
         return {

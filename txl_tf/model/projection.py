@@ -14,15 +14,16 @@ The attention (`txl_tf.model.attention`) and the encodings that own a projection
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
+
+from txl_tf.model import tensor_ops as T
 
 
 def dense(x, kernel):
     """[B, T, I] @ [I, O] -> [B, T, O] as one 2-D matmul (a rank-3 tf.matmul broadcasts the kernel over the
     batch, and its kernel gradient becomes a batched product plus a sum: much slower on CPU)."""
-    shape = tf.shape(x)
-    out = tf.matmul(tf.reshape(x, [-1, x.shape[-1]]), kernel)  # [B*T, O]
-    return tf.reshape(out, tf.concat([shape[:-1], [kernel.shape[-1]]], 0))
+    shape = T.shape(x)
+    out = T.matmul(T.reshape(x, [-1, x.shape[-1]]), kernel)  # [B*T, O]
+    return T.reshape(out, T.joined_shape(shape[:-1], [kernel.shape[-1]]))
 
 
 def projection(name, units, init_std):
@@ -46,16 +47,16 @@ def project(x, *layers, dtype=None):
     """
     dtype = dtype or x.dtype
     if quantized(*layers):
-        rows = tf.reshape(x, [-1, x.shape[-1]])  # [R, I]
-        out = tf.concat([tf.cast(layer(rows), dtype) for layer in layers], axis=-1)  # [R, O]
-        return tf.reshape(out, tf.concat([tf.shape(x)[:-1], [out.shape[-1]]], 0))
+        rows = T.reshape(x, [-1, x.shape[-1]])  # [R, I]
+        out = T.concat([T.cast(layer(rows), dtype) for layer in layers], axis=-1)  # [R, O]
+        return T.reshape(out, T.joined_shape(T.shape(x)[:-1], [out.shape[-1]]))
     return dense(x, kernel_of(*layers, dtype=dtype))
 
 
 def kernel_of(*layers, dtype):
     """The kernels of float projections `layers` side by side [I, sum of units] in `dtype` (LoRA included)."""
-    kernels = [tf.cast(layer.kernel, dtype) for layer in layers]
-    return kernels[0] if len(kernels) == 1 else tf.concat(kernels, axis=1)
+    kernels = [T.cast(layer.kernel, dtype) for layer in layers]
+    return kernels[0] if len(kernels) == 1 else T.concat(kernels, axis=1)
 
 
 def halves(*layers, dtype):
@@ -71,7 +72,7 @@ def halves(*layers, dtype):
     inputs, outputs = kernel.shape
     if outputs % 2:
         return None
-    return tf.transpose(tf.reshape(kernel, [inputs, 2, outputs // 2]), [1, 0, 2])
+    return T.transpose(T.reshape(kernel, [inputs, 2, outputs // 2]), [1, 0, 2])
 
 
 def dense_row(x, split):
@@ -83,5 +84,5 @@ def dense_row(x, split):
     decoding; docs/evaluation.md#serving-speed).
     """
     inputs = split.shape[1]
-    out = tf.matmul(tf.broadcast_to(tf.reshape(x, [1, 1, inputs]), [2, 1, inputs]), split)  # [2, 1, O/2]
-    return tf.reshape(out, [1, 1, 2 * split.shape[2]])  # the halves side by side
+    out = T.matmul(T.broadcast_to(T.reshape(x, [1, 1, inputs]), [2, 1, inputs]), split)  # [2, 1, O/2]
+    return T.reshape(out, [1, 1, 2 * split.shape[2]])  # the halves side by side

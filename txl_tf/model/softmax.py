@@ -14,8 +14,8 @@ shapes, XLA-friendly), so the per-token NLL comes back in token order; logits an
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 
+from txl_tf.model import tensor_ops as T
 from txl_tf.model.embedding import bin_edges, bin_widths, has_projection
 
 
@@ -90,55 +90,55 @@ class AdaptiveSoftmax(keras.layers.Layer):
         """(table [V_i, E_i], bias [V_i], projection [E_i, d] or None) of bin i, float32."""
         low, high = self.edges[i], self.edges[i + 1]
         if self.div_val == 1:  # tf.slice: the strided slice's gradient is slow on CPU for large tables
-            table = tf.slice(tables[0], [low, 0], [high - low, -1])
+            table = T.slice(tables[0], [low, 0], [high - low, -1])
             tied_proj = projections[0]
         else:
             table, tied_proj = tables[i], projections[i]
         proj = tied_proj if self.tie_projs[i] else self.own_projections[i]
-        cast = lambda w: None if w is None else tf.cast(w, tf.float32)  # noqa: E731
-        return cast(table), tf.cast(self.bias, tf.float32)[low:high], cast(proj)
+        cast = lambda w: None if w is None else T.cast(w, T.float32)  # noqa: E731
+        return cast(table), T.cast(self.bias, T.float32)[low:high], cast(proj)
 
     def _logits(self, hidden, table, bias, proj):
         if proj is not None:
-            hidden = tf.matmul(hidden, proj, transpose_b=True)  # [B, L, E_i]
-        return tf.matmul(hidden, table, transpose_b=True) + bias  # [B, L, V_i]
+            hidden = T.matmul(hidden, proj, transpose_b=True)  # [B, L, E_i]
+        return T.matmul(hidden, table, transpose_b=True) + bias  # [B, L, V_i]
 
     def _head_logits(self, hidden, tables, projections):
         table, bias, proj = self._bin_weights(0, tables, projections)
         if self.cutoffs:
-            table = tf.concat([table, tf.cast(self.cluster_kernel, tf.float32)], 0)  # [c_0 + C, E_0]
-            bias = tf.concat([bias, tf.cast(self.cluster_bias, tf.float32)], 0)
+            table = T.concat([table, T.cast(self.cluster_kernel, T.float32)], 0)  # [c_0 + C, E_0]
+            bias = T.concat([bias, T.cast(self.cluster_bias, T.float32)], 0)
         return self._logits(hidden, table, bias, proj)  # [B, L, c_0 + C]
 
     def nll(self, hidden, targets, tables, projections):
-        hidden = tf.cast(hidden, tf.float32)  # [B, L, d]
-        targets = tf.cast(targets, tf.int32)  # [B, L]
+        hidden = T.cast(hidden, T.float32)  # [B, L, d]
+        targets = T.cast(targets, T.int32)  # [B, L]
         head_targets = targets
-        tail_nll = tf.zeros_like(targets, tf.float32)
+        tail_nll = T.zeros_like(targets, T.float32)
         for i in range(1, len(self.edges) - 1):
             low, high = self.edges[i], self.edges[i + 1]
             in_bin = (targets >= low) & (targets < high)  # [B, L]
-            head_targets = tf.where(in_bin, self.cutoffs[0] + i - 1, head_targets)  # the cluster's column
+            head_targets = T.where(in_bin, self.cutoffs[0] + i - 1, head_targets)  # the cluster's column
             tail_logits = self._logits(hidden, *self._bin_weights(i, tables, projections))  # [B, L, V_i]
-            tail = tf.nn.sparse_softmax_cross_entropy_with_logits(
-                labels=tf.clip_by_value(targets - low, 0, high - low - 1), logits=tail_logits
+            tail = T.sparse_softmax_cross_entropy_with_logits(
+                labels=T.clip_by_value(targets - low, 0, high - low - 1), logits=tail_logits
             )  # [B, L]
-            tail_nll += tf.where(in_bin, tail, 0.0)
+            tail_nll += T.where(in_bin, tail, 0.0)
         head_logits = self._head_logits(hidden, tables, projections)
-        head_nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=head_targets, logits=head_logits)
+        head_nll = T.sparse_softmax_cross_entropy_with_logits(labels=head_targets, logits=head_logits)
         return head_nll + tail_nll  # [B, L]
 
     def log_probs(self, hidden, tables, projections):
-        hidden = tf.cast(hidden, tf.float32)
-        head = tf.nn.log_softmax(self._head_logits(hidden, tables, projections))  # [B, L, c_0 + C]
+        hidden = T.cast(hidden, T.float32)
+        head = T.log_softmax(self._head_logits(hidden, tables, projections))  # [B, L, c_0 + C]
         if not self.cutoffs:
             return head  # [B, L, V]
-        parts = [tf.split(head, [self.cutoffs[0], len(self.cutoffs)], axis=-1)[0]]
+        parts = [T.split(head, [self.cutoffs[0], len(self.cutoffs)], axis=-1)[0]]
         for i in range(1, len(self.edges) - 1):
-            tail = tf.nn.log_softmax(self._logits(hidden, *self._bin_weights(i, tables, projections)))
+            tail = T.log_softmax(self._logits(hidden, *self._bin_weights(i, tables, projections)))
             column = self.cutoffs[0] + i - 1
             parts.append(head[..., column : column + 1] + tail)  # [B, L, V_i]
-        return tf.concat(parts, axis=-1)  # [B, L, V]
+        return T.concat(parts, axis=-1)  # [B, L, V]
 
     def call(self, hidden, targets, tables, projections):
         return self.nll(hidden, targets, tables, projections)

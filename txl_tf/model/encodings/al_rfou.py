@@ -10,8 +10,8 @@ key too (txl_tf.study.ablation.vanilla_params; docs/study_plan_v2.md)."""
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 
+from txl_tf.model import tensor_ops as T
 from txl_tf.model.encodings.base import Encoding
 
 
@@ -31,6 +31,6 @@ class AlRfou(Encoding):
         return max_position * d_model
 
     def block_positions(self, block, qlen, mlen):
-        positions = tf.minimum(tf.range(mlen + qlen), block.max_position - 1)  # [K]
-        table = tf.gather(tf.cast(block.absolute_positions, block.compute_dtype), positions)  # [K, d]
+        positions = T.minimum(T.arange(mlen + qlen), block.max_position - 1)  # [K]
+        table = T.gather(T.cast(block.absolute_positions, block.compute_dtype), positions)  # [K, d]
         return table[:mlen], table[mlen:]

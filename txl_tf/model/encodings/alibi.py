@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import math
 
-import tensorflow as tf
-
+from txl_tf.model import tensor_ops as T
 from txl_tf.model.encodings.base import Encoding, Prepared, window_distances
 
 
@@ -35,6 +34,6 @@ class ALiBi(Encoding):
     clamp = "distances above clamp_len get the penalty of clamp_len"
 
     def prepare(self, model, mlen, qlen, protocol, training, cached, kernels=False) -> Prepared:
-        distances = tf.maximum(window_distances(mlen, qlen, protocol.clamp_len), 0.0)  # [L, K]; the mask blocks j > M + i
-        m = tf.constant(slopes(model.n_head), tf.float32)[:, None, None, None]  # [N, 1, 1, 1]
+        distances = T.maximum(window_distances(mlen, qlen, protocol.clamp_len), 0.0)  # [L, K]; the mask blocks j > M + i
+        m = T.constant(slopes(model.n_head), T.float32)[:, None, None, None]  # [N, 1, 1, 1]
         return Prepared(score_bias=-m * distances[None, None])  # [N, 1, L, K] float32

@@ -25,18 +25,18 @@ The attention layer holds the encoding and asks it; it never compares names.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-import tensorflow as tf
+from txl_tf.model import tensor_ops as T
 
 
 class Prepared(NamedTuple):
     """What an encoding computes once per model call for every layer."""
 
-    encoding: tf.Tensor | None = None  # passed to every attention call as `position_encoding`
-    score_bias: tf.Tensor | None = None  # [N, 1, L, K] added to the scores (with the mask)
-    inputs: tf.Tensor | None = None  # [L, d] added to the embeddings
-    memory: tf.Tensor | None = None  # [M, d] added to the first layer's memory
+    encoding: Any = None  # passed to every attention call as `position_encoding`
+    score_bias: Any = None  # [N, 1, L, K] added to the scores (with the mask)
+    inputs: Any = None  # [L, d] added to the embeddings
+    memory: Any = None  # [M, d] added to the first layer's memory
 
 
 class Encoding:
@@ -116,9 +116,9 @@ class Encoding:
 def window_distances(mlen, qlen, clamp_len=-1):
     """[L, K] float32 distances M + i - j of query i to key j (negative right of the diagonal), clamped at
     `clamp_len` when `clamp_len > 0`."""
-    query = tf.cast(tf.range(qlen) + mlen, tf.float32)[:, None]  # [L, 1]
-    key = tf.cast(tf.range(mlen + qlen), tf.float32)[None, :]  # [1, K]
+    query = T.cast(T.arange(qlen) + mlen, T.float32)[:, None]  # [L, 1]
+    key = T.cast(T.arange(mlen + qlen), T.float32)[None, :]  # [1, K]
     distances = query - key
     if clamp_len > 0:
-        distances = tf.minimum(distances, float(clamp_len))
+        distances = T.minimum(distances, float(clamp_len))
     return distances

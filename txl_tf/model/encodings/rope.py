@@ -10,24 +10,23 @@ at every call. The rotation table [2, K, D/2] (cos, sin) is computed once per ca
 
 from __future__ import annotations
 
-import tensorflow as tf
-
+from txl_tf.model import tensor_ops as T
 from txl_tf.model.encodings.base import Encoding, Prepared
 
 BASE = 10000.0
 
 
-def rotation_table(klen, d_head, dtype=tf.float32):
+def rotation_table(klen, d_head, dtype=T.float32):
     """[2, K, D/2]: cos and sin of position p * theta_t for the window positions p = 0 .. K-1."""
-    inv_freq = 1.0 / (BASE ** (tf.range(0, d_head, 2, dtype=tf.float32) / d_head))  # [D/2]
-    angles = tf.cast(tf.range(klen), tf.float32)[:, None] * inv_freq[None, :]  # [K, D/2]
-    return tf.cast(tf.stack([tf.cos(angles), tf.sin(angles)]), dtype)
+    inv_freq = 1.0 / (BASE ** (T.arange(0, d_head, 2, dtype=T.float32) / d_head))  # [D/2]
+    angles = T.cast(T.arange(klen), T.float32)[:, None] * inv_freq[None, :]  # [K, D/2]
+    return T.cast(T.stack([T.cos(angles), T.sin(angles)]), dtype)
 
 
 def rotate_half(x, cos, sin):
     """Rotates [..., T, D] by the angles of `cos`, `sin` [T, D/2] (dimension t with t + D/2)."""
-    first, second = tf.split(x, 2, axis=-1)  # [..., T, D/2] each
-    return tf.concat([first * cos - second * sin, first * sin + second * cos], axis=-1)
+    first, second = T.split(x, 2, axis=-1)  # [..., T, D/2] each
+    return T.concat([first * cos - second * sin, first * sin + second * cos], axis=-1)
 
 
 class RoPE(Encoding):
@@ -47,6 +46,6 @@ class RoPE(Encoding):
         return Prepared(encoding=rotation_table(mlen + qlen, model.d_head, model.compute_dtype))
 
     def rotate(self, q, k, position_encoding):
-        klen, qlen = tf.shape(k)[2], tf.shape(q)[2]
-        cos, sin = tf.cast(position_encoding[0], q.dtype), tf.cast(position_encoding[1], q.dtype)  # [K, D/2]
+        klen, qlen = T.shape(k)[2], T.shape(q)[2]
+        cos, sin = T.cast(position_encoding[0], q.dtype), T.cast(position_encoding[1], q.dtype)  # [K, D/2]
         return rotate_half(q, cos[klen - qlen:], sin[klen - qlen:]), rotate_half(k, cos, sin)

@@ -8,8 +8,8 @@ with `relative_table` [max_position, N, D] per layer; distances from max_positio
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 
+from txl_tf.model import tensor_ops as T
 from txl_tf.model.encodings.base import Encoding
 
 
@@ -29,9 +29,9 @@ class Shaw(Encoding):
         return max_position * width
 
     def position_rows(self, layer, klen, position_encoding):
-        distances = tf.minimum(tf.range(klen - 1, -1, -1), layer.max_position - 1)  # [K], descending
-        rows = tf.gather(tf.cast(layer.relative_table, layer.compute_dtype), distances)  # [K, N, D]
-        return tf.reshape(rows, [klen, layer.n_head * layer.d_head])  # [K, N*D]
+        distances = T.minimum(T.arange(klen - 1, -1, -1), layer.max_position - 1)  # [K], descending
+        rows = T.gather(T.cast(layer.relative_table, layer.compute_dtype), distances)  # [K, N, D]
+        return T.reshape(rows, [klen, layer.n_head * layer.d_head])  # [K, N*D]
 
     def flops(self, *, batch: int, qlen: int, klen: int, d_model: int, width: int) -> int:
         return 2 * batch * qlen * (klen + 1) * width  # (b) against K + 1 rows (rel_shift's zero row)

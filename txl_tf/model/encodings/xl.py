@@ -10,8 +10,8 @@ layers, with dropout in training; (b) + (d) come from one matmul against R's row
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 
+from txl_tf.model import tensor_ops as T
 from txl_tf.model.encodings.base import Encoding, Prepared
 
 
@@ -47,7 +47,7 @@ class XL(Encoding):
         return Prepared(encoding=model.position_dropout(pos, training=training, kernels=kernels))
 
     def cache_encoding(self, model, total, protocol):
-        return model.position_encoding(tf.constant(total), clamp_len=protocol.clamp_len)  # [P, d], no dropout
+        return model.position_encoding(T.constant(total), clamp_len=protocol.clamp_len)  # [P, d], no dropout
 
     def layer_biases(self, model, index: int):
         if model.untie_r:
