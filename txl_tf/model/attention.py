@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import keras
-import tensorflow as tf
 
-from txl_tf.model import encodings, fused
+from txl_tf.model import encodings
+from txl_tf.model import tensor_ops as T
 from txl_tf.model.dropout import Dropout
 from txl_tf.model.projection import (
     dense,
@@ -35,6 +35,13 @@ from txl_tf.model.projection import (
     quantized,
 )
 from txl_tf.model.state import LayerCache, LayerMemory, check_type
+
+if T.TENSORFLOW:
+    import tensorflow as tf
+
+    from txl_tf.model import fused
+else:
+    fused = T.NoFusedKernels
 
 # Whether calls traced now add TensorFlow's runtime asserts (tf.debugging.assert_*): not in a function XLA
 # compiles, which drops every Assert op with a warning line each time it compiles (`without_runtime_asserts`).
@@ -67,7 +74,7 @@ def rel_shift(x):
       are garbage and must be masked.
     """
     rank = len(x.shape)
-    return shift_padded(tf.pad(x, [[0, 0]] * (rank - 1) + [[1, 0]]))  # a zero column in front
+    return shift_padded(T.pad(x, [[0, 0]] * (rank - 1) + [[1, 0]]))  # a zero column in front
 
 
 def shift_padded(x):
@@ -76,18 +83,18 @@ def shift_padded(x):
     The attention gets that column for free from its matmul by padding R with a zero row, saving a copy of
     the [..., L, K] scores (and its gradient).
     """
-    shape = tf.shape(x)
+    shape = T.shape(x)
     qlen, klen = shape[-2], shape[-1] - 1
     batch = shape[:-2]
     rank = len(x.shape)
-    x = tf.reshape(x, tf.concat([batch, [klen + 1, qlen]], 0))  # [..., K+1, L]
+    x = T.reshape(x, T.joined_shape(batch, [klen + 1, qlen]))  # [..., K+1, L]
     # Drop the first row. tf.slice, not x[..., 1:, :]: the gradient of Slice is a fast Pad, while the strided
     # slice's gradient (StridedSliceGrad) is ~50x slower on CPU at these sizes.
-    x = tf.slice(x, [0] * (rank - 2) + [1, 0], [-1] * rank)  # [..., K, L]
-    return tf.reshape(x, tf.concat([batch, [qlen, klen]], 0))  # [..., L, K]
+    x = T.slice(x, [0] * (rank - 2) + [1, 0], [-1] * rank)  # [..., K, L]
+    return T.reshape(x, T.joined_shape(batch, [qlen, klen]))  # [..., L, K]
 
 
-def attention_bias(qlen, mlen, same_length=False, same_length_keys="tf", mem_len=None, dtype=tf.float32):
+def attention_bias(qlen, mlen, same_length=False, same_length_keys="tf", mem_len=None, dtype=T.float32):
     """Additive mask [L, K]: 0 where query i may attend key j, MASK_VALUE where it may not.
 
     Blocked: keys in the future (j > M + i). With `same_length`, also keys too far in the past so every query
@@ -95,8 +102,8 @@ def attention_bias(qlen, mlen, same_length=False, same_length_keys="tf", mem_len
     PyTorch original) keeps the last `mem_len` keys up to M + i.
     """
     klen = mlen + qlen
-    query_pos = tf.range(qlen)[:, None] + mlen  # [L, 1]: absolute key position of query i
-    key_pos = tf.range(klen)[None, :]  # [1, K]
+    query_pos = T.arange(qlen)[:, None] + mlen  # [L, 1]: absolute key position of query i
+    key_pos = T.arange(klen)[None, :]  # [1, K]
     blocked = key_pos > query_pos  # [L, K]
     if same_length:
         if same_length_keys == "tf":
@@ -108,7 +115,7 @@ def attention_bias(qlen, mlen, same_length=False, same_length_keys="tf", mem_len
         else:
             raise ValueError(f"same_length_keys must be 'tf' or 'pytorch', got {same_length_keys!r}")
         blocked |= key_pos <= query_pos - window
-    return tf.where(blocked, tf.constant(MASK_VALUE, dtype), tf.constant(0.0, dtype))  # [L, K]
+    return T.where(blocked, T.constant(MASK_VALUE, dtype), T.constant(0.0, dtype))  # [L, K]
 
 
 def keep_last(memory, new, mem_len, lengths=None, axis=1):
@@ -125,43 +132,43 @@ def keep_last(memory, new, mem_len, lengths=None, axis=1):
     Returns:
       [..., min(mem_len, M + L), ...].
     """
-    cat = new if memory is None else tf.concat([tf.cast(memory, new.dtype), new], axis=axis)  # [..., M + L, ...]
-    return keep_window(cat, tf.shape(new)[axis], mem_len, lengths, axis)
+    cat = new if memory is None else T.concat([T.cast(memory, new.dtype), new], axis=axis)  # [..., M + L, ...]
+    return keep_window(cat, T.shape(new)[axis], mem_len, lengths, axis)
 
 
 def keep_window(cat, new_len, mem_len, lengths=None, axis=1):
     """`keep_last` of an already concatenated [memory, new] `cat` whose last `new_len` positions are new."""
 
     def last():
-        start = tf.maximum(tf.shape(cat)[axis] - mem_len, 0)
+        start = T.maximum(T.shape(cat)[axis] - mem_len, 0)
         return cat[(slice(None),) * axis + (slice(start, None),)]
 
     if lengths is None:
-        return tf.stop_gradient(last())
+        return T.stop_gradient(last())
     if axis < 1:
         raise ValueError("keep_last with lengths needs a batch axis before the time axis")
-    lengths = tf.cast(lengths, tf.int32)
-    keep = tf.minimum(tf.shape(cat)[axis], mem_len)
+    lengths = T.cast(lengths, T.int32)
+    keep = T.minimum(T.shape(cat)[axis], mem_len)
 
     def per_row():
-        first = lengths + (tf.shape(cat)[axis] - new_len) - keep  # [B]
-        index = tf.maximum(first[:, None] + tf.range(keep)[None, :], 0)  # [B, keep]
+        first = lengths + (T.shape(cat)[axis] - new_len) - keep  # [B]
+        index = T.maximum(first[:, None] + T.arange(keep)[None, :], 0)  # [B, keep]
         if axis == 1:
-            return tf.gather(cat, index, axis=axis, batch_dims=1)
+            return T.batch_gather(cat, index, axis=axis)
         # tf.gather's batch_dims counts leading axes: move the batch to the front and back.
         perm = [axis - 1] + [a for a in range(len(cat.shape)) if a != axis - 1]
-        kept = tf.gather(tf.transpose(cat, perm), index, axis=axis, batch_dims=1)
-        return tf.transpose(kept, tf.math.invert_permutation(perm))
+        kept = T.batch_gather(T.transpose(cat, perm), index, axis=axis)
+        return T.transpose(kept, T.invert_permutation(perm))
 
-    full = tf.reduce_all(tf.equal(lengths, new_len))  # no padding: the plain slice
-    return tf.stop_gradient(tf.cond(full, last, per_row))
+    full = T.reduce_all(T.equal(lengths, new_len))  # no padding: the plain slice
+    return T.stop_gradient(T.cond(full, last, per_row))
 
 
 def _split_heads(x, n_head, d_head):
     """[B, T, N*D] -> [N, B, T, D]."""
-    shape = tf.shape(x)
-    x = tf.reshape(x, [shape[0], shape[1], n_head, d_head])  # [B, T, N, D]
-    return tf.transpose(x, [2, 0, 1, 3])  # [N, B, T, D]
+    shape = T.shape(x)
+    x = T.reshape(x, [shape[0], shape[1], n_head, d_head])  # [B, T, N, D]
+    return T.transpose(x, [2, 0, 1, 3])  # [N, B, T, D]
 
 
 def _to_heads(x, n_head, d_head, num_splits=1, kernels=False):
@@ -169,7 +176,7 @@ def _to_heads(x, n_head, d_head, num_splits=1, kernels=False):
     (`fused.split_heads`), else split, reshape and transpose."""
     if kernels:
         return fused.split_heads(x, n_head, num_splits)
-    parts = tf.split(x, num_splits, axis=-1) if num_splits > 1 else [x]
+    parts = T.split(x, num_splits, axis=-1) if num_splits > 1 else [x]
     return [_split_heads(part, n_head, d_head) for part in parts]
 
 
@@ -199,25 +206,25 @@ def _dense_after_memory(memory, x, kernel):
 class _Positions(NamedTuple):
     """The absolute positions of a call (see `RelativeMultiHeadAttention.call`)."""
 
-    memory: tf.Tensor | None = None  # [M, d] absolute positions added to the memory (vaswani's first layer, al_rfou)
-    inputs: tf.Tensor | None = None  # [L, d] absolute positions added to the inputs (al_rfou)
+    memory: Any = None  # [M, d] absolute positions added to the memory (vaswani's first layer, al_rfou)
+    inputs: Any = None  # [L, d] absolute positions added to the inputs (al_rfou)
 
 
 class _ScoreTerms(NamedTuple):
     """What the scores add to q.k (see `RelativeMultiHeadAttention.call`)."""
 
-    mask: tf.Tensor | None = None  # [L, K] additive, 0 or MASK_VALUE
-    content_bias: tf.Tensor | None = None  # u [N, D] (xl)
-    position_bias: tf.Tensor | None = None  # v [N, D] (xl)
+    mask: Any = None  # [L, K] additive, 0 or MASK_VALUE
+    content_bias: Any = None  # u [N, D] (xl)
+    position_bias: Any = None  # v [N, D] (xl)
 
 
 class _Operands(NamedTuple):
     """Queries, keys, values and position keys of one call, whichever state form gave them."""
 
-    q: tf.Tensor  # [B, L, N*D]
-    k: tf.Tensor  # [N, B, K, D]
-    v: tf.Tensor  # [N, B, K, D]
-    r: tf.Tensor | None  # position keys [N, K, D], descending distance (xl, shaw), else None
+    q: Any  # [B, L, N*D]
+    k: Any  # [N, B, K, D]
+    v: Any  # [N, B, K, D]
+    r: Any  # position keys [N, K, D], descending distance (xl, shaw), else None
 
 
 @keras.saving.register_keras_serializable(package="txl_tf")
@@ -320,7 +327,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
     def draw_seeds(self):
         """[2, 2] int32: the seeds one training call's dropouts (probabilities, output) draw, each generator
         advanced as a call advances it; pass them as `dropout_seeds` to repeat that call's masks."""
-        return tf.stack([self.attention_dropout.draw()[0], self.output_dropout.draw()[0]])
+        return T.stack([self.attention_dropout.draw()[0], self.output_dropout.draw()[0]])
 
     def _relative_keys(self, klen, position_encoding, kernels=False):
         """The encoding's position rows as keys [N, K, D] in descending distance, or None; `kernels`: as
@@ -328,8 +335,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         rows = self.encoding.position_rows(self, klen, position_encoding)  # [K, N*D]
         if rows is None:
             return None
-        r = _to_heads(tf.expand_dims(rows, 0), self.n_head, self.d_head, kernels=kernels)[0]  # [N, 1, K, D]
-        return tf.reshape(r, [self.n_head, klen, self.d_head])  # [N, K, D]
+        r = _to_heads(T.expand_dims(rows, 0), self.n_head, self.d_head, kernels=kernels)[0]  # [N, 1, K, D]
+        return T.reshape(r, [self.n_head, klen, self.d_head])  # [N, K, D]
 
     def _queries(self, x):
         """[B, T, d] -> [B, T, N*D]."""
@@ -354,9 +361,9 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
           position rows (`position_keys_cached`: xl, shaw), position_keys [N, P, D] (W_R R or the learned table
           for distances P-1 .. 0, computed once here instead of at every call; () for the others).
         """
-        zeros = tf.zeros([batch_size, mem_len, self.d_model], self.compute_dtype)  # [B, M, d]
+        zeros = T.zeros([batch_size, mem_len, self.d_model], self.compute_dtype)  # [B, M, d]
         x = self.layer_norm(zeros) if self.pre_lnorm else zeros
-        keys, values = tf.split(self._keys_values(x), 2, axis=-1)  # [B, M, N*D] each
+        keys, values = T.split(self._keys_values(x), 2, axis=-1)  # [B, M, N*D] each
         position_keys = ()
         if self.encoding.position_keys_cached:
             position_keys = self._relative_keys(mem_len + max_len, position_encoding)  # [N, P, D]
@@ -385,8 +392,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         positions = _Positions(memory_positions, input_positions)
         terms = _ScoreTerms(attention_bias, content_bias, position_bias)
         dtype = self.compute_dtype
-        raw = tf.cast(inputs, dtype)  # [B, L, d]: what the recurrent state keeps
-        h = raw if input_positions is None else raw + tf.cast(input_positions, dtype)  # queries and residual
+        raw = T.cast(inputs, dtype)  # [B, L, d]: what the recurrent state keeps
+        h = raw if input_positions is None else raw + T.cast(input_positions, dtype)  # queries and residual
         if isinstance(state, LayerCache):
             if training:
                 raise ValueError("the keys/values cache serves inference; train with the hidden-state memory")
@@ -395,9 +402,9 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         new_memory = LayerMemory(keep_last(memory, raw, mem_len, lengths,
                                            axis=LayerMemory.TIME_AXIS))  # [B, min(mem_len, M + L), d]
         if memory is not None:
-            memory = tf.cast(memory, dtype)  # [B, M, d]
+            memory = T.cast(memory, dtype)  # [B, M, d]
             if memory_positions is not None:
-                memory = memory + tf.cast(memory_positions, dtype)
+                memory = memory + T.cast(memory_positions, dtype)
         if self.pre_lnorm:  # LayerNorm is per position: normalising memory and segment apart is the same
             h_in = self.layer_norm(h)
             memory = None if memory is None else self.layer_norm(memory)
@@ -406,12 +413,12 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         q = self._queries(h_in)  # [B, L, N*D]: queries only for the segment
         if memory is None:
             kv = self._keys_values(h_in)  # [B, L, 2*N*D]
-        elif (training is True and not self.pre_lnorm and memory_positions is None
-              and not quantized(self.key, self.value)):  # the memory is a constant
+        elif (T.TENSORFLOW and training is True and not self.pre_lnorm and memory_positions is None
+              and not quantized(self.key, self.value)):  # the memory is a constant (TensorFlow: see there)
             kv = _dense_after_memory(memory, h_in, kernel_of(self.key, self.value, dtype=dtype))  # [B, K, 2*N*D]
         else:
-            kv = self._keys_values(tf.concat([memory, h_in], axis=1))  # [B, K, 2*N*D]
-        klen = tf.shape(kv)[1]
+            kv = self._keys_values(T.concat([memory, h_in], axis=1))  # [B, K, 2*N*D]
+        klen = T.shape(kv)[1]
         kernels = fused.applies(kernels, dtype, training)
         # Head-major layout [N, B, T, D]: the position term then needs no broadcast over the batch.
         k, v = _to_heads(kv, self.n_head, self.d_head, 2, kernels)  # [N, B, K, D] each
@@ -435,35 +442,35 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                              "(pre_lnorm with attn_type 'vaswani' or 'al_rfou'); use the hidden-state memory")
         dtype = self.compute_dtype
         heads = lambda x: _split_heads(x, self.n_head, self.d_head)  # noqa: E731  [B, T, N*D] -> [N, B, T, D]
-        keys, values = tf.cast(cache.keys, dtype), tf.cast(cache.values, dtype)  # [N, B, M, D]
+        keys, values = T.cast(cache.keys, dtype), T.cast(cache.values, dtype)  # [N, B, M, D]
         mem_len, time = cache.mem_len, LayerCache.TIME_AXIS
         h_in = self.layer_norm(h) if self.pre_lnorm else h
         if input_positions is None:
             q = self._queries(h_in)  # [B, L, N*D]
-            k_new, v_new = tf.split(self._keys_values(h_in), 2, axis=-1)  # [B, L, N*D]: what the cache keeps
+            k_new, v_new = T.split(self._keys_values(h_in), 2, axis=-1)  # [B, L, N*D]: what the cache keeps
             k_seg, v_seg = k_new, v_new
         else:  # al_rfou: the cache keeps the keys/values of the inputs without this window's positions
             q = self._queries(h)
-            k_new, v_new = tf.split(self._keys_values(raw), 2, axis=-1)
-            k_pos, v_pos = tf.split(self._keys_values(tf.cast(input_positions, dtype)[None]), 2, axis=-1)
+            k_new, v_new = T.split(self._keys_values(raw), 2, axis=-1)
+            k_pos, v_pos = T.split(self._keys_values(T.cast(input_positions, dtype)[None]), 2, axis=-1)
             k_seg, v_seg = k_new + k_pos, v_new + v_pos
         k_new, v_new = heads(k_new), heads(v_new)  # [N, B, L, D]
-        k_cat, v_cat = tf.concat([keys, k_new], axis=time), tf.concat([values, v_new], axis=time)  # [N, B, K, D]
-        qlen = tf.shape(h)[1]
+        k_cat, v_cat = T.concat([keys, k_new], axis=time), T.concat([values, v_new], axis=time)  # [N, B, K, D]
+        qlen = T.shape(h)[1]
         new_cache = cache._replace(  # [N, B, M, D]: the cache keeps its shape
-            keys=tf.ensure_shape(keep_window(k_cat, qlen, mem_len, lengths, axis=time), keys.shape),
-            values=tf.ensure_shape(keep_window(v_cat, qlen, mem_len, lengths, axis=time), values.shape))
+            keys=T.ensure_shape(keep_window(k_cat, qlen, mem_len, lengths, axis=time), keys.shape),
+            values=T.ensure_shape(keep_window(v_cat, qlen, mem_len, lengths, axis=time), values.shape))
         k, v = k_cat, v_cat  # the keys/values attended: the cache's own, unless positions are added
         if memory_positions is not None:  # the window's positions of the memory: [1, M, N*D] -> [N, 1, M, D]
-            k_pos, v_pos = tf.split(self._keys_values(tf.cast(memory_positions, dtype)[None]), 2, axis=-1)
+            k_pos, v_pos = T.split(self._keys_values(T.cast(memory_positions, dtype)[None]), 2, axis=-1)
             keys, values = keys + heads(k_pos), values + heads(v_pos)
         if memory_positions is not None or input_positions is not None:
-            k = tf.concat([keys, heads(k_seg)], axis=time)  # [N, B, K, D]
-            v = tf.concat([values, heads(v_seg)], axis=time)
+            k = T.concat([keys, heads(k_seg)], axis=time)  # [N, B, K, D]
+            v = T.concat([values, heads(v_seg)], axis=time)
         r = None
         if self.encoding.position_keys_cached:
             table = cache.position_keys  # [N, P, D], descending distance
-            klen, rows = tf.shape(k)[time], tf.shape(table)[1]
+            klen, rows = T.shape(k)[time], T.shape(table)[1]
             too_long = ("a call with a cache passes at most the max_len tokens the cache was made for (its position "
                         "keys cover mem_len + max_len distances)")
             if k.shape[time] is not None and table.shape[1] is not None:  # known when traced: checked now
@@ -471,7 +478,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
                     raise ValueError(f"{too_long}: {k.shape[time]} keys, {table.shape[1]} distances")
             elif _RUNTIME_ASSERTS.get():
                 tf.debugging.assert_less_equal(klen, rows, message=too_long)
-            r = tf.cast(table[:, rows - klen:], dtype)  # [N, K, D]: distances K-1 .. 0
+            r = T.cast(table[:, rows - klen:], dtype)  # [N, K, D]: distances K-1 .. 0
         out = self._attend(h, _Operands(q, k, v, r), terms, return_probs, False, position_encoding=position_encoding)
         return (out[0], new_cache, *out[1:])
 
@@ -513,6 +520,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         Returns:
           (outputs [B, 1, d], keys, values): the ring with the written rows' token in `slot`.
         """
+        import tensorflow as tf  # the ring's scatter: TensorFlow only (its generation loop is TensorFlow's)
+
         dtype = self.compute_dtype
         batch = tf.shape(h)[0]
         h = tf.cast(h, dtype)
@@ -565,39 +574,39 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         q, k, v, r = operands
         attention_bias, content_bias, position_bias = terms
         dtype = self.compute_dtype
-        batch, qlen, klen = tf.shape(h)[0], tf.shape(h)[1], tf.shape(k)[2]
-        q = _to_heads(q, self.n_head, self.d_head, kernels=kernels)[0] * tf.cast(self.scale, dtype)  # [N, B, L, D]
+        batch, qlen, klen = T.shape(h)[0], T.shape(h)[1], T.shape(k)[2]
+        q = _to_heads(q, self.n_head, self.d_head, kernels=kernels)[0] * T.cast(self.scale, dtype)  # [N, B, L, D]
         q, k = self.encoding.rotate(q, k, position_encoding)  # rope: each at its window position
         if content_bias is not None:
-            u = tf.cast(content_bias, dtype)[:, None, None, :] * tf.cast(self.scale, dtype)  # [N, 1, 1, D]
-            score = tf.matmul(q + u, k, transpose_b=True)  # [N, B, L, K]: (a) + (c)
+            u = T.cast(content_bias, dtype)[:, None, None, :] * T.cast(self.scale, dtype)  # [N, 1, 1, D]
+            score = T.matmul(q + u, k, transpose_b=True)  # [N, B, L, K]: (a) + (c)
         else:
-            score = tf.matmul(q, k, transpose_b=True)  # [N, B, L, K]: (a)
+            score = T.matmul(q, k, transpose_b=True)  # [N, B, L, K]: (a)
         if r is not None:
             q_r = q
             if position_bias is not None:
-                q_r = q + tf.cast(position_bias, dtype)[:, None, None, :] * tf.cast(self.scale, dtype)
-            q_r = tf.reshape(q_r, [self.n_head, batch * qlen, self.d_head])  # [N, B*L, D]
+                q_r = q + T.cast(position_bias, dtype)[:, None, None, :] * T.cast(self.scale, dtype)
+            q_r = T.reshape(q_r, [self.n_head, batch * qlen, self.d_head])  # [N, B*L, D]
             if h.shape[1] == 1:  # one query (decoding): rel_shift is the identity, no padding needed
-                position_score = tf.matmul(q_r, r, transpose_b=True)  # [N, B, K]
-                score += tf.reshape(position_score, [self.n_head, batch, 1, klen])
+                position_score = T.matmul(q_r, r, transpose_b=True)  # [N, B, K]
+                score += T.reshape(position_score, [self.n_head, batch, 1, klen])
             else:
-                r = tf.pad(r, [[0, 0], [1, 0], [0, 0]])  # [N, K+1, D]: a zero row gives shift_padded its column
-                position_score = tf.matmul(q_r, r, transpose_b=True)  # [N, B*L, K+1]: one matmul per head
-                position_score = tf.reshape(position_score, [self.n_head, batch, qlen, klen + 1])
-                if not return_probs and (attention_bias is None or attention_bias.shape.rank == 2) and kernels:
+                r = T.pad(r, [[0, 0], [1, 0], [0, 0]])  # [N, K+1, D]: a zero row gives shift_padded its column
+                position_score = T.matmul(q_r, r, transpose_b=True)  # [N, B*L, K+1]: one matmul per head
+                position_score = T.reshape(position_score, [self.n_head, batch, qlen, klen + 1])
+                if not return_probs and (attention_bias is None or len(attention_bias.shape) == 2) and kernels:
                     # Training on CPU: shift, add, mask and softmax (and their gradient) in one kernel each way.
                     probs = fused.rel_softmax(score, position_score, attention_bias)  # [N, B, L, K]
                     return self._output(h, probs, v, batch, qlen, training, kernels, seeds)
                 score += shift_padded(position_score)  # [N, B, L, K]: (b) + (d)
 
-        score = tf.cast(score, tf.float32)
+        score = T.cast(score, T.float32)
         if attention_bias is not None:
-            score += tf.cast(attention_bias, tf.float32)  # [L, K] or [N, 1, L, K] broadcast
-        probs = tf.nn.softmax(score, axis=-1)  # [N, B, L, K] float32
-        out = self._output(h, tf.cast(probs, dtype), v, batch, qlen, training, kernels, seeds)
+            score += T.cast(attention_bias, T.float32)  # [L, K] or [N, 1, L, K] broadcast
+        probs = T.softmax(score, axis=-1)  # [N, B, L, K] float32
+        out = self._output(h, T.cast(probs, dtype), v, batch, qlen, training, kernels, seeds)
         if return_probs:
-            return out[0], tf.transpose(probs, [1, 0, 2, 3])  # [B, N, L, K]
+            return out[0], T.transpose(probs, [1, 0, 2, 3])  # [B, N, L, K]
         return out
 
     def _output(self, h, probs, v, batch, qlen, training, kernels, seeds=None):
@@ -607,11 +616,11 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         width = self.n_head * self.d_head
         seeds = (None, None) if seeds is None else (seeds[0], seeds[1])
         dropped = self.attention_dropout(probs, training=training, seed=seeds[0], kernels=kernels)
-        attn = tf.matmul(dropped, v)  # [N, B, L, D]
+        attn = T.matmul(dropped, v)  # [N, B, L, D]
         if kernels:
             attn = fused.merge_heads([attn], self.n_head)  # [B, L, N*D]
         else:
-            attn = tf.reshape(tf.transpose(attn, [1, 2, 0, 3]), [batch, qlen, width])  # [B, L, N*D]
+            attn = T.reshape(T.transpose(attn, [1, 2, 0, 3]), [batch, qlen, width])  # [B, L, N*D]
         out = project(attn, self.attention_output, dtype=dtype)  # [B, L, d]
         out = self.output_dropout(out, training=training, seed=seeds[1], kernels=kernels)
         out = h + out if self.pre_lnorm else fused.add_layer_norm(self.layer_norm, h, out, kernels)  # [B, L, d]

@@ -6,13 +6,28 @@ Shape glossary: B batch, L segment length, M memory length, K = M + L, d = d_mod
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 
-from txl_tf.model import fused, projection
+from txl_tf.model import projection
+from txl_tf.model import tensor_ops as T
 from txl_tf.model.attention import RelativeMultiHeadAttention
 from txl_tf.model.dropout import Dropout
 from txl_tf.model.policy import DEFAULT
 from txl_tf.model.state import LayerMemory
+
+if T.TENSORFLOW:
+    from txl_tf.model import fused
+else:
+    fused = T.NoFusedKernels
+
+
+def _in_graph() -> bool:
+    """Whether the call is traced into a TensorFlow graph (where `tf.recompute_grad` applies); never off TensorFlow,
+    whose layers recompute nothing yet."""
+    if not T.TENSORFLOW:
+        return False
+    import tensorflow as tf
+
+    return not tf.executing_eagerly()
 
 
 @keras.saving.register_keras_serializable(package="txl_tf")
@@ -57,23 +72,23 @@ class PositionwiseFeedForward(keras.layers.Layer):
     def draw_seeds(self):
         """[2, 2] int32: the seeds one training call's dropouts (inner, output) draw, each generator advanced as a
         call advances it; pass them as `dropout_seeds` to repeat that call's masks."""
-        return tf.stack([self.inner_dropout.draw()[0], self.output_dropout.draw()[0]])
+        return T.stack([self.inner_dropout.draw()[0], self.output_dropout.draw()[0]])
 
     def call(self, inputs, training=None, dropout_seeds=None, kernels=False):
         seeds = (None, None) if dropout_seeds is None else (dropout_seeds[0], dropout_seeds[1])
         x = self.layer_norm(inputs) if self.pre_lnorm else inputs  # [B, L, d]
         # On [B*L, d] rows the dense layers are plain 2-D matmuls, which TensorFlow's grappler fuses with the
         # bias and ReLU into one oneDNN kernel (a rank-3 input goes through Tensordot's reshapes, which it cannot).
-        rows = tf.reshape(x, [-1, self.d_model])  # [B*L, d]
+        rows = T.reshape(x, [-1, self.d_model])  # [B*L, d]
         kernels = fused.applies(kernels, rows.dtype, training)
         if kernels:  # bias, ReLU and dropout in one kernel each way
             seed, threshold, scale = self.inner_dropout.draw(seeds[0])
-            hidden = fused.bias_relu_dropout(tf.matmul(rows, tf.cast(self.inner.kernel, rows.dtype)),
+            hidden = fused.bias_relu_dropout(T.matmul(rows, T.cast(self.inner.kernel, rows.dtype)),
                                              self.inner.bias, seed, threshold, scale)  # [B*L, F]
         else:
             hidden = self.inner_dropout(self.inner(rows), training=training, seed=seeds[0])  # [B*L, F]
         out = self.output_dropout(self.outer(hidden), training=training, seed=seeds[1])  # [B*L, d]
-        out = tf.reshape(out, tf.shape(inputs))  # [B, L, d]
+        out = T.reshape(out, T.shape(inputs))  # [B, L, d]
         return inputs + out if self.pre_lnorm else fused.add_layer_norm(self.layer_norm, inputs, out, kernels)
 
     def row_kernels(self):
@@ -87,10 +102,10 @@ class PositionwiseFeedForward(keras.layers.Layer):
         """The inference call on one row [1, 1, d] (the decoding step at batch 1) with `row_kernels()`: both
         products as `projection.dense_row`."""
         dtype = self.compute_dtype
-        inputs = tf.cast(inputs, dtype)
+        inputs = T.cast(inputs, dtype)
         x = self.layer_norm(inputs) if self.pre_lnorm else inputs
-        hidden = tf.nn.relu(projection.dense_row(x, row_kernels[0]) + tf.cast(self.inner.bias, dtype))
-        out = projection.dense_row(hidden, row_kernels[1]) + tf.cast(self.outer.bias, dtype)
+        hidden = T.relu(projection.dense_row(x, row_kernels[0]) + T.cast(self.inner.bias, dtype))
+        out = projection.dense_row(hidden, row_kernels[1]) + T.cast(self.outer.bias, dtype)
         return inputs + out if self.pre_lnorm else self.layer_norm(inputs + out)
 
     def get_config(self):
@@ -171,7 +186,7 @@ class TransformerXLBlock(keras.layers.Layer):
         operands = dict(inputs=inputs, memory=state.hidden if isinstance(state, LayerMemory) else None,
                         position_encoding=position_encoding, memory_positions=memory_positions,
                         attention_bias=attention_bias, content_bias=content_bias, position_bias=position_bias)
-        if (policy.recompute and training is True and not return_probs and not tf.executing_eagerly()
+        if (policy.recompute and training is True and not return_probs and _in_graph()
                 and (state is None or isinstance(state, LayerMemory))):
             return self._recomputed(operands, mem_len, lengths, policy.kernels)
         return self._forward(operands, state, mem_len, lengths, return_probs, training, kernels=policy.kernels)
@@ -182,7 +197,7 @@ class TransformerXLBlock(keras.layers.Layer):
         policy's fused kernels."""
         inputs, memory_positions = operands["inputs"], operands["memory_positions"]
         mlen = 0 if state is None else state.mem_len
-        own_memory, input_positions = self.attention.encoding.block_positions(self, tf.shape(inputs)[1], mlen)
+        own_memory, input_positions = self.attention.encoding.block_positions(self, T.shape(inputs)[1], mlen)
         if own_memory is not None or input_positions is not None:  # the block's own (al_rfou) replace the model's
             memory_positions = own_memory
         out = self.attention(
@@ -205,6 +220,8 @@ class TransformerXLBlock(keras.layers.Layer):
         incoming gradient, so the graph optimisers cannot merge it with the first pass. The seeds go in as float64
         (exact for int32; a gradient tape watches floating tensors only).
         """
+        import tensorflow as tf
+
         seeds = tf.concat([self.attention.draw_seeds(), self.feed_forward.draw_seeds()], axis=0)  # [4, 2]
         names = [name for name, value in operands.items() if value is not None]
 

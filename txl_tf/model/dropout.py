@@ -18,6 +18,11 @@ import keras
 
 from txl_tf.model import tensor_ops as T
 
+if T.TENSORFLOW:
+    import tensorflow as tf
+
+    from txl_tf.model import fused
+
 _LEVELS = 1 << 16
 
 
@@ -68,10 +73,6 @@ class Dropout(keras.layers.Layer):
         if not T.TENSORFLOW:  # keras.random's stream: 16 bits per element as an integer in [0, 65536)
             bits = keras.random.randint(T.shape(inputs), 0, _LEVELS, dtype="int32", seed=seed)
             return T.where(bits >= threshold, inputs * T.cast(scale, inputs.dtype), T.zeros((), inputs.dtype))
-        import tensorflow as tf
-
-        from txl_tf.model import fused
-
         if fused.applies(kernels, inputs.dtype, training):  # draw, compare and scale in one pass
             return fused.dropout(inputs, seed, threshold, scale)
         shape = tf.shape(inputs)

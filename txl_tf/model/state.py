@@ -35,15 +35,15 @@ The exported SavedModel passes the state as named tensors (`named()`, `from_name
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-import tensorflow as tf
+from txl_tf.model import tensor_ops as T
 
 
 def _length(tensor, axis: int):
     """Size of `axis`: a Python int when the shape knows it, else a scalar tensor."""
     static = tensor.shape[axis]
-    return static if static is not None else tf.shape(tensor)[axis]
+    return static if static is not None else T.shape(tensor)[axis]
 
 
 def _has_position_keys(state) -> bool:
@@ -71,7 +71,7 @@ _mem_len = property(lambda self: _length(self[0], self.TIME_AXIS),
 class LayerMemory(NamedTuple):
     """One layer's hidden-state memory: `hidden` [B, M, d], the states that entered the layer before."""
 
-    hidden: tf.Tensor
+    hidden: Any
 
     BATCH_AXIS = 0
     TIME_AXIS = 1
@@ -87,9 +87,9 @@ class LayerCache(NamedTuple):
     """One layer's keys/values cache: `keys`, `values` [N, B, M, D], `position_keys` [N, P, D] in descending
     distance (P-1 .. 0), or () for the absolute-position types."""
 
-    keys: tf.Tensor
-    values: tf.Tensor
-    position_keys: tf.Tensor | tuple = ()
+    keys: Any
+    values: Any
+    position_keys: Any = ()
 
     BATCH_AXIS = 1
     TIME_AXIS = 2
@@ -108,7 +108,7 @@ class Memory(NamedTuple):
     stopped (layer 0's input is the embedding after dropout).
     """
 
-    hidden: tf.Tensor
+    hidden: Any
 
     BATCH_AXIS = 1
     TIME_AXIS = 2
@@ -122,22 +122,22 @@ class Memory(NamedTuple):
 
     def where_rows(self, mask, other: Memory) -> Memory:
         """Row b from this state where mask[b] (a [B] bool), else from `other`."""
-        return Memory(tf.where(tf.reshape(mask, [1, -1, 1, 1]), self.hidden, other.hidden))
+        return Memory(T.where(T.reshape(mask, [1, -1, 1, 1]), self.hidden, other.hidden))
 
     def layers(self, num: int | None = None) -> list[LayerMemory]:
         """Each layer's memory, bottom first (`num`: n when the shape does not know it)."""
-        return [LayerMemory(hidden) for hidden in tf.unstack(self.hidden, num=num)]
+        return [LayerMemory(hidden) for hidden in T.unstack(self.hidden, num=num)]
 
     @classmethod
     def from_layers(cls, layers) -> Memory:
-        return cls(tf.stack([layer.hidden for layer in layers]))
+        return cls(T.stack([layer.hidden for layer in layers]))
 
     def updated(self, layers) -> Memory:
         """The state after a call, from the layers' new states."""
         return Memory.from_layers(layers)
 
     def cast(self, dtype) -> Memory:
-        return Memory(tf.cast(self.hidden, dtype))
+        return Memory(T.cast(self.hidden, dtype))
 
     def check(self, *, n_layer: int, d_model: int, batch=None) -> None:
         """Raises a one-line ValueError if this memory does not fit the model (or `batch` rows)."""
@@ -154,7 +154,7 @@ class Memory(NamedTuple):
 
     def named_batch_sizes(self) -> dict:
         """{signature name: its batch size} of the tensors that have a batch axis."""
-        return {"mems": tf.shape(self.hidden)[self.BATCH_AXIS]}
+        return {"mems": T.shape(self.hidden)[self.BATCH_AXIS]}
 
     def named_specs(self) -> dict:
         """{signature name: tf.TensorSpec} of this state's tensors, with any batch size."""
@@ -169,9 +169,9 @@ class Cache(NamedTuple):
     change. Made by `TransformerXL.initial_cache`, for calls of up to P - M tokens.
     """
 
-    keys: tf.Tensor
-    values: tf.Tensor
-    position_keys: tf.Tensor | tuple = ()
+    keys: Any
+    values: Any
+    position_keys: Any = ()
 
     BATCH_AXIS = 2
     TIME_AXIS = 3
@@ -185,32 +185,32 @@ class Cache(NamedTuple):
 
     def where_rows(self, mask, other: Cache) -> Cache:
         """Row b from this state where mask[b] (a [B] bool), else from `other` (whose position keys are kept)."""
-        mask = tf.reshape(mask, [1, 1, -1, 1, 1])
-        return other._replace(keys=tf.where(mask, self.keys, other.keys),
-                              values=tf.where(mask, self.values, other.values))
+        mask = T.reshape(mask, [1, 1, -1, 1, 1])
+        return other._replace(keys=T.where(mask, self.keys, other.keys),
+                              values=T.where(mask, self.values, other.values))
 
     def layers(self, num: int | None = None) -> list[LayerCache]:
         """Each layer's cache, bottom first (`num`: n when the shape does not know it)."""
-        keys, values = tf.unstack(self.keys, num=num), tf.unstack(self.values, num=num)
-        position_keys = (tf.unstack(self.position_keys, num=len(keys)) if _has_position_keys(self)
+        keys, values = T.unstack(self.keys, num=num), T.unstack(self.values, num=num)
+        position_keys = (T.unstack(self.position_keys, num=len(keys)) if _has_position_keys(self)
                          else [()] * len(keys))
         return [LayerCache(*parts) for parts in zip(keys, values, position_keys, strict=True)]
 
     @classmethod
     def from_layers(cls, layers) -> Cache:
         layers = list(layers)
-        position_keys = tf.stack([layer.position_keys for layer in layers]) if _has_position_keys(layers[0]) else ()
-        return cls(tf.stack([layer.keys for layer in layers]), tf.stack([layer.values for layer in layers]),
+        position_keys = T.stack([layer.position_keys for layer in layers]) if _has_position_keys(layers[0]) else ()
+        return cls(T.stack([layer.keys for layer in layers]), T.stack([layer.values for layer in layers]),
                    position_keys)
 
     def updated(self, layers) -> Cache:
         """The state after a call, from the layers' new states: their keys and values; these position keys."""
         layers = list(layers)
-        return self._replace(keys=tf.stack([layer.keys for layer in layers]),
-                             values=tf.stack([layer.values for layer in layers]))
+        return self._replace(keys=T.stack([layer.keys for layer in layers]),
+                             values=T.stack([layer.values for layer in layers]))
 
     def cast(self, dtype) -> Cache:
-        return tf.nest.map_structure(lambda tensor: tf.cast(tensor, dtype), self)
+        return T.map_structure(lambda tensor: T.cast(tensor, dtype), self)
 
     def check(self, *, n_layer: int, mem_len: int, position_keys: bool, batch=None) -> None:
         """Raises a one-line ValueError if this cache does not fit the model, the protocol's `mem_len`, the
@@ -236,7 +236,7 @@ class Cache(NamedTuple):
 
     def named_batch_sizes(self) -> dict:
         """{signature name: its batch size} of the tensors that have a batch axis (not the position keys)."""
-        return {name: tf.shape(getattr(self, name))[self.BATCH_AXIS] for name in ("keys", "values")}
+        return {name: T.shape(getattr(self, name))[self.BATCH_AXIS] for name in ("keys", "values")}
 
     def named_specs(self) -> dict:
         """{signature name: tf.TensorSpec} of this state's tensors, with any batch size."""
@@ -250,7 +250,10 @@ State = Memory | Cache
 LayerState = LayerMemory | LayerCache
 
 
-def _spec(tensor, batch_axis: int | None, name: str) -> tf.TensorSpec:
+def _spec(tensor, batch_axis: int | None, name: str):
+    """The tf.TensorSpec of a SavedModel signature's input (export: TensorFlow only)."""
+    import tensorflow as tf
+
     shape = tensor.shape.as_list()
     if batch_axis is not None:
         shape[batch_axis] = None

@@ -8,12 +8,16 @@ PyTorch each is the `keras.ops` operation of the same meaning, and shapes are st
     BACKEND, TENSORFLOW          the process's Keras backend (fixed when Keras is imported)
     int32, float32, ...          dtypes (TensorFlow's objects, or their names)
     cast, constant, reshape, transpose, concat, split, matmul, where, zeros, zeros_like, arange, sin, cos, minimum,
-    maximum, gather, clip_by_value, broadcast_to, stack, pad, slice, stop_gradient, softmax, log_softmax,
-    sparse_softmax_cross_entropy_with_logits
+    maximum, gather, clip_by_value, broadcast_to, stack, unstack, pad, slice, stop_gradient, softmax, log_softmax,
+    sparse_softmax_cross_entropy_with_logits, convert_to_tensor, expand_dims, einsum, repeat, tile, roll, equal,
+    reduce_all, relu, map_structure (tf.nest's, or keras.tree's)
                                  TensorFlow's signatures, keyword names included
     shape(x)                     tf.shape(x) (a tensor), or the static shape (a tuple of ints)
     size(x)                      tf.size(x), or the static element count
     joined_shape(a, b)           two pieces of a shape as one: tf.concat([a, b], 0), or a tuple
+    batch_gather, invert_permutation, cond, ensure_shape
+                                 tf.gather(batch_dims=1), tf.math.invert_permutation, tf.cond, tf.ensure_shape
+    NoFusedKernels               what the layers see of the fused CPU kernels off TensorFlow: none applies
 
 Only what the ported layers call is here; TensorFlow-only parts (the fused CPU kernels, `tf.custom_gradient`,
 SavedModel signatures) stay behind `TENSORFLOW` in the modules that use them.
@@ -51,6 +55,24 @@ if TENSORFLOW:
     clip_by_value = tf.clip_by_value
     broadcast_to = tf.broadcast_to
     stack = tf.stack
+    unstack = tf.unstack
+    convert_to_tensor = tf.convert_to_tensor
+    expand_dims = tf.expand_dims
+    einsum = tf.einsum
+    repeat = tf.repeat
+    tile = tf.tile
+    roll = tf.roll
+    equal = tf.equal
+    reduce_all = tf.reduce_all
+    relu = tf.nn.relu
+    map_structure = tf.nest.map_structure
+    cond = tf.cond
+    ensure_shape = tf.ensure_shape
+    invert_permutation = tf.math.invert_permutation
+
+    def batch_gather(params, indices, axis):
+        """out[b, ..., k, ...] = params[b, ..., indices[b, k], ...] along `axis` (the batch on axis 0)."""
+        return tf.gather(params, indices, axis=axis, batch_dims=1)
     pad = tf.pad
     slice = tf.slice  # noqa: A001 (TensorFlow's name)
     stop_gradient = tf.stop_gradient
@@ -72,8 +94,34 @@ else:
     where = ops.where
     sin = ops.sin
     cos = ops.cos
-    minimum = ops.minimum
-    maximum = ops.maximum
+
+    def minimum(x, y):  # of two static sizes: a Python int, as slicing needs under a compiler
+        return min(x, y) if isinstance(x, int) and isinstance(y, int) else ops.minimum(x, y)
+
+    def maximum(x, y):
+        return max(x, y) if isinstance(x, int) and isinstance(y, int) else ops.maximum(x, y)
+
+    def cond(pred, true_fn, false_fn):
+        return ops.cond(pred, true_fn, false_fn)
+
+    def ensure_shape(x, shape):
+        if tuple(x.shape) != tuple(shape):
+            raise ValueError(f"shape {tuple(x.shape)} is not {tuple(shape)}")
+        return x
+
+    def invert_permutation(perm):
+        inverse = [0] * len(perm)
+        for i, p in enumerate(perm):
+            inverse[p] = i
+        return inverse
+
+    def batch_gather(params, indices, axis):
+        """out[b, ..., k, ...] = params[b, ..., indices[b, k], ...] along `axis` (the batch on axis 0)."""
+        index = ops.reshape(indices, (indices.shape[0],) + (1,) * (axis - 1) + (indices.shape[1],)
+                            + (1,) * (len(params.shape) - axis - 1))
+        target = list(params.shape)
+        target[axis] = indices.shape[1]
+        return ops.take_along_axis(params, ops.broadcast_to(index, target), axis=axis)
     broadcast_to = ops.broadcast_to
     stop_gradient = ops.stop_gradient
 
@@ -100,6 +148,30 @@ else:
 
     def stack(values, axis=0):
         return ops.stack(list(values), axis=axis)
+
+    def unstack(value, num=None, axis=0):
+        return ops.unstack(value, num=num, axis=axis)
+
+    def convert_to_tensor(value, dtype=None):
+        return ops.convert_to_tensor(value, dtype=dtype)
+
+    expand_dims = ops.expand_dims
+    einsum = ops.einsum
+    equal = ops.equal
+    relu = ops.relu
+    map_structure = keras.tree.map_structure
+
+    def repeat(x, repeats, axis=None):
+        return ops.repeat(x, repeats, axis=axis)
+
+    def tile(x, multiples):
+        return ops.tile(x, multiples)
+
+    def roll(x, shift, axis):
+        return ops.roll(x, shift, axis=axis)
+
+    def reduce_all(x, axis=None):
+        return ops.all(x, axis=axis)
 
     def split(x, num_or_size_splits, axis=0):
         if isinstance(num_or_size_splits, int):
@@ -148,3 +220,16 @@ else:
     def sparse_softmax_cross_entropy_with_logits(labels, logits):
         picked = ops.take_along_axis(ops.log_softmax(logits, axis=-1), ops.expand_dims(labels, -1), axis=-1)
         return -ops.squeeze(picked, -1)
+
+
+class NoFusedKernels:
+    """`txl_tf.model.fused`'s interface where its kernels cannot exist (a backend other than TensorFlow): no call
+    applies them, and the post-norm residual is the LayerNorm layer itself."""
+
+    @staticmethod
+    def applies(enabled, dtype, training) -> bool:
+        return False
+
+    @staticmethod
+    def add_layer_norm(norm, x, residual, kernels):
+        return norm(x + residual)

@@ -20,9 +20,9 @@ one the model's own (training) lengths apply.
 from __future__ import annotations
 
 import keras
-import tensorflow as tf
 
 from txl_tf.model import encodings
+from txl_tf.model import tensor_ops as T
 from txl_tf.model.attention import attention_bias
 from txl_tf.model.block import TransformerXLBlock
 from txl_tf.model.dropout import Dropout
@@ -162,7 +162,7 @@ class TransformerXL(keras.Model):
     def initial_memory(self, batch_size, protocol: Protocol | None = None) -> Memory:
         """A zero `Memory` [n, B, mem_len, d] in the compute dtype (the TF original's first segment)."""
         mem_len = (protocol or self.protocol).mem_len
-        return Memory(tf.zeros([self.n_layer, batch_size, mem_len, self.d_model], self.compute_dtype))
+        return Memory(T.zeros([self.n_layer, batch_size, mem_len, self.d_model], self.compute_dtype))
 
     def supports_cache(self, protocol: Protocol | None = None) -> bool:
         """Whether the keys/values cache can carry this model's state (see `initial_cache`)."""
@@ -200,7 +200,7 @@ class TransformerXL(keras.Model):
             state.check(n_layer=self.n_layer, mem_len=protocol.mem_len,
                         position_keys=self.encoding.position_keys_cached, batch=batch)
         else:
-            state = Memory(tf.convert_to_tensor(state.hidden))
+            state = Memory(T.convert_to_tensor(state.hidden))
             state.check(n_layer=self.n_layer, d_model=self.d_model, batch=batch)
         return state.cast(self.compute_dtype)
 
@@ -212,11 +212,11 @@ class TransformerXL(keras.Model):
         protocol = protocol or self.protocol
         _check_clamp(self.encoding, protocol.clamp_len, "the protocol's clamp_len")
         policy = policy or DEFAULT
-        tokens = tf.convert_to_tensor(tokens)
+        tokens = T.convert_to_tensor(tokens)
         state = self._checked_state(tokens, state, protocol)
         cached = isinstance(state, Cache)
         mlen = 0 if state is None else state.mem_len
-        qlen = tf.shape(tokens)[1]
+        qlen = T.shape(tokens)[1]
 
         h = self.embedding(tokens)  # [B, L, d]
         prepared = self.encoding.prepare(self, mlen, qlen, protocol, training, cached, policy.kernels)  # all layers
@@ -243,7 +243,7 @@ class TransformerXL(keras.Model):
         # A cache's position keys pass through; a memory is [n, B, min(mem_len, K), d].
         new_state = Memory.from_layers(new_states) if state is None else state.updated(new_states)
         if return_probs:
-            return hidden, new_state, tf.stack(all_probs)  # probs [n, B, N, L, K]
+            return hidden, new_state, T.stack(all_probs)  # probs [n, B, N, L, K]
         return hidden, new_state
 
     def call(self, tokens, state=None, protocol=None, lengths=None, training=False, policy=None):

@@ -18,5 +18,5 @@ class Vaswani(Encoding):
     clamp = "window positions above clamp_len share the sinusoid of clamp_len"
 
     def prepare(self, model, mlen, qlen, protocol, training, cached, kernels=False) -> Prepared:
-        pos = model.position_encoding(mlen + qlen, clamp_len=protocol.clamp_len)  # [K, d]
+        pos = model.position_encoding(klen=mlen + qlen, clamp_len=protocol.clamp_len)  # [K, d]
         return Prepared(inputs=pos[mlen:], memory=pos[:mlen])

@@ -43,11 +43,12 @@ class XL(Encoding):
     def prepare(self, model, mlen, qlen, protocol, training, cached, kernels=False) -> Prepared:
         if cached:  # the cache holds every layer's W_R R already
             return Prepared()
-        pos = model.position_encoding(mlen + qlen, clamp_len=protocol.clamp_len)  # [K, d], descending distance
+        pos = model.position_encoding(klen=mlen + qlen, clamp_len=protocol.clamp_len)  # [K, d], descending distance
         return Prepared(encoding=model.position_dropout(pos, training=training, kernels=kernels))
 
     def cache_encoding(self, model, total, protocol):
-        return model.position_encoding(T.constant(total), clamp_len=protocol.clamp_len)  # [P, d], no dropout
+        klen = T.constant(total) if T.TENSORFLOW else total  # (static off TensorFlow)
+        return model.position_encoding(klen=klen, clamp_len=protocol.clamp_len)  # [P, d], no dropout
 
     def layer_biases(self, model, index: int):
         if model.untie_r:
