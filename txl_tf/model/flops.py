@@ -36,8 +36,6 @@ import time
 from collections.abc import Sequence
 from typing import Optional
 
-import tensorflow as tf
-
 
 def _adaptive_bins(n_token: int, d_model: int, d_embed: Optional[int], cutoffs: Sequence[int], div_val: int,
                    proj_same_dim: bool) -> list:
@@ -115,6 +113,8 @@ def measure_matmul_peak(dtype="float32", size: int = 2048, repeats: int = 10, ji
 
     Two products per call (the second consumes the first) keep the call overhead small relative to the work.
     """
+    import tensorflow as tf  # (the FLOP counts above need no TensorFlow: they serve every backend)
+
     dtype = tf.as_dtype(dtype)
     with tf.device(device) if device else contextlib.nullcontext():
         a = tf.cast(tf.random.stateless_normal([size, size], seed=[1, 2]) / size**0.5, dtype)
