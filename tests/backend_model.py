@@ -5,7 +5,7 @@
 `run(model, tokens, tgt_len, segments)` feeds `segments` segments of `tgt_len` tokens of `tokens` [B, T] through the
 model three ways: with the hidden-state memory (inference and a training call: no dropout in the models tested)
 and with the keys/values cache, each from the zero state, and returns each segment's per-token NLL [B, L] and
-the memory's hidden states [n, B, M, d] (the memory form's) as NumPy arrays.
+the memory's hidden states [n, B, M, d] (the memory form's) as NumPy arrays, with `gradients`'s loss and gradients.
 
 For each case CASE of IN.npz the script builds `TransformerXL.from_config` of `CASE/config` (JSON), sets its weights
 (`CASE/w/0`, `CASE/w/1`, ... in `get_weights()` order), runs `run` on `CASE/tokens` with `CASE/tgt_len` and
@@ -35,7 +35,37 @@ def run(model, tokens, tgt_len: int, segments: int) -> dict:
             out[f"{form}/nll_{s}"] = np.asarray(numpy(model.nll(hidden, targets)))
             if form != "cache":
                 out[f"{form}/memory_{s}"] = np.asarray(numpy(state.hidden))
+    out.update(gradients(model, tokens, tgt_len))
     return out
+
+
+def gradients(model, tokens, tgt_len: int) -> dict:
+    """The loss and its gradient for each trainable weight (`grad/i`, in `trainable_variables` order) of a
+    training call on the second segment of `tokens`, the first one's memory carried: TensorFlow's GradientTape, or
+    JAX's value_and_grad over the weights in a `keras.StatelessScope`."""
+    import keras
+
+    numpy = keras.ops.convert_to_numpy
+    _, memory = model(tokens[:, :tgt_len], model.initial_memory(tokens.shape[0]), training=True)
+    inputs, targets = tokens[:, tgt_len:2 * tgt_len], tokens[:, tgt_len + 1:2 * tgt_len + 1]
+    variables = model.trainable_variables
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        with tf.GradientTape() as tape:
+            hidden, _ = model(inputs, memory, training=True)
+            loss = tf.reduce_mean(model.nll(hidden, targets))
+        grads = tape.gradient(loss, variables)
+    else:
+        import jax
+
+        def loss_of(values):
+            with keras.StatelessScope(state_mapping=list(zip(variables, values, strict=True))):
+                hidden, _ = model(inputs, memory, training=True)
+                return keras.ops.mean(model.nll(hidden, targets))
+
+        loss, grads = jax.value_and_grad(loss_of)([v.value for v in variables])
+    return {"loss": np.asarray(numpy(loss)), **{f"grad/{i}": np.asarray(numpy(g)) for i, g in enumerate(grads)}}
 
 
 def build(config: dict, weights: list, tokens):

@@ -81,7 +81,7 @@ def _model_case(name: str, model, tokens, tgt_len: int, segments: int) -> dict:
 def test_the_model_on_jax_meets_the_authors_numbers_and_tensorflows(tmp_path):
     """The golden fixture (the authors' TF code: NLL and memories of 3 segments) on JAX within 1e-5, with the memory
     (inference and training calls) and with the cache; and a model of every encoding, with an adaptive softmax,
-    equal to TensorFlow's."""
+    equal to TensorFlow's, the loss of a training call and its gradient for every weight too."""
     pytest.importorskip("jax")
     import golden_utils
     from conftest import FIXTURE_DIR
