@@ -41,8 +41,9 @@ def run(model, tokens, tgt_len: int, segments: int) -> dict:
 
 def gradients(model, tokens, tgt_len: int) -> dict:
     """The loss and its gradient for each trainable weight (`grad/i`, in `trainable_variables` order) of a
-    training call on the second segment of `tokens`, the first one's memory carried: TensorFlow's GradientTape, or
-    JAX's value_and_grad over the weights in a `keras.StatelessScope`."""
+    training call on the second segment of `tokens`, the first one's memory carried: TensorFlow's GradientTape,
+    PyTorch's autograd, or JAX's value_and_grad over the weights in a `keras.StatelessScope` (a weight the loss does
+    not reach has a zero gradient, as TensorFlow's tape gives None for it and JAX zeros)."""
     import keras
 
     numpy = keras.ops.convert_to_numpy
@@ -56,6 +57,13 @@ def gradients(model, tokens, tgt_len: int) -> dict:
             hidden, _ = model(inputs, memory, training=True)
             loss = tf.reduce_mean(model.nll(hidden, targets))
         grads = tape.gradient(loss, variables)
+    elif keras.backend.backend() == "torch":
+        import torch
+
+        hidden, _ = model(inputs, memory, training=True)
+        loss = keras.ops.mean(model.nll(hidden, targets))
+        grads = torch.autograd.grad(loss, [v.value for v in variables], allow_unused=True)
+        grads = [keras.ops.zeros_like(v.value) if g is None else g for v, g in zip(variables, grads, strict=True)]
     else:
         import jax
 

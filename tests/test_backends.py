@@ -1,5 +1,5 @@
 """The model's layers on every Keras backend: on TensorFlow `txl_tf.model.tensor_ops` is TensorFlow's own functions
-(the graphs stay as they were), and on JAX the ported layers give TensorFlow's numbers without importing it.
+(the graphs stay as they were), and on JAX and PyTorch the layers give TensorFlow's numbers without importing it.
 
 Each other backend runs in its own process (a process has one Keras backend): tests/backend_layers.py, fed the
 TensorFlow run's inputs and weights through an .npz file."""
@@ -53,12 +53,16 @@ def test_tensor_ops_are_tensorflows_own_functions_on_tensorflow():
         assert getattr(T, name) is getattr(tf.nn, name), name
 
 
-def test_leaf_layers_on_jax_give_tensorflows_numbers(tmp_path):
-    pytest.importorskip("jax")
+BACKENDS = ["jax", "torch"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_leaf_layers_give_tensorflows_numbers(tmp_path, backend):
+    pytest.importorskip(backend)
     given = backend_layers.inputs()
     expected, weights = backend_layers.run(given)
-    got = run_under("jax", tmp_path, given, weights)
-    assert str(got.pop("backend")) == "jax"
+    got = run_under(backend, tmp_path, given, weights)
+    assert str(got.pop("backend")) == backend
     assert not got.pop("tensorflow_loaded")  # every layer here ran on keras.ops alone
     for key in ("dropout_kept", "dropout_values", "dropout_same_seed"):  # another random stream: its statistics
         mine, theirs = got.pop(key), expected.pop(key)
@@ -78,11 +82,12 @@ def _model_case(name: str, model, tokens, tgt_len: int, segments: int) -> dict:
     return {f"{name}/{key}": value for key, value in given.items()}
 
 
-def test_the_model_on_jax_meets_the_authors_numbers_and_tensorflows(tmp_path):
+@pytest.mark.parametrize("backend", [pytest.param("jax", marks=pytest.mark.slow), "torch"])  # JAX: ~35 s here
+def test_the_model_meets_the_authors_numbers_and_tensorflows(tmp_path, backend):
     """The golden fixture (the authors' TF code: NLL and memories of 3 segments) on JAX within 1e-5, with the memory
     (inference and training calls) and with the cache; and a model of every encoding, with an adaptive softmax,
     equal to TensorFlow's, the loss of a training call and its gradient for every weight too."""
-    pytest.importorskip("jax")
+    pytest.importorskip(backend)
     import golden_utils
     from conftest import FIXTURE_DIR
 
@@ -104,8 +109,8 @@ def test_the_model_on_jax_meets_the_authors_numbers_and_tensorflows(tmp_path):
         model(random_tokens[:, :1], model.initial_memory(2))  # builds every weight
         cases.update(_model_case(attn_type, model, random_tokens, 4, 3))
         expected.update({f"{attn_type}/{k}": v for k, v in backend_model.run(model, random_tokens, 4, 3).items()})
-    got = run_under("jax", tmp_path, cases, script=os.path.join(REPO, "tests", "backend_model.py"))
-    assert str(got.pop("backend")) == "jax" and not got.pop("tensorflow_loaded")
+    got = run_under(backend, tmp_path, cases, script=os.path.join(REPO, "tests", "backend_model.py"))
+    assert str(got.pop("backend")) == backend and not got.pop("tensorflow_loaded")
     assert sorted(got) == sorted(expected)
     for key, value in expected.items():
         np.testing.assert_allclose(got[key], value, atol=1e-5, rtol=0, err_msg=key)

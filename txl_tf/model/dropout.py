@@ -71,6 +71,9 @@ class Dropout(keras.layers.Layer):
             return inputs
         seed, threshold, scale = self.draw(seed)
         if not T.TENSORFLOW:  # keras.random's stream: 16 bits per element as an integer in [0, 65536)
+            if T.BACKEND == "torch":  # keras.random takes an int or a SeedGenerator there: the seed's two words
+                first, second = (int(word) for word in keras.ops.convert_to_numpy(seed))
+                seed = (first * 1_000_003 + second) & 0x7FFFFFFF
             bits = keras.random.randint(T.shape(inputs), 0, _LEVELS, dtype="int32", seed=seed)
             return T.where(bits >= threshold, inputs * T.cast(scale, inputs.dtype), T.zeros((), inputs.dtype))
         if fused.applies(kernels, inputs.dtype, training):  # draw, compare and scale in one pass
