@@ -269,6 +269,10 @@ def problems_of_test_targets(repo: pathlib.Path) -> list[str]:
             continue
         deps, slow = targets[name]
         problems += _missing_deps(f"//tests:{name}", path, deps, COMMON_TEST_DEPS, modules, repo)
+        twice = sorted(label for label in set(deps) if deps.count(label) > 1 or label in COMMON_TEST_DEPS)
+        if twice:  # Bazel refuses the whole package over a duplicate label
+            problems.append(f"//tests:{name} lists {', '.join(twice)} twice (pytest_test adds "
+                            f"{', '.join(sorted(COMMON_TEST_DEPS))} itself)")
         marked = marks_slow(path)
         if marked and slow == "none":
             problems.append(
