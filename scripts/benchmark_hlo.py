@@ -94,7 +94,7 @@ def define_flags(flag_values) -> None:
                          flag_values=fv)
     flags.DEFINE_string("peer", None, "--time: directory made by ../shared/peer/setup.sh: also time the authors' "
                         "PyTorch code on the same device", flag_values=fv)
-    flags.DEFINE_string("profile", None, "--time: also trace a few steps of each module and write where the step's "
+    flags.DEFINE_string("profile_dir", None, "--time: also trace a few steps of each module and write where the step's "
                         "time goes to this folder (profile.json and each module's optimized HLO)", flag_values=fv)
     flags.DEFINE_list("batches", [], "--dump: batch sizes to write besides each case's own (names get _bN)",
                       flag_values=fv)
@@ -339,7 +339,7 @@ def _profile(jax, step, executable, runs: int = 3) -> tuple:
                 step()
         found = glob.glob(os.path.join(trace, "**", "perfetto_trace.json.gz"), recursive=True)
         if len(found) != 1:
-            raise UserError(f"the profiler wrote {len(found)} perfetto traces, not one; time without --profile")
+            raise UserError(f"the profiler wrote {len(found)} perfetto traces, not one; time without --profile_dir")
         with gzip.open(found[0], "rt") as f:
             events = json.load(f).get("traceEvents", [])
     return hlo, kernel_table(events, hlo, runs)
@@ -497,8 +497,8 @@ def time_all(folder: str, steps: int, size: int, peer: str | None, profile: str 
         return
     from txl_tf.base import staging
 
-    paths.replaceable_dir(profile, "--profile", kind=PROFILE_KIND, overwrite=overwrite)
-    with staging.staged_dir(profile, kind=PROFILE_KIND, name="--profile", overwrite=overwrite) as tmp:
+    paths.replaceable_dir(profile, "--profile_dir", kind=PROFILE_KIND, overwrite=overwrite)
+    with staging.staged_dir(profile, kind=PROFILE_KIND, name="--profile_dir", overwrite=overwrite) as tmp:
         tables = _time_all(meta, folder, steps, size, peer, tmp)
         with open(os.path.join(tmp, "profile.json"), "w") as f:
             json.dump(tables, f, indent=1)
@@ -515,7 +515,7 @@ def _time_all(meta: dict, folder: str, steps: int, size: int, peer: str | None, 
     tables = {}
     for name, entry in meta.items():
         got = _child(f"--child=module:{name}", f"--time={folder}", f"--steps={steps}",
-                     *([f"--profile={profile}"] if profile else []))
+                     *([f"--profile_dir={profile}"] if profile else []))
         flops = entry["flops_per_step"] / got["seconds"]
         line = (f"{name:<20} {got['seconds']:8.4f} {entry['tokens'] / got['seconds']:10,.0f} {flops / 1e12:8.3g} "
                 f"{flops / peaks[entry['mode']]:6.1%} {got['memory'] / 1e9:9.2f} {got['nll_per_token']:7.3f} "
@@ -554,7 +554,7 @@ def main(argv) -> None:
         if kind == "peaks":
             result = child_peaks(FLAGS.matmul_size)
         elif kind == "module":
-            result = child_module(FLAGS.time, name, FLAGS.steps, FLAGS.profile)
+            result = child_module(FLAGS.time, name, FLAGS.steps, FLAGS.profile_dir)
         else:
             case, _, batch = name.partition(":")
             result = child_peer(FLAGS.peer, case, int(batch), FLAGS.steps)
@@ -575,7 +575,7 @@ def main(argv) -> None:
             batches.append(int(text))
         dump(FLAGS.dump, FLAGS.cases, FLAGS.modes, FLAGS.overwrite, tuple(batches))
     else:
-        time_all(FLAGS.time, FLAGS.steps, FLAGS.matmul_size, FLAGS.peer, FLAGS.profile, FLAGS.overwrite)
+        time_all(FLAGS.time, FLAGS.steps, FLAGS.matmul_size, FLAGS.peer, FLAGS.profile_dir, FLAGS.overwrite)
 
 
 if __name__ == "__main__":

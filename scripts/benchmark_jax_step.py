@@ -6,9 +6,9 @@
     python scripts/benchmark_jax_step.py --prepare=FOLDER [--cases=...]
     # there (JAX and PyTorch, no TensorFlow), from the repository's root:
     python3 -m pip install -q --no-index --no-deps --target /tmp/site FOLDER/*.whl && \\
-        PYTHONPATH=/tmp/site:. KERAS_BACKEND=jax python3 scripts/benchmark_jax_step.py --time [--peer=PEER]
+        PYTHONPATH=/tmp/site:. KERAS_BACKEND=jax python3 scripts/benchmark_jax_step.py --measure [--peer=PEER]
 
---time: for each case (`benchmark_hlo.CASES`: the paper's enwik8 base, its WikiText-103 base, NVIDIA's base) and
+--measure: for each case (`benchmark_hlo.CASES`: the paper's enwik8 base, its WikiText-103 base, NVIDIA's base) and
 mode (f32: float32 weights and compute, XLA's default matmul precision, TF32 on NVIDIA; bf16: Keras's
 "mixed_bfloat16" policy), one jitted step of `TransformerXL` on random tokens in a fresh process: the forward
 pass with the memory carried from the last step, the mean NLL, its gradient (`jax.value_and_grad` over the model's
@@ -55,11 +55,10 @@ def define_flags(flag_values) -> None:
     fv = flag_values
     flags.DEFINE_string("prepare", None, "here: download the wheels the device lacks into this folder (inside the "
                         "repository, ignored by git) and print the command to run there", flag_values=fv)
-    flags.DEFINE_bool("time", False, "time the step on JAX's first device", flag_values=fv)
+    flags.DEFINE_bool("measure", False, "time the step on JAX's first device", flag_values=fv)
     flags.DEFINE_list("cases", ["enwik8_base", "wt103_nvbase"], f"of {sorted(benchmark_hlo.CASES)}", flag_values=fv)
     flags.DEFINE_list("modes", ["bf16", "f32"], "f32 and/or bf16 (mixed_bfloat16)", flag_values=fv)
-    flags.DEFINE_integer("batch", 0, "batch size instead of each case's own (0: the case's)", lower_bound=0,
-                         upper_bound=4096, flag_values=fv)
+    flags.DEFINE_list("batches", [], "batch sizes instead of each case's own (empty: the case's)", flag_values=fv)
     flags.DEFINE_integer("steps", 10, "timed steps (after 2 untimed); the median counts", lower_bound=1,
                          upper_bound=1000, flag_values=fv)
     flags.DEFINE_integer("matmul_size", 8192, "square matmul size for the peak", lower_bound=16, upper_bound=32768,
@@ -164,7 +163,7 @@ def _peer(peer: str, case: str, batch: int, steps: int) -> list:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def time_all(cases: list, modes: list, batch: int, steps: int, size: int, peer: str | None) -> None:
+def time_all(cases: list, modes: list, batches: list, steps: int, size: int, peer: str | None) -> None:
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "benchmark_hlo.py")
     proc = subprocess.run([sys.executable, script, "--child=peaks", f"--matmul_size={size}"], capture_output=True,
                           text=True, env=dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false"))
@@ -175,9 +174,8 @@ def time_all(cases: list, modes: list, batch: int, steps: int, size: int, peer: 
           f"{peaks['f32'] / 1e12:.3g} TFLOP/s f32 at default precision ({size}^3)", flush=True)
     print(f"{'case':<14} {'mode':<5} {'batch':>5} {'s/step':>8} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} "
           f"{'memory GB':>9} {'loss':>6} {'at 0':>5}" + ("  peer fwd+bwd tok/s, step tok/s   ours/peer" if peer else ""))
-    for case in cases:
-        arch, own_batch, _ = benchmark_hlo.CASES[case]
-        rows = batch or own_batch
+    for case, rows in ((c, b) for c in cases for b in (batches or [benchmark_hlo.CASES[c][1]])):
+        arch = benchmark_hlo.CASES[case][0]
         theirs = {(r["mode"], r["whole"]): r for r in _peer(peer, case, rows, min(steps, 10))} if peer else {}
         for mode in modes:
             got = _child(f"--child={case}:{mode}:{rows}", f"--steps={steps}")
@@ -239,7 +237,7 @@ def prepare(folder: str) -> None:
     cases = ",".join(FLAGS.cases)
     print(f"carry: [{inside!r}]; command there:\n  python3 -m pip install -q --no-index --no-deps --no-compile "
           f"--target /tmp/site {inside}/*.whl && PYTHONPATH=/tmp/site:. KERAS_BACKEND=jax PYTHONUNBUFFERED=1 "
-          f"python3 scripts/benchmark_jax_step.py --time --cases={cases} --modes={','.join(FLAGS.modes)}")
+          f"python3 scripts/benchmark_jax_step.py --measure --cases={cases} --modes={','.join(FLAGS.modes)}")
 
 
 def main(argv) -> None:
@@ -251,14 +249,19 @@ def main(argv) -> None:
     unknown = sorted(set(FLAGS.cases) - set(benchmark_hlo.CASES)) + sorted(set(FLAGS.modes) - {"f32", "bf16"})
     if unknown:
         raise UserError(f"--cases/--modes: unknown {unknown}; cases are {sorted(benchmark_hlo.CASES)}, modes f32, bf16")
-    if (FLAGS.prepare is None) == (not FLAGS.time):
-        raise UserError("give exactly one of --prepare=FOLDER (here) and --time (on the device)")
+    if (FLAGS.prepare is None) == (not FLAGS.measure):
+        raise UserError("give exactly one of --prepare=FOLDER (here) and --measure (on the device)")
     if FLAGS.prepare is not None:
         prepare(FLAGS.prepare)
     else:
         if FLAGS.peer:
             benchmark_hlo._peer_code(FLAGS.peer)
-        time_all(FLAGS.cases, FLAGS.modes, FLAGS.batch, FLAGS.steps, FLAGS.matmul_size, FLAGS.peer)
+        batches = []
+        for text in FLAGS.batches:
+            if not text.isdigit() or not 0 < int(text) <= 4096:
+                raise UserError(f"--batches: {text!r} is not a batch size from 1 to 4096")
+            batches.append(int(text))
+        time_all(FLAGS.cases, FLAGS.modes, batches, FLAGS.steps, FLAGS.matmul_size, FLAGS.peer)
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def test_dump_writes_loadable_modules(dumped):
 
 def test_time_runs_the_modules_under_jax(dumped, tmp_path):
     profile = tmp_path / "profile"
-    proc = run(f"--time={dumped}", "--steps=2", "--matmul_size=64", f"--profile={profile}")
+    proc = run(f"--time={dumped}", "--steps=2", "--matmul_size=64", f"--profile_dir={profile}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = re.findall(r"^(tiny_\w+)\s+([\d.]+)\s+([\d,]+)\s+\S+\s+([\d.]+)%\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$",
                       proc.stdout, re.M)
@@ -76,7 +76,7 @@ def test_time_runs_the_modules_under_jax(dumped, tmp_path):
         expected = math.log(102) + 0.3 * math.log(300) + 0.6 * math.log(600)
         assert float(at_zero) == pytest.approx(expected, abs=0.006)
         assert abs(float(nll) - expected) < 0.6 * (64 / tokens) ** 0.5  # NLL spread ~1.9: ~2.5 standard errors
-    # --profile: JAX's profiler traced real steps (here the CPU's XLA thunks), each traced instruction found in the
+    # --profile_dir: JAX's profiler traced real steps (here the CPU's XLA thunks), each traced instruction found in the
     # optimized module, the matmuls among them, the layers' ops grouped, the backward pass told by its op names
     tables = json.load(open(profile / "profile.json"))
     assert sorted(tables) == sorted(r[0] for r in rows)
@@ -88,8 +88,8 @@ def test_time_runs_the_modules_under_jax(dumped, tmp_path):
         with gzip.open(profile / f"{name}.hlo.txt.gz", "rt") as f:
             assert f.read().startswith("HloModule")
     assert re.search(r"^  tiny_f32: \d+% of the step's [\d.]+ ms in host XLA thunks; .*matmul \d+%", proc.stdout, re.M)
-    again = run(f"--time={dumped}", "--steps=1", "--matmul_size=16", f"--profile={tmp_path}")
-    one_line_error(again, f"--profile={tmp_path} exists and holds no hlo profile")
+    again = run(f"--time={dumped}", "--steps=1", "--matmul_size=16", f"--profile_dir={tmp_path}")
+    one_line_error(again, f"--profile_dir={tmp_path} exists and holds no hlo profile")
 
 
 def test_time_refuses_a_meta_json_it_did_not_write(tmp_path):

@@ -22,7 +22,7 @@ def run(*args, cwd=REPO):
 
 def test_the_step_runs_on_jax_and_starts_at_tensorflows_loss():
     pytest.importorskip("jax")
-    proc = run("--time", "--cases=tiny", "--modes=f32,bf16", "--steps=2", "--matmul_size=64")
+    proc = run("--measure", "--cases=tiny", "--modes=f32,bf16", "--steps=2", "--matmul_size=64")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = re.findall(r"^tiny\s+(f32|bf16)\s+4\s+([\d.]+)\s+([\d,]+)\s+\S+\s+([\d.]+)%\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$",
                       proc.stdout, re.M)
@@ -41,7 +41,7 @@ def test_prepare_refuses_folders_the_device_tool_would_not_carry(tmp_path):
     assert proc.returncode == 2 and "is outside the repository" in proc.stderr.strip().splitlines()[-1]
     proc = run("--prepare=scripts")
     assert proc.returncode == 2 and "--prepare=scripts is not ignored by git" in proc.stderr.strip().splitlines()[-1]
-    proc = run("--time", "--prepare=x")
+    proc = run("--measure", "--prepare=x")
     assert proc.returncode == 2 and "give exactly one of" in proc.stderr
-    proc = run("--time", "--cases=nope")
+    proc = run("--measure", "--cases=nope")
     assert proc.returncode == 2 and "unknown ['nope']" in proc.stderr
