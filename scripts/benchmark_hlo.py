@@ -467,14 +467,26 @@ def child_peer(peer: str, case: str, batch: int, steps: int) -> list:
     return rows
 
 
-def _child(*args: str) -> object:
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")  # each child's memory is its own
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *args], env=env, capture_output=True,
-                          text=True)
+def batch_sizes(texts: list) -> tuple:
+    """--batches as ints, each from 1 to 4096 (one line otherwise)."""
+    for text in texts:
+        if not text.isdigit() or not 0 < int(text) <= 4096:
+            raise UserError(f"--batches: {text!r} is not a batch size from 1 to 4096")
+    return tuple(int(text) for text in texts)
+
+
+def run_child(script: str, *args: str, **env: str) -> object:
+    """`script` with `args` in a child process (with `env` added to the environment): the JSON of its last line."""
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", **env)  # each child's memory is its own
+    proc = subprocess.run([sys.executable, os.path.abspath(script), *args], env=env, capture_output=True, text=True)
     if proc.returncode:
         tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
         raise UserError(f"{' '.join(args)} failed: {tail[0]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _child(*args: str) -> object:
+    return run_child(__file__, *args)
 
 
 def print_profile(name: str, seconds: float, table: dict) -> None:
@@ -568,12 +580,7 @@ def main(argv) -> None:
         if unknown:
             raise UserError(f"--cases/--modes: unknown {unknown}; cases are {sorted(CASES)}, modes {list(MODES)}")
         paths.replaceable_dir(FLAGS.dump, "--dump", kind=KIND, overwrite=FLAGS.overwrite)
-        batches = []
-        for text in FLAGS.batches:
-            if not text.isdigit() or not 0 < int(text) <= 4096:
-                raise UserError(f"--batches: {text!r} is not a batch size from 1 to 4096")
-            batches.append(int(text))
-        dump(FLAGS.dump, FLAGS.cases, FLAGS.modes, FLAGS.overwrite, tuple(batches))
+        dump(FLAGS.dump, FLAGS.cases, FLAGS.modes, FLAGS.overwrite, batch_sizes(FLAGS.batches))
     else:
         time_all(FLAGS.time, FLAGS.steps, FLAGS.matmul_size, FLAGS.peer, FLAGS.profile_dir, FLAGS.overwrite)
 

@@ -144,41 +144,25 @@ def child_step(case: str, mode: str, batch: int, steps: int) -> dict:
                 parameters=int(sum(math.prod(v.shape) for v in trainable)))
 
 
-def _child(*args: str) -> object:
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", KERAS_BACKEND="jax")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), *args], env=env, capture_output=True, text=True)
-    if proc.returncode:
-        tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
-        raise UserError(f"{' '.join(args)} failed: {tail[0]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def _peer(peer: str, case: str, batch: int, steps: int) -> list:
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "benchmark_hlo.py")
-    proc = subprocess.run([sys.executable, script, f"--child=peer:{case}:{batch}", f"--peer={peer}",
-                           f"--steps={steps}"], capture_output=True, text=True)
-    if proc.returncode:
-        tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
-        raise UserError(f"the peer ({case}, batch {batch}) failed: {tail[0]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+HLO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "benchmark_hlo.py")
 
 
 def time_all(cases: list, modes: list, batches: list, steps: int, size: int, peer: str | None) -> None:
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "benchmark_hlo.py")
-    proc = subprocess.run([sys.executable, script, "--child=peaks", f"--matmul_size={size}"], capture_output=True,
-                          text=True, env=dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false"))
-    if proc.returncode:
-        raise UserError(f"the matmul peak failed: {(proc.stderr.strip().splitlines() or ['no output'])[-1]}")
-    peaks = json.loads(proc.stdout.strip().splitlines()[-1])
+    peaks = benchmark_hlo.run_child(HLO, "--child=peaks", f"--matmul_size={size}")
     print(f"device: {peaks['device']} (JAX {peaks['jax']}); matmul peak {peaks['bf16'] / 1e12:.3g} TFLOP/s bf16, "
           f"{peaks['f32'] / 1e12:.3g} TFLOP/s f32 at default precision ({size}^3)", flush=True)
     print(f"{'case':<14} {'mode':<5} {'batch':>5} {'s/step':>8} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} "
           f"{'memory GB':>9} {'loss':>6} {'at 0':>5}" + ("  peer fwd+bwd tok/s, step tok/s   ours/peer" if peer else ""))
     for case, rows in ((c, b) for c in cases for b in (batches or [benchmark_hlo.CASES[c][1]])):
         arch = benchmark_hlo.CASES[case][0]
-        theirs = {(r["mode"], r["whole"]): r for r in _peer(peer, case, rows, min(steps, 10))} if peer else {}
+        theirs = {}
+        if peer:
+            runs = benchmark_hlo.run_child(HLO, f"--child=peer:{case}:{rows}", f"--peer={peer}",
+                                           f"--steps={min(steps, 10)}")
+            theirs = {(r["mode"], r["whole"]): r for r in runs}
         for mode in modes:
-            got = _child(f"--child={case}:{mode}:{rows}", f"--steps={steps}")
+            got = benchmark_hlo.run_child(__file__, f"--child={case}:{mode}:{rows}", f"--steps={steps}",
+                                          KERAS_BACKEND="jax")
             flops = got["flops_per_step"] / got["seconds"]
             memory = f"{got['memory'] / 1e9:9.2f}" if got["memory"] else f"{'-':>9}"
             line = (f"{case:<14} {mode:<5} {rows:>5} {got['seconds']:8.4f} {got['tokens'] / got['seconds']:10,.0f} "
@@ -256,12 +240,8 @@ def main(argv) -> None:
     else:
         if FLAGS.peer:
             benchmark_hlo._peer_code(FLAGS.peer)
-        batches = []
-        for text in FLAGS.batches:
-            if not text.isdigit() or not 0 < int(text) <= 4096:
-                raise UserError(f"--batches: {text!r} is not a batch size from 1 to 4096")
-            batches.append(int(text))
-        time_all(FLAGS.cases, FLAGS.modes, batches, FLAGS.steps, FLAGS.matmul_size, FLAGS.peer)
+        time_all(FLAGS.cases, FLAGS.modes, list(benchmark_hlo.batch_sizes(FLAGS.batches)), FLAGS.steps,
+                 FLAGS.matmul_size, FLAGS.peer)
 
 
 if __name__ == "__main__":
