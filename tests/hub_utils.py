@@ -43,7 +43,7 @@ def plain_greedy(lm, prompts, max_length):
         for start in range(0, len(ids), segment):
             hidden, memory = model(np.array([ids[start:start + segment]], np.int32), memory, protocol=protocol)
         while len(ids) < max_length:
-            ids.append(int(np.argmax(model.log_probs(hidden[:, -1:])[0, 0])))
+            ids.append(int(np.argmax(keras.ops.convert_to_numpy(model.log_probs(hidden[:, -1:]))[0, 0])))
             hidden, memory = model(np.array([ids[-1:]], np.int32), memory, protocol=protocol)
         texts.append(VOCAB.decode(ids))
     return texts

@@ -60,6 +60,7 @@ from txl_tf.lm import hub_files
 from txl_tf.lm.sampling import Generator, check_settings, generate_with, text_pieces, with_prompt
 from txl_tf.lm.text_scoring import ScoreResult, ScoreStream, as_texts, check_text, short_text
 from txl_tf.lm.tokenizer import GraphTokenizer
+from txl_tf.model import tensor_ops as T
 from txl_tf.model.attention import without_runtime_asserts
 from txl_tf.model.inference import Recurrent, run_segments
 from txl_tf.model.protocol import Protocol
@@ -234,7 +235,7 @@ class TransformerXLBackbone(keras_hub.models.Backbone):
         padding (padding_mask 0, right-aligned) does not enter the state."""
         lengths = None
         if padding_mask is not None:
-            lengths = tf.reduce_sum(tf.cast(padding_mask, tf.int32), axis=1)
+            lengths = keras.ops.sum(T.cast(padding_mask, T.int32), axis=1)
         return self.transformer_xl(token_ids, state, protocol=protocol or self.protocol, lengths=lengths,
                                    training=training)
 
@@ -430,15 +431,15 @@ def _token_str(token) -> str:
 def _to_hub(state):
     """A `txl_tf.model.state` value -> (keras-hub's cache: a tuple with the batch first, the position keys or ())."""
     if isinstance(state, Cache):
-        return (tf.transpose(state.keys, [2, 0, 1, 3, 4]), tf.transpose(state.values, [2, 0, 1, 3, 4])), \
+        return (T.transpose(state.keys, [2, 0, 1, 3, 4]), T.transpose(state.values, [2, 0, 1, 3, 4])), \
             state.position_keys
-    return (tf.transpose(state.hidden, [1, 0, 2, 3]),), ()
+    return (T.transpose(state.hidden, [1, 0, 2, 3]),), ()
 
 
 def _from_hub(cache, position_keys):
     if len(cache) == 2:
-        return Cache(tf.transpose(cache[0], [1, 2, 0, 3, 4]), tf.transpose(cache[1], [1, 2, 0, 3, 4]), position_keys)
-    return Memory(tf.transpose(cache[0], [1, 0, 2, 3]))
+        return Cache(T.transpose(cache[0], [1, 2, 0, 3, 4]), T.transpose(cache[1], [1, 2, 0, 3, 4]), position_keys)
+    return Memory(T.transpose(cache[0], [1, 0, 2, 3]))
 
 
 class _LogProbabilities(keras.layers.Layer):
@@ -525,15 +526,22 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         Returns (hidden [B, T, d] of the prompt positions, zeros after; keras-hub's cache; the position keys).
         The cache holds the state's tensors, then each row's log-probs [B, V] and hidden [B, d] after its prompt
         and the prompt lengths [B]: the loop's `next` takes a row's prompt tokens from there instead of feeding
-        them again."""
+        them again. The segments run in a `tf.while_loop` on TensorFlow, a `keras.ops.while_loop` under jax.jit,
+        and a Python loop where the lengths are numbers (PyTorch, JAX eagerly)."""
         segment, model = self.backbone.segment_len, self.backbone.transformer_xl
-        batch, total = tf.shape(token_ids)[0], tf.shape(token_ids)[1]
-        padded = tf.pad(token_ids, [[0, 0], [0, segment]])
+        batch, total = T.shape(token_ids)[0], T.shape(token_ids)[1]
+        padded = T.pad(token_ids, [[0, 0], [0, segment]])
         state, position_keys = _to_hub(self._initial_state(batch))
-        hidden_states = tf.zeros([total + segment, batch, model.d_model], self.compute_dtype)  # time first
-        last_logits = tf.zeros([batch, model.n_token], tf.float32)
-        last_hidden = tf.zeros([batch, model.d_model], self.compute_dtype)
-        longest = tf.reduce_max(lengths)
+        hidden_states = T.zeros([total + segment, batch, model.d_model], self.compute_dtype)  # time first
+        last_logits = T.zeros([batch, model.n_token], T.float32)
+        last_hidden = T.zeros([batch, model.d_model], self.compute_dtype)
+        longest = keras.ops.max(lengths)
+        eager = not T.TENSORFLOW and T.concrete(longest)
+        if eager:
+            longest = int(keras.ops.convert_to_numpy(longest))
+        elif model.encoding.absolute and not T.TENSORFLOW:  # a last segment of a traced width: refused by XLA
+            raise ConfigError(f"generate with attn_type={model.attn_type!r} on {T.BACKEND} runs eagerly only; "
+                              "compile(generate_jit_compile=False)")
         count = (longest + segment - 1) // segment
 
         def body(i, state, hidden_states, last_logits, last_hidden):
@@ -541,38 +549,47 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             # so their last segment is shorter; the relative ones give the same numbers for a padded segment,
             # whose static width XLA needs.
             start = i * segment
-            width = tf.minimum(segment, longest - start) if model.encoding.absolute else segment
-            chunk = tf.slice(padded, [0, start], [-1, width])
-            used = tf.clip_by_value(lengths - start, 0, width)  # [B] prompt tokens of each row in this chunk
-            hidden, new_state = self.backbone.call_with_state(chunk, _from_hub(state, position_keys),
-                                                              tf.sequence_mask(used, width, tf.int32))
+            width = T.minimum(segment, longest - start) if model.encoding.absolute else segment
+            chunk = T.slice(padded, [0, start], [-1 if T.TENSORFLOW else batch, width])
+            used = T.clip_by_value(lengths - start, 0, width)  # [B] prompt tokens of each row in this chunk
+            mask = T.cast(T.arange(width)[None, :] < used[:, None], T.int32)
+            hidden, new_state = self.backbone.call_with_state(chunk, _from_hub(state, position_keys), mask)
             state, _ = _to_hub(new_state)
-            hidden = tf.cast(hidden, hidden_states.dtype)
-            hidden_states = tf.tensor_scatter_nd_update(hidden_states, (start + tf.range(width))[:, None],
-                                                        tf.transpose(hidden, [1, 0, 2]))
+            hidden = T.cast(hidden, hidden_states.dtype)
+            if T.TENSORFLOW:
+                hidden_states = tf.tensor_scatter_nd_update(hidden_states, (start + tf.range(width))[:, None],
+                                                            tf.transpose(hidden, [1, 0, 2]))
+            else:
+                hidden_states = keras.ops.slice_update(hidden_states, [start, 0, 0], T.transpose(hidden, [1, 0, 2]))
             ends = (used > 0)[:, None]  # rows whose prompt goes on in this chunk: their last token so far
-            last = tf.gather(hidden, tf.maximum(used - 1, 0), batch_dims=1)  # [B, d]
+            last = T.batch_gather(hidden, T.maximum(used - 1, 0)[:, None], 1)[:, 0]  # [B, d]
             # Log-probabilities of the last position only: never [B, L, V] for a prompt segment.
-            logits = tf.cast(model.log_probs(last[:, None])[:, 0], tf.float32)
-            last_logits = tf.where(ends, logits, last_logits)
-            last_hidden = tf.where(ends, last, last_hidden)
-            # The loop's tensors keep their static shapes (a batch of 1 stays 1 through tf.gather).
-            return (i + 1, *tf.nest.map_structure(lambda new, old: tf.ensure_shape(new, old.shape),
-                                                  (state, hidden_states, last_logits, last_hidden), loop_vars[1:]))
+            logits = T.cast(model.log_probs(last[:, None])[:, 0], T.float32)
+            last_logits = T.where(ends, logits, last_logits)
+            last_hidden = T.where(ends, last, last_hidden)
+            # The loop's tensors keep their static shapes (a batch of 1 stays 1 through the gather).
+            return (i + 1, *T.map_structure(lambda new, old: T.ensure_shape(new, old.shape),
+                                            (state, hidden_states, last_logits, last_hidden), loop_vars[1:]))
 
-        loop_vars = (tf.constant(0), state, hidden_states, last_logits, last_hidden)
-        _, state, hidden_states, last_logits, last_hidden = tf.while_loop(
-            lambda i, *_: i < count, body, loop_vars)
+        loop_vars = (0, state, hidden_states, last_logits, last_hidden)
+        if eager:
+            for i in range(count):
+                loop_vars = body(i, *loop_vars[1:])
+        elif T.TENSORFLOW:
+            loop_vars = tf.while_loop(lambda i, *_: i < count, body, (tf.constant(0), *loop_vars[1:]))
+        else:
+            loop_vars = keras.ops.while_loop(lambda i, *_: i < count, body, (T.constant(0, T.int32), *loop_vars[1:]))
+        _, state, hidden_states, last_logits, last_hidden = loop_vars
         cache = (*state, last_logits, last_hidden, lengths)
-        return tf.transpose(hidden_states[:total], [1, 0, 2]), cache, position_keys
+        return T.transpose(hidden_states[:total], [1, 0, 2]), cache, position_keys
 
     def _decodes_in_a_ring(self, compiled: bool = True) -> bool:
         """Whether the loop's tokens go through `RelativeMultiHeadAttention.decode_ring` (the encodings whose
         scores have position rows only: xl, shaw) rather than the cached call; `compiled`: as compile's
         `generate_ring` says (False: the default, whatever compile said)."""
         model = self.backbone.transformer_xl
-        possible = (model.encoding.position_keys_cached and model.supports_cache(self.backbone.protocol)
-                    and self.backbone.protocol.mem_len > 0)
+        possible = (T.TENSORFLOW and model.encoding.position_keys_cached  # decode_ring's scatter: TensorFlow's
+                    and model.supports_cache(self.backbone.protocol) and self.backbone.protocol.mem_len > 0)
         return possible and (not compiled or getattr(self, "generate_ring", None) is not False)
 
     def _generate_jit(self, compiled: bool = True) -> bool:
@@ -653,8 +670,8 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         """keras-hub's generation step; `ring`: decode with `_ring_loop` (None: `_decodes_in_a_ring()`);
         `sampler`: a keras-hub sampler instead of compile()'s."""
         token_ids, padding_mask = inputs["token_ids"], inputs["padding_mask"]
-        padding_mask = tf.cast(padding_mask, tf.bool)
-        lengths = tf.reduce_sum(tf.cast(padding_mask, tf.int32), axis=1)  # prompts: right-padded
+        padding_mask = T.cast(padding_mask, "bool")
+        lengths = keras.ops.sum(T.cast(padding_mask, T.int32), axis=1)  # prompts: right-padded
         hidden_states, cache, position_keys = self._build_cache(token_ids, lengths)
         if self._decodes_in_a_ring() if ring is None else ring:
             return self._finish(token_ids, padding_mask, stop_token_ids, hidden_states,
@@ -668,30 +685,31 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
 
         def next(prompt, cache, index):
             *state, last_logits, last_hidden, lengths = cache
-            token = tf.slice(prompt, [0, index - 1], [-1, 1])
+            token = T.slice(prompt, [0, index - 1], [-1 if T.TENSORFLOW else prompt.shape[0], 1])
             fresh = index - 1 >= lengths  # [B]: the token at index - 1 is not in the state yet (not the prompt's)
             logits, hidden, state = self.call_with_cache(token, tuple(state), position_keys,
-                                                         tf.cast(fresh, tf.int32)[:, None])
-            logits = tf.where(fresh[:, None], tf.cast(logits[:, 0], tf.float32), last_logits)
-            hidden = tf.where(fresh[:, None], tf.cast(hidden[:, 0], last_hidden.dtype), last_hidden)
+                                                         T.cast(fresh, T.int32)[:, None])
+            logits = T.where(fresh[:, None], T.cast(logits[:, 0], T.float32), last_logits)
+            hidden = T.where(fresh[:, None], T.cast(hidden[:, 0], last_hidden.dtype), last_hidden)
             return logits, hidden, (*state, last_logits, last_hidden, lengths)
 
         return next
 
     def _finish(self, token_ids, padding_mask, stop_token_ids, hidden_states, next, cache, sampler=None):
         """The sampler's loop from `cache` with `next`, and the padding mask of what it generated."""
-        lengths = tf.reduce_sum(tf.cast(padding_mask, tf.int32), axis=1)
-        index = tf.maximum(tf.reduce_min(lengths), 1)
+        ops = keras.ops
+        lengths = ops.sum(T.cast(padding_mask, T.int32), axis=1)
+        index = ops.maximum(ops.min(lengths), 1)
         sampler = sampler or self.sampler
         token_ids = sampler(next=next, prompt=token_ids, cache=cache, index=index, mask=padding_mask,
                             stop_token_ids=stop_token_ids, hidden_states=hidden_states, model=self)
         if stop_token_ids is None:
-            return {"token_ids": token_ids, "padding_mask": tf.ones_like(token_ids, tf.bool)}
-        ends = tf.reduce_any(tf.equal(token_ids[..., None], tf.constant(list(stop_token_ids), token_ids.dtype)),
-                             axis=-1) & tf.logical_not(padding_mask)  # new stop tokens
-        ends = tf.cast(ends, tf.int32)
-        after = tf.cumsum(ends, axis=-1) - ends  # positions after the first new stop token
-        return {"token_ids": token_ids, "padding_mask": tf.equal(after, 0)}
+            return {"token_ids": token_ids, "padding_mask": ops.ones_like(token_ids, "bool")}
+        stops = ops.convert_to_tensor(list(stop_token_ids), token_ids.dtype)
+        ends = ops.any(ops.equal(token_ids[..., None], stops), axis=-1) & ops.logical_not(padding_mask)  # new stops
+        ends = T.cast(ends, T.int32)
+        after = ops.cumsum(ends, axis=-1) - ends  # positions after the first new stop token
+        return {"token_ids": token_ids, "padding_mask": ops.equal(after, 0)}
 
     def generate(self, inputs, max_length=None, stop_token_ids="auto", strip_prompt=False, *, temperature=None,
                  top_k=None, top_p=None, seed=None):
@@ -777,6 +795,11 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
 
     def make_generate_function(self):
         if self.generate_function is not None or self.run_eagerly:
+            return super().make_generate_function()
+        if not T.TENSORFLOW:  # keras-hub's: jax.jit of a stateless step, PyTorch eagerly; jax eagerly if not jit
+            if T.BACKEND == "jax" and not self._generate_jit():
+                self.generate_function = self.generate_step
+                return self.generate_function
             return super().make_generate_function()
         jit = self._generate_jit()
         # The choices of this compile() are fixed now: the function traces at its first call.
@@ -864,15 +887,15 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         if total is None:
             raise ConfigError("fit/evaluate/score on texts: the batches' sequence length is unknown; pad them to a "
                               "fixed length (the preprocessor's sequence_length does)")
-        lengths = tf.reduce_sum(tf.cast(padding_mask, tf.int32), axis=1)
-        state, hidden = model.initial_memory(tf.shape(token_ids)[0], protocol), []
+        lengths = keras.ops.sum(T.cast(padding_mask, T.int32), axis=1)
+        state, hidden = model.initial_memory(T.shape(token_ids)[0], protocol), []
         for start in range(0, total, segment):
             width = min(segment, total - start)
-            used = tf.clip_by_value(lengths - start, 0, width)  # each row's tokens in this segment
+            used = T.clip_by_value(lengths - start, 0, width)  # each row's tokens in this segment
             out, state = model(token_ids[:, start:start + width], state, protocol=protocol, lengths=used,
                                training=training)
             hidden.append(out)
-        return tf.concat(hidden, axis=1)
+        return T.concat(hidden, axis=1)
 
     def _loss_and_state(self, data, training):
         """(loss, y, y_pred or None, sample_weight, the stream's new memory and its variable, or None) of a batch."""
@@ -884,6 +907,10 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             hidden = self._text_hidden(x["token_ids"], x["padding_mask"], model.protocol, training)
             carried = None
         else:  # a stream-ordered corpus
+            if not T.TENSORFLOW:
+                raise ConfigError(f"fit/evaluate on a stream-ordered corpus (token ids without a padding_mask) runs "
+                                  f"on TensorFlow only (the memory between batches is a tf.Variable), not "
+                                  f"{T.BACKEND}; give texts (the preprocessor's token_ids and padding_mask)")
             tokens = x["token_ids"] if isinstance(x, dict) else x
             memory = self._recurrence.memory("train" if training else "test")
             hidden, state = self.backbone.call_with_state(tokens, Memory(memory.value()), protocol=model.protocol,
@@ -892,8 +919,8 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         y_pred = None
         if self._own_loss:
             nll = model.nll(hidden, y)  # [B, L] float32
-            weights = tf.ones_like(nll) if sample_weight is None else tf.cast(sample_weight, tf.float32)
-            loss = tf.reduce_sum(nll * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
+            weights = keras.ops.ones_like(nll) if sample_weight is None else T.cast(sample_weight, T.float32)
+            loss = keras.ops.sum(nll * weights) / keras.ops.maximum(keras.ops.sum(weights), 1.0)
         else:  # compile's loss on the log-probabilities as logits, as keras-hub's CausalLM
             y_pred = model.log_probs(hidden)
             loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training)
@@ -910,12 +937,27 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         x, y, y_pred, sample_weight = batch
         if carried is not None:
             carried[1].assign(carried[0])
-        self._loss_tracker.update_state(loss, sample_weight=tf.shape(y)[0])
+        self._loss_tracker.update_state(loss, sample_weight=T.shape(y)[0])
         if y_pred is not None:
             return self.compute_metrics(x, y, y_pred, sample_weight)
         return self.get_metrics_result()
 
-    def train_step(self, data):
+    # The loss of a batch is `_loss_and_state`'s on every backend (texts read in segments with the memory carried,
+    # the adaptive softmax's NLL without [B, L, V] logits); each backend's trainer calls it its own way.
+    def train_step(self, *args):
+        if T.BACKEND == "jax":  # stateless: Keras's step around `compute_loss_and_updates` below
+            return super().train_step(*args)
+        (data,) = args
+        if T.BACKEND == "torch":
+            loss, batch, carried = self._loss_and_state(data, training=True)
+            self.zero_grad()
+            self.optimizer.scale_loss(loss).backward()
+            weights = self.trainable_weights[:]
+            import torch
+
+            with torch.no_grad():
+                self.optimizer.apply([weight.value.grad for weight in weights], weights)
+            return self._results(loss, batch, carried)
         with tf.GradientTape() as tape:
             loss, batch, carried = self._loss_and_state(data, training=True)
             scaled = self.optimizer.scale_loss(loss)
@@ -923,9 +965,30 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         self.optimizer.apply_gradients(zip(gradients, self.trainable_weights, strict=True))
         return self._results(loss, batch, carried)
 
-    def test_step(self, data):
-        loss, batch, carried = self._loss_and_state(data, training=False)
+    def test_step(self, *args):
+        if T.BACKEND == "jax":
+            return super().test_step(*args)
+        loss, batch, carried = self._loss_and_state(args[0], training=False)
         return self._results(loss, batch, carried)
+
+    def compute_loss_and_updates(self, trainable_variables, non_trainable_variables, metrics_variables, x, y,
+                                 sample_weight, training=False, optimizer_variables=None):
+        """JAX's stateless loss (Keras's JAX trainer differentiates it): `_loss_and_state` with the given values
+        of the variables; returns (the scaled loss, (the loss, the log-probabilities or None, the new
+        non-trainable values, the metrics' values))."""
+        mapping = [*zip(self.trainable_variables, trainable_variables, strict=True),
+                   *zip(self.non_trainable_variables, non_trainable_variables, strict=True)]
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            loss, (_, _, y_pred, _), _ = self._loss_and_state((x, y, sample_weight), training)
+        non_trainable_variables = [scope.get_current_value(variable) if scope.get_current_value(variable) is not None
+                                   else value for variable, value in zip(self.non_trainable_variables,
+                                                                         non_trainable_variables, strict=True)]
+        unscaled = loss
+        if training and self.optimizer is not None:
+            with keras.StatelessScope(state_mapping=list(zip(self.optimizer.variables, optimizer_variables,
+                                                             strict=True))):
+                loss = self.optimizer.scale_loss(loss)
+        return loss, (unscaled, y_pred, non_trainable_variables, metrics_variables)
 
     def score(self, token_ids, padding_mask=None, scoring_mode="logits", layer_intercept_fn=None, target_ids=None):
         """keras-hub's `score`: per-token log-probabilities [B, T, V] ("logits": a softmax of them is the model's

@@ -17,6 +17,7 @@ PyTorch each is the `keras.ops` operation of the same meaning, and shapes are st
     joined_shape(a, b)           two pieces of a shape as one: tf.concat([a, b], 0), or a tuple
     batch_gather, invert_permutation, cond, ensure_shape
                                  tf.gather(batch_dims=1), tf.math.invert_permutation, tf.cond, tf.ensure_shape
+    concrete(x)                  whether x holds numbers now (eager), not a value being traced (tf.function, jax.jit)
     NoFusedKernels               what the layers see of the fused CPU kernels off TensorFlow: none applies
 
 Only what the ported layers call is here; TensorFlow-only parts (the fused CPU kernels, `tf.custom_gradient`,
@@ -86,6 +87,9 @@ if TENSORFLOW:
         """Two pieces of a shape (tensors or lists of ints) as one shape tensor."""
         return tf.concat([first, second], 0)
 
+    def concrete(x) -> bool:
+        return not tf.is_symbolic_tensor(x)
+
 else:
     from keras import ops
 
@@ -136,6 +140,13 @@ else:
 
     def joined_shape(first, second):
         return (*first, *second)
+
+    def concrete(x) -> bool:
+        if BACKEND == "jax":
+            import jax
+
+            return not isinstance(x, jax.core.Tracer)
+        return True  # PyTorch runs eagerly
 
     def reshape(x, new_shape):
         return ops.reshape(x, tuple(int(s) for s in new_shape))

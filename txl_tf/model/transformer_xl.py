@@ -249,6 +249,17 @@ class TransformerXL(keras.Model):
     def call(self, tokens, state=None, protocol=None, lengths=None, training=False, policy=None):
         return self._forward(tokens, state, protocol, lengths, training, return_probs=False, policy=policy)
 
+    def compute_output_spec(self, tokens, state=None, protocol=None, lengths=None, training=False, policy=None):
+        """The (hidden, new state) a symbolic call gives (a functional model's graph, `TransformerXLBackbone`),
+        worked out from the shapes instead of tracing the call: JAX's shape tracing takes no `Protocol` argument and
+        no symbolic length through the layers' static shapes. hidden [B, L, d_model] in the compute dtype; the new
+        state as the call returns it (a memory's kept positions unknown)."""
+        batch, length = tokens.shape[0], tokens.shape[1]
+        hidden = keras.KerasTensor((batch, length, self.d_model), self.compute_dtype)
+        if isinstance(state, Cache):
+            return hidden, state
+        return hidden, Memory(keras.KerasTensor((self.n_layer, batch, None, self.d_model), self.compute_dtype))
+
     def call_with_attention(self, tokens, state=None, protocol=None):
         """Inference pass that also returns attention probabilities [n, B, N, L, K] float32: (hidden, new state,
         probs)."""

@@ -1,0 +1,65 @@
+"""The keras-hub model on JAX and PyTorch does what it does on TensorFlow: a preset saved on TensorFlow loads there
+and generates the same text with each deterministic keras-hub sampler (and text with a random one), one `fit` step on text gives TensorFlow's
+loss before and after it, and the preset it saves loads on TensorFlow with the same greedy text.
+
+Each backend runs tests/backend_hub.py in its own process (a process has one Keras backend)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import backend_hub
+import pytest
+from hub_utils import VOCAB, tiny_lm
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _under(backend: str, preset: str, out_dir) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "PYTHONPATH")}
+    env.update(KERAS_BACKEND=backend, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "backend_hub.py"), preset, str(out_dir)],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out_dir / "result.json") as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("backend, attn_type", [
+    ("torch", "xl"),  # ~35 s here, each other ~20-40 s (JAX compiles each generate function)
+    pytest.param("jax", "xl", marks=pytest.mark.slow),
+    pytest.param("jax", "vaswani", marks=pytest.mark.slow),  # an absolute encoding: generated eagerly off TensorFlow
+    pytest.param("torch", "vaswani", marks=pytest.mark.slow),
+])
+def test_a_preset_generates_and_fits_alike_on_every_backend(tmp_path, backend, attn_type):
+    pytest.importorskip(backend)
+    import keras_hub
+
+    lm = tiny_lm(attn_type=attn_type, max_position=64, sequence_length=16)
+    preset = str(tmp_path / "tf_preset")
+    lm.save_to_preset(preset)
+    expected = backend_hub.run(keras_hub.models.CausalLM.from_preset(preset))
+    (tmp_path / backend).mkdir()
+    got = _under(backend, preset, tmp_path / backend)
+    assert got.pop("backend") == backend
+    assert sorted(got) == sorted(expected)
+    for key, texts in expected.items():
+        if key.split("/")[0] in backend_hub.DETERMINISTIC:
+            assert got[key] == texts, key
+        elif key.startswith("top_k"):  # another random stream: text of the prompts' rows
+            assert len(got[key]) == 2 and all(text.startswith(prompt) and len(VOCAB.encode(text)) == 16
+                                              for text, prompt in zip(got[key], backend_hub.PROMPTS, strict=True)), key
+    assert got["greedy/ring=True"] == got["greedy/ring=False"]
+    for key in ("loss_before", "loss_after"):
+        assert got[key] == pytest.approx(expected[key], abs=1e-5), key
+    assert got["loss_after"] < got["loss_before"] - 0.01  # the step did something
+    # The preset the other backend saved (weights after its fit step) loads here with its greedy text.
+    again = keras_hub.models.CausalLM.from_preset(str(tmp_path / backend / "preset"))
+    again.compile(sampler="greedy")
+    trained = lm.__class__.from_preset(preset)
+    trained.compile(optimizer=__import__("keras").optimizers.SGD(0.5))
+    x, y, weights = trained.preprocessor(backend_hub.TEXTS, sequence_length=16)
+    trained.train_on_batch(x, y, weights)
+    trained.compile(sampler="greedy")
+    assert again.generate(backend_hub.PROMPTS, max_length=16) == trained.generate(backend_hub.PROMPTS, max_length=16)
