@@ -8,6 +8,10 @@ model's cached call and with the ring of keys/values where the backend has it) a
 only checked to be text), takes one `fit` step on `TEXTS` with plain SGD (the loss before the step, then `evaluate`'s loss after it)
 and returns it all as a dict of JSON values. The script loads PRESET with `keras_hub.models.CausalLM.from_preset`,
 runs `run`, saves the model with `save_to_preset` to OUT_DIR/preset and writes OUT_DIR/result.json (with `backend`).
+
+    python tests/backend_hub.py PRESET OUT_DIR data_parallel   (JAX, with several devices)
+
+writes `data_parallel`'s losses instead.
 """
 
 from __future__ import annotations
@@ -39,15 +43,43 @@ def run(lm) -> dict:
     return out
 
 
-def main(preset: str, out_dir: str) -> None:
+def fit_losses(lm) -> list:
+    """The loss of each of two `fit` epochs (plain SGD) on TEXTS, a batch of 2 rows."""
+    import keras
+
+    lm.compile(optimizer=keras.optimizers.SGD(0.5))
+    x, y, weights = lm.preprocessor(TEXTS, sequence_length=16)
+    return lm.fit(x, y, sample_weight=weights, batch_size=2, epochs=2, shuffle=False, verbose=0).history["loss"]
+
+
+def data_parallel(preset: str) -> dict:
+    """`fit_losses` on one device, then with `keras.distribution.DataParallel` over every device (JAX: the batch's
+    rows split between them, the weights replicated)."""
+    import jax
+    import keras
+    import keras_hub
+
+    one = fit_losses(keras_hub.models.CausalLM.from_preset(preset))
+    devices = keras.distribution.list_devices("cpu")
+    keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
+    lm = keras_hub.models.CausalLM.from_preset(preset)
+    sharding = lm.backbone.transformer_xl.embedding.trainable_variables[0].value.sharding
+    return {"one_device": one, "data_parallel": fit_losses(lm), "devices": len(devices),
+            "weights_on": len(sharding.device_set), "jax_devices": jax.device_count()}
+
+
+def main(preset: str, out_dir: str, mode: str = "run") -> None:
     import keras
     import keras_hub
 
     import txl_tf.lm.hub  # noqa: F401  (registers the classes)
 
-    lm = keras_hub.models.CausalLM.from_preset(preset)
-    result = run(lm)
-    lm.save_to_preset(os.path.join(out_dir, "preset"))
+    if mode == "data_parallel":
+        result = data_parallel(preset)
+    else:
+        lm = keras_hub.models.CausalLM.from_preset(preset)
+        result = run(lm)
+        lm.save_to_preset(os.path.join(out_dir, "preset"))
     result["backend"] = keras.backend.backend()
     with open(os.path.join(out_dir, "result.json"), "w") as f:
         json.dump(result, f)

@@ -16,10 +16,10 @@ from hub_utils import VOCAB, tiny_lm
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _under(backend: str, preset: str, out_dir) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "PYTHONPATH")}
-    env.update(KERAS_BACKEND=backend, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO)
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "backend_hub.py"), preset, str(out_dir)],
+def _under(backend: str, preset: str, out_dir, *mode, **env_vars) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "PYTHONPATH", "XLA_FLAGS")}
+    env.update(KERAS_BACKEND=backend, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, **env_vars)
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "tests", "backend_hub.py"), preset, str(out_dir), *mode],
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out_dir / "result.json") as f:
@@ -63,3 +63,15 @@ def test_a_preset_generates_and_fits_alike_on_every_backend(tmp_path, backend, a
     trained.train_on_batch(x, y, weights)
     trained.compile(sampler="greedy")
     assert again.generate(backend_hub.PROMPTS, max_length=16) == trained.generate(backend_hub.PROMPTS, max_length=16)
+
+
+def test_data_parallel_fit_on_two_jax_devices_gives_one_devices_loss(tmp_path):
+    """keras.distribution.DataParallel over two virtual CPU devices: each device a row of the batch, the weights on
+    both; the two epochs' losses (the second after an SGD step from the all-reduced gradient) equal one device's."""
+    pytest.importorskip("jax")
+    preset = str(tmp_path / "preset")
+    tiny_lm(sequence_length=16).save_to_preset(preset)
+    got = _under("jax", preset, tmp_path, "data_parallel", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    assert got["jax_devices"] == got["devices"] == got["weights_on"] == 2
+    assert got["one_device"][1] < got["one_device"][0] - 0.01  # the step did something
+    assert got["data_parallel"] == pytest.approx(got["one_device"], abs=1e-5)
