@@ -5,9 +5,10 @@ backends.
 
 `run(lm)` generates `PROMPTS` with each deterministic keras-hub sampler (greedy, beam, contrastive; greedy with the
 model's cached call and with the ring of keys/values where the backend has it) and a random one (top-k: its tokens
-only checked to be text), takes one `fit` step on `TEXTS` with plain SGD (the loss before the step, then `evaluate`'s loss after it)
-and returns it all as a dict of JSON values. The script loads PRESET with `keras_hub.models.CausalLM.from_preset`,
-runs `run`, saves the model with `save_to_preset` to OUT_DIR/preset and writes OUT_DIR/result.json (with `backend`).
+only checked to be text), takes one `fit` step on `TEXTS` with plain SGD (the loss before the step, then
+`evaluate`'s loss after it) and returns it all as a dict of JSON values; `extras(lm)` adds `score_text`'s figure, LoRA's and int8's. The script
+loads PRESET with `keras_hub.models.CausalLM.from_preset`, runs `run`, saves the model with `save_to_preset` to
+OUT_DIR/preset, runs `extras` and writes OUT_DIR/result.json (with `backend`).
 
     python tests/backend_hub.py PRESET OUT_DIR data_parallel   (JAX, with several devices)
 
@@ -40,6 +41,26 @@ def run(lm) -> dict:
     x, y, weights = lm.preprocessor(TEXTS, sequence_length=16)
     out["loss_before"] = float(lm.train_on_batch(x, y, weights))
     out["loss_after"] = float(lm.evaluate(x, y, sample_weight=weights, verbose=0))
+    return out
+
+
+def extras(lm) -> dict:
+    """`score_text`'s figure; LoRA's greedy text and one step's loss; int8's greedy text (changes `lm`)."""
+    import keras
+
+    out = {}
+    x, y, weights = lm.preprocessor(TEXTS, sequence_length=16)
+    out["score_text_bpc"] = float(lm.score_text(TEXTS[0]).bpc)
+    # LoRA (keras-hub's enable_lora: B starts at zero, so the text is the trained model's) and a step's loss on it;
+    # int8 (Keras's quantize of the dense projections): generation runs (its rounding is each backend's own).
+    lm.backbone.enable_lora(2)
+    lm.compile(sampler="greedy")
+    out["lora/greedy"] = lm.generate(PROMPTS, max_length=16)
+    lm.compile(optimizer=keras.optimizers.SGD(0.5))
+    out["lora/loss_before"] = float(lm.train_on_batch(x, y, weights))
+    lm.quantize("int8")
+    lm.compile(sampler="greedy")
+    out["int8/greedy"] = lm.generate(PROMPTS, max_length=16)
     return out
 
 
@@ -79,7 +100,8 @@ def main(preset: str, out_dir: str, mode: str = "run") -> None:
     else:
         lm = keras_hub.models.CausalLM.from_preset(preset)
         result = run(lm)
-        lm.save_to_preset(os.path.join(out_dir, "preset"))
+        lm.save_to_preset(os.path.join(out_dir, "preset"))  # after run's fit step
+        result.update(extras(lm))
     result["backend"] = keras.backend.backend()
     with open(os.path.join(out_dir, "result.json"), "w") as f:
         json.dump(result, f)

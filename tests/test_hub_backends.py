@@ -1,6 +1,7 @@
 """The keras-hub model on JAX and PyTorch does what it does on TensorFlow: a preset saved on TensorFlow loads there
-and generates the same text with each deterministic keras-hub sampler (and text with a random one), one `fit` step on text gives TensorFlow's
-loss before and after it, and the preset it saves loads on TensorFlow with the same greedy text.
+and generates the same text with each deterministic keras-hub sampler (and text with a random one); one `fit` step
+on text gives TensorFlow's loss before and after it, `score_text` its figure, LoRA its text and loss (int8
+generates); and the preset it saves loads on TensorFlow with the same greedy text.
 
 Each backend runs tests/backend_hub.py in its own process (a process has one Keras backend)."""
 
@@ -27,7 +28,7 @@ def _under(backend: str, preset: str, out_dir, *mode, **env_vars) -> dict:
 
 
 @pytest.mark.parametrize("backend, attn_type", [
-    ("torch", "xl"),  # ~35 s here, each other ~20-40 s (JAX compiles each generate function)
+    ("torch", "xl"),  # ~45 s here, each other ~35-60 s (JAX compiles each generate function)
     pytest.param("jax", "xl", marks=pytest.mark.slow),
     pytest.param("jax", "vaswani", marks=pytest.mark.slow),  # an absolute encoding: generated eagerly off TensorFlow
     pytest.param("torch", "vaswani", marks=pytest.mark.slow),
@@ -39,7 +40,8 @@ def test_a_preset_generates_and_fits_alike_on_every_backend(tmp_path, backend, a
     lm = tiny_lm(attn_type=attn_type, max_position=64, sequence_length=16)
     preset = str(tmp_path / "tf_preset")
     lm.save_to_preset(preset)
-    expected = backend_hub.run(keras_hub.models.CausalLM.from_preset(preset))
+    tf_lm = keras_hub.models.CausalLM.from_preset(preset)
+    expected = {**backend_hub.run(tf_lm), **backend_hub.extras(tf_lm)}
     (tmp_path / backend).mkdir()
     got = _under(backend, preset, tmp_path / backend)
     assert got.pop("backend") == backend
@@ -47,11 +49,12 @@ def test_a_preset_generates_and_fits_alike_on_every_backend(tmp_path, backend, a
     for key, texts in expected.items():
         if key.split("/")[0] in backend_hub.DETERMINISTIC:
             assert got[key] == texts, key
-        elif key.startswith("top_k"):  # another random stream: text of the prompts' rows
+        elif key.startswith(("top_k", "int8")):  # another random stream, another rounding: text of the prompts' rows
             assert len(got[key]) == 2 and all(text.startswith(prompt) and len(VOCAB.encode(text)) == 16
                                               for text, prompt in zip(got[key], backend_hub.PROMPTS, strict=True)), key
     assert got["greedy/ring=True"] == got["greedy/ring=False"]
-    for key in ("loss_before", "loss_after"):
+    assert got["lora/greedy"] == expected["lora/greedy"]
+    for key in ("loss_before", "loss_after", "score_text_bpc", "lora/loss_before"):
         assert got[key] == pytest.approx(expected[key], abs=1e-5), key
     assert got["loss_after"] < got["loss_before"] - 0.01  # the step did something
     # The preset the other backend saved (weights after its fit step) loads here with its greedy text.

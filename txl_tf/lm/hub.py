@@ -1109,7 +1109,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         scorer = self.scorer()
         outputs, _ = run_segments(scorer.score, scorer.initial_state(len(rows)), tokens[:, :-1],
                                   self.eval_config.tgt_len, targets=tokens[:, 1:])
-        nll = tf.concat(outputs, axis=1).numpy()
+        nll = keras.ops.convert_to_numpy(keras.ops.concatenate(outputs, axis=1))
         return [nll[index, :length - 1] for index, length in enumerate(lengths)]
 
     def _vanilla_nll(self, row: np.ndarray) -> np.ndarray:
@@ -1133,6 +1133,10 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
     def _sampling_request(self, what, inputs, max_length, *, temperature, top_k, top_p, seed):
         """The checked request of `generate` with settings or of `stream_generate` (`what`): (one text?, the texts,
         their ids, their lengths, max_length, the new tokens of the longest continuation); one-line ConfigErrors."""
+        if not T.TENSORFLOW:  # txl_tf.lm.sampling's engine: TensorFlow's graph and random ops (the CLI's tokens)
+            raise ConfigError(f"{what}(temperature=..., top_k=..., top_p=..., seed=...) runs on TensorFlow only, not "
+                              f"{T.BACKEND}; compile(sampler=keras_hub.samplers.TopPSampler(p=..., temperature=...)) "
+                              "(or TopKSampler) and call generate without them")
         if self.preprocessor is None:
             raise ConfigError(f"{what}(temperature=..., top_k=..., top_p=..., seed=...) takes text: this model has no "
                               "preprocessor; compile(sampler=...) and generate token ids, or load it with from_preset")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import keras
 import numpy as np
-import tensorflow as tf
 
 from txl_tf.base.errors import ConfigError
 from txl_tf.configs import check_inference_size
@@ -96,7 +96,7 @@ class ScoreStream:
                 outputs, _ = run_segments(self._lm.scorer().score, self._state, tokens[None, whole:-1], seg_len,
                                           targets=tokens[None, whole + 1:])
                 parts += outputs
-            nll = tf.concat(parts, axis=1).numpy()[0]
+            nll = keras.ops.convert_to_numpy(keras.ops.concatenate(parts, axis=1))[0]
             self._pending = tokens[whole:]
         else:
             self._pending = tokens

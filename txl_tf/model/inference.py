@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import tensorflow as tf
 
+from txl_tf.model import tensor_ops as T
 from txl_tf.model.protocol import Protocol
 from txl_tf.model.state import State
 
@@ -33,7 +33,8 @@ class Recurrent:
       protocol: the attention lengths (default: the model's training lengths).
       max_len: the longest segment a call will pass (sizes the cache's position keys).
       use_cache: carry keys/values when the model supports it (`model.supports_cache`); else the hidden memory.
-      jit_compile: XLA for the compiled calls.
+      jit_compile: XLA for the compiled calls (TensorFlow's `tf.function`; on the other backends the calls run
+        eagerly, PyTorch's without autograd).
     """
 
     def __init__(self, model, protocol: Protocol | None = None, *, max_len: int, use_cache: bool = True,
@@ -42,8 +43,8 @@ class Recurrent:
         self.protocol = protocol or model.protocol
         self.max_len = int(max_len)
         self.use_cache = bool(use_cache) and model.supports_cache(self.protocol)
-        self.score = tf.function(self._score, jit_compile=jit_compile)
-        self.next_log_probs = tf.function(self._next_log_probs, jit_compile=jit_compile)
+        self.score = _compiled(self._score, jit_compile)
+        self.next_log_probs = _compiled(self._next_log_probs, jit_compile)
 
     @property
     def state_form(self) -> str:
@@ -71,8 +72,21 @@ class Recurrent:
         if lengths is None:
             last = hidden[:, -1]
         else:
-            last = tf.gather(hidden, tf.maximum(tf.cast(lengths, tf.int32) - 1, 0), batch_dims=1)  # [B, d]
+            last = T.batch_gather(hidden, T.maximum(T.cast(lengths, T.int32) - 1, 0)[:, None], 1)[:, 0]  # [B, d]
         return self.model.log_probs(last[:, None])[:, 0], state
+
+
+def _compiled(function, jit_compile: bool):
+    """`function` as a `tf.function` on TensorFlow; elsewhere as it is (PyTorch: without recording gradients)."""
+    if T.TENSORFLOW:
+        import tensorflow as tf
+
+        return tf.function(function, jit_compile=jit_compile)
+    if T.BACKEND == "torch":
+        import torch
+
+        return torch.no_grad()(function)
+    return function
 
 
 def segment_bounds(length: int, seg_len: int, max_steps: int = 0) -> list[tuple[int, int]]:
@@ -98,11 +112,11 @@ def run_segments(step: Callable, state, tokens: np.ndarray, seg_len: int, *, tar
     tokens = np.asarray(tokens, np.int32)
     outputs = []
     for start, end in segment_bounds(tokens.shape[1], seg_len, max_steps):
-        args = [tf.constant(tokens[:, start:end])]
+        args = [T.convert_to_tensor(tokens[:, start:end])]
         if targets is not None:
-            args.append(tf.constant(np.asarray(targets[:, start:end], np.int32)))
+            args.append(T.convert_to_tensor(np.asarray(targets[:, start:end], np.int32)))
         if lengths is not None:
-            args.append(tf.constant(np.clip(np.asarray(lengths) - start, 0, end - start), tf.int32))
+            args.append(T.convert_to_tensor(np.clip(np.asarray(lengths) - start, 0, end - start).astype(np.int32)))
         output, state = step(*args, state)
         outputs.append(output)
         if on_output is not None:
