@@ -79,6 +79,37 @@ def _model(case: str, mode: str):
     return TransformerXL(**kwargs, dtype="mixed_bfloat16" if mode == "bf16" else "float32"), kwargs
 
 
+def stateless_step(model, optimizer, inputs, targets):
+    """The training step as a pure function for `jax.jit`: step(weights, non-trainable values, optimizer slots,
+    memory) -> (the new four, loss): the forward pass with the memory, the mean NLL, `jax.value_and_grad` over the
+    weights in a `keras.StatelessScope`, clipping by global norm 0.25, `optimizer.stateless_apply` (built)."""
+    import jax
+    import jax.numpy as jnp
+    import keras
+
+    from txl_tf.model.state import Memory
+
+    trainable, other = model.trainable_variables, model.non_trainable_variables
+
+    def loss_fn(weights, others, memory):
+        mapping = [*zip(trainable, weights, strict=True), *zip(other, others, strict=True)]
+        with keras.StatelessScope(state_mapping=mapping) as scope:
+            hidden, state = model(inputs, Memory(memory), training=True)
+            loss = jnp.mean(model.nll(hidden, targets))
+        updated = [scope.get_current_value(v) for v in other]
+        others = [o if u is None else u for o, u in zip(others, updated, strict=True)]
+        return loss, (others, state.hidden.astype(memory.dtype))
+
+    def step(weights, others, slots, memory):
+        (loss, (others, memory)), grads = jax.value_and_grad(loss_fn, has_aux=True)(weights, others, memory)
+        norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in grads))
+        grads = [g * jnp.minimum(1.0, 0.25 / (norm + 1e-6)) for g in grads]
+        weights, slots = optimizer.stateless_apply(slots, grads, weights)
+        return weights, others, slots, memory, loss
+
+    return step
+
+
 def child_step(case: str, mode: str, batch: int, steps: int) -> dict:
     """Builds the case's model on JAX and times its jitted training step (see the module docstring)."""
     import jax
@@ -103,23 +134,7 @@ def child_step(case: str, mode: str, batch: int, steps: int) -> dict:
     optimizer = keras.optimizers.Adam(2.5e-4)
     optimizer.build(model.trainable_variables)
     trainable, other = model.trainable_variables, model.non_trainable_variables
-
-    def loss_fn(weights, others, memory):
-        mapping = [*zip(trainable, weights, strict=True), *zip(other, others, strict=True)]
-        with keras.StatelessScope(state_mapping=mapping) as scope:
-            hidden, state = model(inputs, Memory(memory), training=True)
-            loss = jnp.mean(model.nll(hidden, targets))
-        updated = [scope.get_current_value(v) for v in other]
-        others = [o if u is None else u for o, u in zip(others, updated, strict=True)]
-        return loss, (others, state.hidden.astype(memory.dtype))
-
-    def step(weights, others, slots, memory):
-        (loss, (others, memory)), grads = jax.value_and_grad(loss_fn, has_aux=True)(weights, others, memory)
-        norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in grads))
-        grads = [g * jnp.minimum(1.0, 0.25 / (norm + 1e-6)) for g in grads]
-        weights, slots = optimizer.stateless_apply(slots, grads, weights)
-        return weights, others, slots, memory, loss
-
+    step = stateless_step(model, optimizer, inputs, targets)
     state = ([v.value for v in trainable], [v.value for v in other], [v.value for v in optimizer.variables], memory)
     start = time.perf_counter()
     compiled = jax.jit(step, donate_argnums=(0, 1, 2, 3)).lower(*state).compile()
