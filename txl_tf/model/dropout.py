@@ -10,6 +10,10 @@ A training call with `kernels=True` (the training policy's, `TrainConfig.kernels
 one kernel (`txl_tf.model.fused`: `TxlDropout`, which draws the mask again in the backward pass instead of keeping it);
 its bits come from another Philox stream, so the masks differ from the TensorFlow ops' ones, with the same drop
 probability.
+
+On JAX and PyTorch the same rule draws its 16 bits per element as an integer in [0, 65536) from `keras.random`
+(`randint` with the layer's `SeedGenerator`; the rule, the rate and the scaling are the same, the stream another one,
+and the same seed gives the same mask).
 """
 
 from __future__ import annotations
