@@ -10,9 +10,10 @@ only checked to be text), takes one `fit` step on `TEXTS` with plain SGD (the lo
 loads PRESET with `keras_hub.models.CausalLM.from_preset`, runs `run`, saves the model with `save_to_preset` to
 OUT_DIR/preset, runs `extras` and writes OUT_DIR/result.json (with `backend`).
 
-    python tests/backend_hub.py PRESET OUT_DIR data_parallel   (JAX, with several devices)
+    python tests/backend_hub.py PRESET OUT_DIR data_parallel    (JAX, with several devices)
+    python tests/backend_hub.py PRESET OUT_DIR model_parallel
 
-writes `data_parallel`'s losses instead.
+write `data_parallel`'s or `model_parallel`'s losses instead.
 """
 
 from __future__ import annotations
@@ -89,6 +90,28 @@ def data_parallel(preset: str) -> dict:
             "weights_on": len(sharding.device_set), "jax_devices": jax.device_count()}
 
 
+def model_parallel(preset: str) -> dict:
+    """`fit_losses` on one device, then under `keras.distribution.ModelParallel` with
+    `TransformerXLBackbone.get_layout_map` on a (1, N) mesh of every device (the large weights split between them);
+    and how a feed-forward kernel and an embedding table were laid out."""
+    import keras
+    import keras_hub
+
+    from txl_tf.lm.hub import TransformerXLBackbone
+
+    one = fit_losses(keras_hub.models.CausalLM.from_preset(preset))
+    devices = keras.distribution.list_devices("cpu")
+    mesh = keras.distribution.DeviceMesh((1, len(devices)), ("batch", "model"), devices)
+    keras.distribution.set_distribution(keras.distribution.ModelParallel(
+        layout_map=TransformerXLBackbone.get_layout_map(mesh), batch_dim_name="batch"))
+    lm = keras_hub.models.CausalLM.from_preset(preset)
+    weights = {v.path: v for v in lm.backbone.weights}
+    specs = {path: [str(axis) for axis in weights[path].value.sharding.spec] for path in (
+        "transformer_xl/layer_0/feed_forward/inner/kernel", "transformer_xl/layer_0/feed_forward/outer/kernel",
+        "transformer_xl/embedding/table_0", "transformer_xl/layer_0/attention/layer_norm/gamma")}
+    return {"one_device": one, "model_parallel": fit_losses(lm), "devices": len(devices), "specs": specs}
+
+
 def main(preset: str, out_dir: str, mode: str = "run") -> None:
     import keras
     import keras_hub
@@ -97,6 +120,8 @@ def main(preset: str, out_dir: str, mode: str = "run") -> None:
 
     if mode == "data_parallel":
         result = data_parallel(preset)
+    elif mode == "model_parallel":
+        result = model_parallel(preset)
     else:
         lm = keras_hub.models.CausalLM.from_preset(preset)
         result = run(lm)

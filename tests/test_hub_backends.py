@@ -78,3 +78,33 @@ def test_data_parallel_fit_on_two_jax_devices_gives_one_devices_loss(tmp_path):
     assert got["jax_devices"] == got["devices"] == got["weights_on"] == 2
     assert got["one_device"][1] < got["one_device"][0] - 0.01  # the step did something
     assert got["data_parallel"] == pytest.approx(got["one_device"], abs=1e-5)
+
+
+def test_model_parallel_fit_with_the_layout_map_gives_one_devices_loss(tmp_path):
+    """keras.distribution.ModelParallel with TransformerXLBackbone.get_layout_map on a (1, 2) mesh of two virtual
+    CPU devices: the feed-forward and attention projections and the embedding tables split between the devices, the
+    LayerNorms replicated; the two epochs' losses equal one device's."""
+    pytest.importorskip("jax")
+    preset = str(tmp_path / "preset")
+    tiny_lm(sequence_length=16, cutoffs=(20,), div_val=2).save_to_preset(preset)
+    got = _under("jax", preset, tmp_path, "model_parallel", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    assert got["devices"] == 2
+    assert got["specs"] == {"transformer_xl/layer_0/feed_forward/inner/kernel": ["None", "model"],
+                            "transformer_xl/layer_0/feed_forward/outer/kernel": ["model", "None"],
+                            "transformer_xl/embedding/table_0": ["None", "model"],
+                            "transformer_xl/layer_0/attention/layer_norm/gamma": ["None"]}
+    assert got["one_device"][1] < got["one_device"][0] - 0.01
+    assert got["model_parallel"] == pytest.approx(got["one_device"], abs=1e-5)
+
+
+def test_the_layout_map_refuses_a_mesh_without_its_axes():
+    import keras
+
+    from txl_tf.base.errors import ConfigError
+    from txl_tf.lm.hub import TransformerXLBackbone
+
+    mesh = keras.distribution.DeviceMesh((1,), ("data",), keras.distribution.list_devices()[:1])
+    with pytest.raises(ConfigError, match="the device mesh has no axis 'model'"):
+        TransformerXLBackbone.get_layout_map(mesh)
+    with pytest.raises(ConfigError, match="takes a keras.distribution.DeviceMesh, not a str"):
+        TransformerXLBackbone.get_layout_map("mesh")

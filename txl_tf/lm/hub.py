@@ -213,6 +213,40 @@ class TransformerXLBackbone(keras_hub.models.Backbone):
             if getattr(policy, "quantization_mode", None):
                 layer.quantize(policy.quantization_mode)
 
+    @staticmethod
+    def get_layout_map(device_mesh, model_parallel_dim_name="model", data_parallel_dim_name="batch"):
+        """A `keras.distribution.LayoutMap` that shards the large weights along the mesh's model axis (keras-hub's
+        backbones' method of that name), for `keras.distribution.ModelParallel`:
+
+            mesh = keras.distribution.DeviceMesh((1, 8), ("batch", "model"), keras.distribution.list_devices())
+            layout_map = TransformerXLBackbone.get_layout_map(mesh)
+            keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layout_map,
+                                                                                  batch_dim_name="batch"))
+            lm = keras_hub.models.CausalLM.from_preset(PRESET)  # weights made after the distribution is set
+
+        Attention: the query, key, value and position projections by their output columns, the output projection
+        by its input rows; the feed-forward's inner layer by its columns (and bias), its outer layer by its rows;
+        the adaptive embedding's tables by their columns (d_embed / div_val**i: a table's row count, a cluster's
+        size, need not divide by the mesh). The rest (LayerNorms, biases of d_model, the adaptive softmax's
+        cluster weights, the relative-position biases) is replicated. Each sharded dimension must divide by the
+        model axis's size."""
+        if not isinstance(device_mesh, keras.distribution.DeviceMesh):
+            raise ConfigError(f"get_layout_map takes a keras.distribution.DeviceMesh, not a "
+                              f"{type(device_mesh).__name__}")
+        for name in (model_parallel_dim_name, data_parallel_dim_name):
+            if name not in device_mesh.axis_names:
+                raise ConfigError(f"the device mesh has no axis {name!r} (its axes: {list(device_mesh.axis_names)}); "
+                                  "name the mesh's axes or pass model_parallel_dim_name / data_parallel_dim_name")
+        model = model_parallel_dim_name
+        layout_map = keras.distribution.LayoutMap(device_mesh)
+        layout_map[r"transformer_xl/embedding/table_\d+"] = (None, model)
+        layout_map[r"transformer_xl/layer_\d+/attention/(query|key|value|position)/kernel"] = (None, model)
+        layout_map[r"transformer_xl/layer_\d+/attention/attention_output/kernel"] = (model, None)
+        layout_map[r"transformer_xl/layer_\d+/feed_forward/inner/kernel"] = (None, model)
+        layout_map[r"transformer_xl/layer_\d+/feed_forward/inner/bias"] = (model,)
+        layout_map[r"transformer_xl/layer_\d+/feed_forward/outer/kernel"] = (model, None)
+        return layout_map
+
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
         """Keras' `Model.quantize`; by default of the dense projections only (attention: query, key, value,
         attention_output, xl's position; feed-forward: inner, outer), without a warning for each layer that holds
