@@ -54,7 +54,11 @@ def test_gpt2_peer_table():
                              "streamed / loop |")
     assert [row[:2] for row in streamed] == [["4", "64"]], stdout  # 4 pieces of --stream_chunk=16
     median, low, high = numbers(streamed[0][2])
-    assert 0 < low <= median <= high and all(x > 0 for cell in streamed[0][3:] for x in numbers(cell)), streamed
+    first, loop, ratio = (numbers(cell) for cell in streamed[0][3:])
+    # The loop's ms per token is printed to 0.001 ms: this tiny model's (~3 us, and less in a noisy round) may print
+    # as 0.000; the ratio is computed before rounding.
+    assert 0 < low <= median <= high and all(x > 0 for x in first + ratio) and loop[0] >= 0, streamed
+    assert all(math.isfinite(x) for x in first + loop + ratio), streamed
 
 
 # slow: ~150 s (500 tokens a cell, the generator compiled for three widths per cell); CI runs it in its slow phase
