@@ -106,6 +106,11 @@ def _with_padding_mask(inputs):
     return {"token_ids": token_ids, "padding_mask": keras.ops.ones_like(token_ids, "int32")}
 
 
+def _row_lengths(padding_mask):
+    """[B] tokens of each right-padded row: the padding mask's count of ones."""
+    return keras.ops.sum(T.cast(padding_mask, T.int32), axis=1)
+
+
 def _projections(layer) -> bool:
     """Keras' quantize() filter: the model's dense projections."""
     return type(layer) is keras.layers.Dense
@@ -269,7 +274,7 @@ class TransformerXLBackbone(keras_hub.models.Backbone):
         padding (padding_mask 0, right-aligned) does not enter the state."""
         lengths = None
         if padding_mask is not None:
-            lengths = keras.ops.sum(T.cast(padding_mask, T.int32), axis=1)
+            lengths = _row_lengths(padding_mask)
         return self.transformer_xl(token_ids, state, protocol=protocol or self.protocol, lengths=lengths,
                                    training=training)
 
@@ -584,7 +589,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             # whose static width XLA needs.
             start = i * segment
             width = T.minimum(segment, longest - start) if model.encoding.absolute else segment
-            chunk = T.slice(padded, [0, start], [-1 if T.TENSORFLOW else batch, width])
+            chunk = T.slice(padded, [0, start], [-1, width])
             used = T.clip_by_value(lengths - start, 0, width)  # [B] prompt tokens of each row in this chunk
             mask = T.cast(T.arange(width)[None, :] < used[:, None], T.int32)
             hidden, new_state = self.backbone.call_with_state(chunk, _from_hub(state, position_keys), mask)
@@ -705,7 +710,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         `sampler`: a keras-hub sampler instead of compile()'s."""
         token_ids, padding_mask = inputs["token_ids"], inputs["padding_mask"]
         padding_mask = T.cast(padding_mask, "bool")
-        lengths = keras.ops.sum(T.cast(padding_mask, T.int32), axis=1)  # prompts: right-padded
+        lengths = _row_lengths(padding_mask)  # prompts: right-padded
         hidden_states, cache, position_keys = self._build_cache(token_ids, lengths)
         if self._decodes_in_a_ring() if ring is None else ring:
             return self._finish(token_ids, padding_mask, stop_token_ids, hidden_states,
@@ -719,7 +724,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
 
         def next(prompt, cache, index):
             *state, last_logits, last_hidden, lengths = cache
-            token = T.slice(prompt, [0, index - 1], [-1 if T.TENSORFLOW else prompt.shape[0], 1])
+            token = T.slice(prompt, [0, index - 1], [-1, 1])
             fresh = index - 1 >= lengths  # [B]: the token at index - 1 is not in the state yet (not the prompt's)
             logits, hidden, state = self.call_with_cache(token, tuple(state), position_keys,
                                                          T.cast(fresh, T.int32)[:, None])
@@ -732,7 +737,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
     def _finish(self, token_ids, padding_mask, stop_token_ids, hidden_states, next, cache, sampler=None):
         """The sampler's loop from `cache` with `next`, and the padding mask of what it generated."""
         ops = keras.ops
-        lengths = ops.sum(T.cast(padding_mask, T.int32), axis=1)
+        lengths = _row_lengths(padding_mask)
         index = ops.maximum(ops.min(lengths), 1)
         sampler = sampler or self.sampler
         token_ids = sampler(next=next, prompt=token_ids, cache=cache, index=index, mask=padding_mask,
@@ -921,7 +926,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         if total is None:
             raise ConfigError("fit/evaluate/score on texts: the batches' sequence length is unknown; pad them to a "
                               "fixed length (the preprocessor's sequence_length does)")
-        lengths = keras.ops.sum(T.cast(padding_mask, T.int32), axis=1)
+        lengths = _row_lengths(padding_mask)
         state, hidden = model.initial_memory(T.shape(token_ids)[0], protocol), []
         for start in range(0, total, segment):
             width = min(segment, total - start)
@@ -1014,9 +1019,9 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
                    *zip(self.non_trainable_variables, non_trainable_variables, strict=True)]
         with keras.StatelessScope(state_mapping=mapping) as scope:
             loss, (_, _, y_pred, _), _ = self._loss_and_state((x, y, sample_weight), training)
-        non_trainable_variables = [scope.get_current_value(variable) if scope.get_current_value(variable) is not None
-                                   else value for variable, value in zip(self.non_trainable_variables,
-                                                                         non_trainable_variables, strict=True)]
+        updated = [scope.get_current_value(variable) for variable in self.non_trainable_variables]
+        non_trainable_variables = [value if new is None else new
+                                   for new, value in zip(updated, non_trainable_variables, strict=True)]
         unscaled = loss
         if training and self.optimizer is not None:
             with keras.StatelessScope(state_mapping=list(zip(self.optimizer.variables, optimizer_variables,
