@@ -62,6 +62,17 @@ def test_ablation_quick_end_to_end_and_resume(tmp_path, data_root):
         assert claim["verdict"] == "undecided" and claim["family_size"] == len(names) - 1
     assert [e["runs"] for e in section["recl"]["by_seed"]] == [
         [runs.seed_name(n, k) for n in tables.PAPER_GROUP] for k in quick.seeds]
+    # The vanilla variant: its window chosen on validation, its test split scored there, its check recorded, and
+    # its verdict under plans v3 (the headline) and v2 (docs/study_plan_v3.md).
+    chosen = [section["runs"][r]["window"] for r in section["seeds"]["al_rfou"]]
+    assert all(w in quick.valid_windows for w in chosen)
+    for r, w in zip(section["seeds"]["al_rfou"], chosen, strict=True):
+        assert str(w) in section["runs"][r]["evals"] and isinstance(section["runs"][r]["sanity"]["passed"], bool)
+    v3, v2 = section["comparisons"]["xl_vs_al_rfou_seeds"], section["comparisons"]["xl_vs_al_rfou_seeds_v2"]
+    assert v3["plan"] == 3 and v3["windows"] == chosen and [c["b"][1] for c in v3["per_seed"]] == chosen
+    assert v2["plan"] == 2 and [c["b"][1] for c in v2["per_seed"]] == [quick.train_attention] * len(quick.seeds)
+    assert v2["withheld"] == [r for r in section["seeds"]["al_rfou"] if not section["runs"][r]["sanity"]["passed"]]
+    assert "xl_vs_al_rfou_v1" not in section["comparisons"]  # no plan_v1 archive in this output folder
 
     text = open(os.path.join(out, "report.md")).read()
     bpc_rows = _table_rows(text, "| variant | 32 (1x)")
@@ -77,6 +88,8 @@ def test_ablation_quick_end_to_end_and_resume(tmp_path, data_root):
         with open(os.path.join(out, png), "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert text == report.render(runs.read_results(os.path.join(out, "results.json")))
+    assert "the window chosen on validation" in text and "(plan v2: at its own window 32)" in text
+    assert text.count("sanity check ") >= len(quick.seeds)
 
     # Re-running trains nothing and re-scores nothing; a run whose record and archive are gone resumes at its last
     # checkpoint.
@@ -334,6 +347,14 @@ def test_context_quick_end_to_end(tmp_path, data_root):
     assert by_seed["seeds"] == {m.name: len(settings.seeds) for m in context.MODELS}
     assert len(by_seed["claims"]["xl_vs_no_recurrence"]["seeds"]) == len(settings.seeds) == 2
     assert [e["seed"] for e in by_seed["recl"]] == [1, 2] and by_seed["recl_grid"] == [32, 64]
+    # The vanilla model's check on every seed, beside its verdict under plans v3 and v2 (docs/study_plan_v3.md).
+    assert [r["own"] for r in by_seed["sanity"]["al_rfou"]] == [settings.train_span] * 2
+    vanilla_rows = [r for r in rows if r[0].startswith("Transformer-XL beats the vanilla Transformer")]
+    assert [r[0] for r in vanilla_rows] == ["Transformer-XL beats the vanilla Transformer (make-run size, each at its "
+                                            "best memory)", "Transformer-XL beats the vanilla Transformer (make-run "
+                                            "size, each at its best memory) (plan v2)"]
+    assert "(plan v3; seed 1: sanity check " in vanilla_rows[0][2] and "; seed 2: sanity check " in vanilla_rows[0][2]
+    assert "xl_vs_al_rfou_v1" not in section["comparisons"]  # no plan_v1 archive in this output folder
     assert claims[0].startswith(f"A longer memory beyond the training span ({settings.train_span}) helps")
     assert rows[0][3] == "undecided (2 of the plan's 3 seeds)"
     recl_rows = [c for c in claims if "Transformer-XL has the longest RECL" in c]

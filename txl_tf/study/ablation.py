@@ -85,9 +85,10 @@ class AblationSettings:
     bootstrap_block: int = 100
     max_tokens: int = 0  # 0 = the whole split
     seeds: tuple = (1, 2, 3)  # every variant, every seed (docs/study_plan.md)
-    # The vanilla variant's sanity check (docs/study_plan_v2.md): its validation split at these windows, the last
-    # its training window; it must not be worse there than at the shorter one.
-    sanity_windows: tuple = (64, 128)
+    # The vanilla variant's windows on the validation split (docs/study_plan_v3.md): the lowest bpc chooses the
+    # window its test split is scored at (ties to the longer), and the sanity check (docs/study_plan_v2.md) reads
+    # the last, its training window, against the shorter ones.
+    valid_windows: tuple = (32, 64, 96, 112, 128)
     train_params: tuple = ()
     recurrent_params: tuple = ()
     nonrecurrent_params: tuple = ()
@@ -97,7 +98,7 @@ FULL = AblationSettings()
 QUICK = AblationSettings(
     train_attention=32, lengths=(32, 64, 128, 256), recl_contexts=(32, 64, 128, 192, 256), eval_tgt_len=16,
     eval_batch=4, n_layer=2, vanilla_blocks=4, bootstrap_block=20, max_tokens=6001, seeds=(1, 2),
-    sanity_windows=(16, 32),
+    valid_windows=(8, 16, 24, 28, 32),
     train_params=("ModelConfig.n_layer = 2", "ModelConfig.d_model = 32", "ModelConfig.n_head = 2",
                   "ModelConfig.d_head = 16", "ModelConfig.d_inner = 64", "ModelConfig.max_position = 32",
                   "TrainConfig.train_steps = 30", "TrainConfig.warmup_steps = 5", "TrainConfig.steps_per_loop = 10",
@@ -185,7 +186,7 @@ def _facts(scored, settings: AblationSettings, contexts: tuple, clamped: tuple, 
              "block": settings.bootstrap_block, "split_tokens": int(scored.tokens.shape[0]),
              "subset_tokens": int(scored.subset().shape[0])}
     if valid is not None:
-        facts["sanity"] = {"split": "valid", "windows": settings.sanity_windows,
+        facts["sanity"] = {"split": "valid", "windows": settings.valid_windows, "plan": 3,
                            "split_tokens": int(valid.tokens.shape[0]), "subset_tokens": int(valid.subset().shape[0])}
     return json.loads(json.dumps(facts))
 
@@ -196,22 +197,24 @@ def _train_and_score(spec: runs.RunSpec, output_dir: str, scored, settings: Abla
     """Trains one run (or finds it finished, or reads it from `archive_dir` as ablation_<run>) and scores it at
     `contexts`, and at `clamped` with clamp_len = the training attention length; returns (record,
     {(split, length, clamp): archive.Cell}), every test cell with its losses on the vanilla subset. `valid`: the
-    validation split of a vanilla variant, scored at settings.sanity_windows for its sanity check (a StudyError
-    when it fails, before the run is archived)."""
-    from txl_tf.study import archive, sanity
+    validation split of a vanilla variant, scored at settings.valid_windows (docs/study_plan_v3.md): the window
+    of its lowest bpc there is the one its test split is scored at too (record["window"]), and the sanity check's
+    result is printed and recorded (record["sanity"]), not a stop."""
+    from txl_tf.study import archive
 
     facts = _facts(scored, settings, contexts, clamped, valid)
-
-    def check(cells: dict) -> None:
-        if valid is not None:
-            sanity.check_vanilla(cells, settings.sanity_windows[-1], name=name)
-
     name = f"ablation_{spec.name}"
     archived = archive.load(archive_dir, name, facts, spec.digest(portable=True), clean=clean)
     if archived is not None:
         runs.log(f"{position} {spec.name}: scores read from {archive.paths_of(archive_dir, name)[0]}")
-        check(archived[1]["cells"])
-        return archived[0], archived[1]["cells"]
+        record, cells = archived[0], archived[1]["cells"]
+        if valid is not None:
+            record = record | vanilla_window(cells, settings, spec.name, position)
+            if ("test", record["window"], -1) not in cells:
+                raise runs.StudyError(f"{archive.paths_of(archive_dir, name)[0]} has no test cell at window "
+                                      f"{record['window']}, the window chosen on validation; remove the archive to "
+                                      "score the model again")
+        return record, cells
     run_dir = os.path.join(output_dir, "runs", spec.name)
     runs.log(f"{position} {spec.name}: training ({', '.join(spec.gin_files)}) in {run_dir}")
     record = dict(runs.train_run(spec, run_dir, clean=clean))
@@ -224,6 +227,13 @@ def _train_and_score(spec: runs.RunSpec, output_dir: str, scored, settings: Abla
     vanilla = configs.eval.protocol == "vanilla"
     subset = np.arange(len(scored.subset())) if vanilla else scored.subset()
     cells, record["evals"] = {}, {}
+    for length in settings.valid_windows if valid is not None else ():
+        losses, info = _evaluate(run_dir, model, configs, valid, length, settings, split="valid")
+        cells[("valid", length, -1)] = archive.Cell.of(losses, settings.bootstrap_block)
+        runs.log(f"{position} {spec.name}: validation, window {length}: {info['bpc']:.4f} bpc")
+    if valid is not None:
+        record |= vanilla_window(cells, settings, spec.name, position)
+        contexts = tuple(sorted(set(contexts) | {record["window"]}))
     for length in contexts:
         losses, info = _evaluate(run_dir, model, configs, scored, length, settings)
         cells[("test", length, -1)] = archive.Cell.of(losses, settings.bootstrap_block, subset)
@@ -235,18 +245,49 @@ def _train_and_score(spec: runs.RunSpec, output_dir: str, scored, settings: Abla
         losses, info = _evaluate(run_dir, model, configs, scored, length, settings, clamp_len=clamp)
         cells[("test", length, clamp)] = archive.Cell.of(losses, settings.bootstrap_block, subset)
         runs.log(f"{position} {spec.name}: attention {length}, clamp_len {clamp}: {info['bpc']:.4f} bpc")
-    for length in settings.sanity_windows if valid is not None else ():
-        losses, info = _evaluate(run_dir, model, configs, valid, length, settings, split="valid")
-        cells[("valid", length, -1)] = archive.Cell.of(losses, settings.bootstrap_block)
-        runs.log(f"{position} {spec.name}: validation, window {length}: {info['bpc']:.4f} bpc (sanity check)")
     import keras
 
     del model
     keras.backend.clear_session()
-    check(cells)
     path = archive.save(archive_dir, name, spec.digest(portable=True), record, {"cells": cells, "probe": {}}, facts)
     runs.log(f"{position} {spec.name}: archived in {path}")
     return record, cells
+
+
+def vanilla_window(cells: dict, settings: AblationSettings, run: str, position: str) -> dict:
+    """{"window": the window of lowest validation bpc among settings.valid_windows (sanity.choose_window),
+    "sanity": the sanity check's record at the training window (sanity.vanilla_report)}, each printed as one line
+    (docs/study_plan_v3.md)."""
+    from txl_tf.study import sanity
+
+    window = sanity.choose_window(cells, settings.valid_windows)
+    report = sanity.vanilla_report(cells, settings.valid_windows[-1], name=f"ablation_{run}",
+                                   block=settings.bootstrap_block)
+    runs.log(f"{position} {run}: window {window} chosen on validation (of {', '.join(map(str, settings.valid_windows))}); "
+             f"{sanity.report_line(report)}")
+    return {"window": window, "sanity": report}
+
+
+def plan_v1_claim(cells: dict, archive_dir: str, facts: dict, settings: AblationSettings) -> dict | None:
+    """XL (seed 1) against study v3's vanilla model at the training length, under docs/study_plan.md (version 1):
+    the archive archive_dir/plan_v1/ablation_al_rfou, read under its own spec (txl_tf.study.archive.
+    load_as_recorded), with its sanity check (docs/study_plan_v3.md, section 2). None when there is no such
+    archive, or when it was scored on other tokens than today's (its facts differ, the sanity windows aside)."""
+    from txl_tf.study import archive, sanity
+
+    found = archive.load_as_recorded(os.path.join(archive_dir, "plan_v1"), "ablation_al_rfou")
+    if found is None or BASELINE not in cells:
+        return None
+    old_facts, (_, scores) = found
+    if {k: v for k, v in old_facts.items() if k != "sanity"} != facts:
+        runs.log(f"ablation: the plan-v1 vanilla archive in {archive_dir}/plan_v1 was scored on other tokens; no plan-v1 verdict")
+        return None
+    old = "al_rfou_plan_v1"
+    length = settings.train_attention
+    report = sanity.vanilla_report(scores["cells"], length, name=old, block=settings.bootstrap_block)
+    claim = _compare({BASELINE: cells[BASELINE], old: scores["cells"]}, (BASELINE, length), (old, length), settings,
+                     frozenset({old}))
+    return claim | {"plan": 1, "sanity": report}
 
 
 def _subset_losses(cells: dict, names) -> dict:
@@ -267,11 +308,14 @@ def _compare(cells: dict, a: tuple, b: tuple, settings: AblationSettings, vanill
     return {"a": list(a), "b": list(b), **stats}
 
 
-def seed_claims(cells: dict, seeds: dict, length: int, settings: AblationSettings, vanilla: frozenset) -> dict:
+def seed_claims(cells: dict, seeds: dict, length: int, settings: AblationSettings, vanilla: frozenset,
+                windows: dict | None = None) -> dict:
     """The ablation's family of claims (docs/study_plan.md): XL against each other variant at attention length
     `length`, one paired difference per seed (seed k against seed k), decided together (evidence.decide: t
     interval over seeds, Holm within the family, every seed's sign). Each entry keeps every seed's own block
-    bootstrap over the scored characters under "per_seed" (the evaluation noise, not the claim's interval)."""
+    bootstrap over the scored characters under "per_seed" (the evaluation noise, not the claim's interval).
+    `windows`: {run: its window} for runs scored at another length than `length` (the vanilla model's window
+    chosen on validation, docs/study_plan_v3.md); "b" then lists each seed's."""
     from txl_tf.study import evidence
 
     per_seed, family = {}, {}
@@ -280,12 +324,38 @@ def seed_claims(cells: dict, seeds: dict, length: int, settings: AblationSetting
         if BASELINE not in seeds or n not in seeds:
             continue
         pairs = list(zip(seeds[BASELINE], seeds[n], strict=True))
-        per_seed[n] = [_compare(cells, (x, length), (y, length), settings, vanilla) for x, y in pairs]
+        at = {y: (windows or {}).get(y, length) for _, y in pairs}
+        per_seed[n] = [_compare(cells, (x, length), (y, at[y]), settings, vanilla) for x, y in pairs]
         family[n] = [c["mean"] for c in per_seed[n]]
     decided = evidence.decide(family)
-    return {n: decided[n] | {"a": [BASELINE, length], "b": [n, length], "per_seed": per_seed[n],
-                             "runs": [list(pair) for pair in zip(seeds[BASELINE], seeds[n], strict=True)]}
-            for n in family}
+    out = {}
+    for n in family:
+        lengths = sorted({c["b"][1] for c in per_seed[n]})
+        out[n] = decided[n] | {"a": [BASELINE, length], "b": [n, lengths[0] if len(lengths) == 1 else lengths],
+                               "per_seed": per_seed[n],
+                               "runs": [list(pair) for pair in zip(seeds[BASELINE], seeds[n], strict=True)]}
+    return out
+
+
+def vanilla_claims(cells: dict, records: dict, seeds: dict, settings: AblationSettings, vanilla: frozenset) -> dict:
+    """{comparison name: claim} of XL against the vanilla variant under docs/study_plan_v3.md (the headline): the
+    vanilla model of each seed at the window chosen on its validation split, every seed's sanity check beside
+    it; and under docs/study_plan_v2.md, `..._v2`: at its own training window, "withheld" where a seed fails the
+    sanity check. Both are decided within the whole family (seed_claims)."""
+    names = [v.name for v in VARIANTS if v.vanilla and v.name in seeds and BASELINE in seeds]
+    if not names:
+        return {}
+    windows = {run: records[run]["window"] for n in names for run in seeds[n] if "window" in records[run]}
+    v3 = seed_claims(cells, seeds, settings.train_attention, settings, vanilla, windows)
+    v2 = seed_claims(cells, seeds, settings.train_attention, settings, vanilla)
+    out = {}
+    for n in names:
+        reports = [records[run].get("sanity") for run in seeds[n]]
+        failed = [run for run, r in zip(seeds[n], reports, strict=True) if r is not None and not r["passed"]]
+        out[f"{BASELINE}_vs_{n}_seeds"] = v3[n] | {"plan": 3, "sanity": reports,
+                                                   "windows": [windows.get(run) for run in seeds[n]]}
+        out[f"{BASELINE}_vs_{n}_seeds_v2"] = v2[n] | {"plan": 2, "sanity": reports, "withheld": failed}
+    return out
 
 
 def _best_length(cells: dict, name: str, lengths) -> int:
@@ -364,6 +434,12 @@ def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool 
             losses, (BASELINE, settings.train_attention), (n, settings.train_attention), settings, vanilla)
     for n, claim in seed_claims(losses, seeds, settings.train_attention, settings, vanilla).items():
         comparisons[f"{BASELINE}_vs_{n}_seeds"] = claim
+    comparisons.update(vanilla_claims(losses, records, seeds, settings, vanilla))
+    old = plan_v1_claim(losses, archive_dir or os.path.join(output_dir, "archive"),
+                        _facts(scored, settings, tuple(sorted(set(settings.lengths) | set(settings.recl_contexts))),
+                               ()), settings)
+    if old is not None:
+        comparisons[f"{BASELINE}_vs_al_rfou_v1"] = old
     for variant in VARIANTS:  # does a longer attention at evaluation help? (best length against the training one)
         n = variant.name
         comparisons[f"{n}_longer"] = _compare(losses, (n, best[n]), (n, settings.train_attention), settings,
@@ -383,7 +459,8 @@ def run(output_dir: str, data_dir: str, *, quick: bool = False, with_recl: bool 
         "best_length": best,
         "ranking": ranked,
         "seeds": seeds,
-        "plan": "docs/study_plan.md, version 1, and docs/study_plan_v2.md (the vanilla baseline)",
+        "plan": "docs/study_plan.md, version 1, docs/study_plan_v2.md and docs/study_plan_v3.md (the vanilla "
+                "baseline)",
         "comparisons": comparisons,
         "tried": tried,
     }

@@ -154,6 +154,21 @@ def save(archive_dir: str, run_name: str, digest: str, record: dict, scores: dic
     return json_path
 
 
+def load_as_recorded(archive_dir: str, run_name: str) -> tuple[dict, tuple[dict, dict]] | None:
+    """(the facts it was scored under, (record, scores)) of an archive read under its own digest and facts, every
+    other check of `load` made; None when there is none. For an archive kept for an earlier plan's verdicts
+    (studies/archive/plan_v1), whose spec today's study no longer builds: its caller compares the facts."""
+    json_path, _ = paths_of(archive_dir, run_name)
+    if not os.path.lexists(json_path):
+        return None
+    index = untrusted.load_json(json_path, max_bytes=JSON_LIMIT, what="the study's archive", finite=False)
+    if not isinstance(index, dict) or not isinstance(index.get("facts"), dict) or \
+            not isinstance(index.get("digest"), str):
+        raise runs.StudyError(f"{json_path} is not an archive (schema {SCHEMA}) of {run_name}; restore it from the "
+                              "repository or remove it")
+    return index["facts"], load(archive_dir, run_name, index["facts"], index["digest"])
+
+
 def load(archive_dir: str, run_name: str, facts: dict, digest: str, *, clean: bool = False
          ) -> tuple[dict, dict] | None:
     """(record, scores) of an archived model, or None when there is none. An archive of another configuration

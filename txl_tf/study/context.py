@@ -323,13 +323,17 @@ def _cells(losses: dict, settings: ContextSettings, data: Splits, vanilla: bool)
     return out
 
 
-def check_sanity(model: Model, run: str, cells: dict, settings: ContextSettings) -> None:
+def check_sanity(model: Model, run: str, cells: dict, settings: ContextSettings) -> dict | None:
     """The sanity check of docs/study_plan_v2.md: a model scored with a fixed window (the vanilla one, its window
-    the training span) must not be worse at that window than at a shorter one on the validation split
-    (txl_tf.study.sanity.check_vanilla); a StudyError stops the study otherwise. Recurrent models choose their
-    memory on the validation split and are not checked."""
-    if model.vanilla:
-        sanity.check_vanilla(cells, settings.train_span, name=run)
+    the training span) should not be worse at that window than at a shorter one on the validation split. Its
+    record (txl_tf.study.sanity.vanilla_report) is printed as one line and returned, and a failure is reported
+    beside every verdict that involves the model, no longer a stop (docs/study_plan_v3.md). Recurrent models
+    choose their memory on the validation split and are not checked (None)."""
+    if not model.vanilla:
+        return None
+    report = sanity.vanilla_report(cells, settings.train_span, name=run, block=settings.block)
+    runs.log(f"  {run}: {sanity.report_line(report)}")
+    return report
 
 
 def train_and_score(model: Model, output_dir: str, data_dir: str, data: Splits, settings: ContextSettings,
@@ -353,8 +357,8 @@ def train_and_score(model: Model, output_dir: str, data_dir: str, data: Splits, 
     archived = archive.load(archive_dir, spec.name, facts, spec.digest(portable=True), clean=not quick)
     if archived is not None:
         runs.log(f"[{corpus.key}] {spec.name}: scores read from {archive.paths_of(archive_dir, spec.name)[0]}")
-        check_sanity(model, spec.name, archived[1]["cells"], settings)
-        return archived
+        report = check_sanity(model, spec.name, archived[1]["cells"], settings)
+        return (archived[0] | {"sanity": report} if report else archived[0]), archived[1]
     run_dir = os.path.join(output_dir, "runs", spec.name)
     runs.log(f"[{corpus.key}] {spec.name}: training ({', '.join(spec.gin_files)}) in {run_dir}")
     record = dict(runs.train_run(spec, run_dir, clean=not quick))
@@ -377,7 +381,9 @@ def train_and_score(model: Model, output_dir: str, data_dir: str, data: Splits, 
             scores["checkpoints"][step] = {k: archive.Cell.of(x, settings.block) for k, x in grid.items()}
             scores["checkpoint_tokens"][step] = step * tokens_per_step
     keras.backend.clear_session()
-    check_sanity(model, spec.name, scores["cells"], settings)  # a failing model is not archived (its evals stay)
+    report = check_sanity(model, spec.name, scores["cells"], settings)
+    if report:
+        record["sanity"] = report
     path = archive.save(archive_dir, spec.name, spec.digest(portable=True), record, scores, facts)
     runs.log(f"[{corpus.key}] {spec.name}: archived in {path}")
     return record, scores

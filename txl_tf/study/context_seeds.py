@@ -104,10 +104,12 @@ def recl_by_seed(seed_scores: dict, settings: ContextSettings, names) -> list[di
 def section(seed_scores: dict, settings: ContextSettings) -> dict:
     """The `by_seed` part of a context section: the decided claims, each model's inside/beyond parts per seed,
     and RECL per seed (the paper's group when all four models are there, else the recurrent ones)."""
+    from txl_tf.study import sanity
     from txl_tf.study.tables import PAPER_GROUP
 
     claims, split = family(seed_scores, settings)
-    out = {"plan": "docs/study_plan.md, version 1, and docs/study_plan_v2.md (the vanilla baseline)",
+    out = {"plan": "docs/study_plan.md, version 1, docs/study_plan_v2.md and docs/study_plan_v3.md (the vanilla "
+                   "baseline)",
            "seeds": {n: len(s) for n, s in seed_scores.items()},
            "claims": evidence.decide(claims) if claims else {}, "parts": split, "recl_grid": list(recl_grid(settings))}
     group = [n for n in PAPER_GROUP if n in seed_scores]
@@ -116,4 +118,9 @@ def section(seed_scores: dict, settings: ContextSettings) -> dict:
     if BASELINE in group and len(group) > 1 and len(recl_grid(settings)) > 1:
         out["recl"] = recl_by_seed(seed_scores, settings, group)
         out["recl_verdict"] = evidence.longest_recl_verdict(out["recl"], BASELINE)
+    # Every vanilla seed's sanity check, shown beside its verdicts (docs/study_plan_v3.md; plan v2 withholds them)
+    out["sanity"] = {m.name: [sanity.vanilla_report(s["cells"], settings.train_span, name=f"{m.name} seed {k}",
+                                                    block=settings.block)
+                              for k, s in enumerate(seed_scores[m.name], start=1)]
+                     for m in MODELS if m.vanilla and m.name in seed_scores}
     return out

@@ -120,6 +120,27 @@ def claims(section: dict, tagged: bool = True) -> list[tuple[str, str, str, str]
     return [(prefix + claim, *rest) for claim, *rest in rows]
 
 
+def _vanilla_rows(section: dict, claim: str, paper: str, c: dict) -> list[tuple[str, str, str, str]]:
+    """XL against the vanilla model over seeds under plan v3 (the headline: the verdict, every seed's sanity check
+    beside it), v2 (withheld where a seed fails the check) and v1 (study v3's model, one seed), as
+    docs/study_plan_v3.md, section 2, asks. The context study's window is chosen on validation under every plan."""
+    from txl_tf.study import sanity
+
+    reports = section["by_seed"]["sanity"]["al_rfou"]
+    checks = "; ".join(f"seed {k}: {sanity.report_line(r)}" for k, r in enumerate(reports, start=1))
+    failed = [str(k) for k, r in enumerate(reports, start=1) if not r["passed"]]
+    rows = [(claim, paper, f"{tables.seeds_text(c)} (plan v3; {checks})", tables.seeds_verdict(c)),
+            (f"{claim} (plan v2)", "", tables.seeds_text(c),
+             f"no verdict: the baseline fails its sanity check (seed {', '.join(failed)})" if failed
+             else tables.seeds_verdict(c))]
+    old = section["comparisons"].get("xl_vs_al_rfou_v1")
+    if old is not None:
+        rows.append((f"{claim} (plan v1: study v3's vanilla model, seed 1)", "",
+                     f"{interval(old)} (vanilla subset; {sanity.report_line(old['sanity'])})",
+                     tables.one_seed(verdict(old))))
+    return rows
+
+
 def _over_seeds(section: dict, rows: list) -> list:
     """The rows with their verdicts read over seeds (study v4: section["by_seed"], txl_tf.study.context_seeds)
     where the section has them; every other verdict reads seed 1 alone and is undecided (tables.one_seed)."""
@@ -153,6 +174,8 @@ def _over_seeds(section: dict, rows: list) -> list:
                 reason = evidence.why(c)
                 out.append((claim, paper, tables.seeds_text(c),
                             text or f"undecided{f' ({reason})' if reason else ''}"))
+            elif key == "xl_vs_al_rfou" and section["by_seed"].get("sanity", {}).get("al_rfou"):
+                out += _vanilla_rows(section, claim, paper, c)
             else:
                 out.append((claim, paper, tables.seeds_text(c), tables.seeds_verdict(c)))
         elif claim.startswith("... and more than with Shaw") and any(

@@ -1,9 +1,10 @@
 """Sanity checks on a scored model's cells, before any verdict reads them.
 
     own_window_problems   where a model is worse at its own training window than at a shorter one
-    check_own_window      the same as one StudyError line
-    check_vanilla         check_own_window on a vanilla model's validation cells: what the studies run on every
-                          model scored with a fixed window (docs/study_plan_v2.md)
+    vanilla_report        own_window_problems on a vanilla model's validation cells, as the record the studies
+                          archive and print for every model scored with a fixed window (docs/study_plan_v3.md:
+                          reported beside each verdict that involves it, no longer a stop)
+    choose_window         the window of lowest validation bpc among candidates (docs/study_plan_v3.md)
 
 A model scored at its training window has seen exactly that context in training, so a shorter window (less
 context, the same scored tokens) should not beat it by more than noise. The vanilla model of the context study
@@ -57,16 +58,46 @@ def own_window_problems(cells: Mapping, own: int, *, name: str, tolerance: float
     return problems
 
 
-def check_own_window(cells: Mapping, own: int, *, name: str, tolerance: float = TOLERANCE) -> None:
-    """Raises a one-line StudyError listing `own_window_problems`, if any."""
-    problems = own_window_problems(cells, own, name=name, tolerance=tolerance)
-    if problems:
-        raise StudyError("; ".join(problems) + f" (by more than {tolerance} bpc): a comparison with it would rest on "
-                         "a score its own training context makes worse; diagnose the model before comparing with it")
+def vanilla_report(cells: Mapping, own: int, *, name: str, block: int | None = None,
+                   tolerance: float = TOLERANCE) -> dict:
+    """The sanity check of docs/study_plan_v2.md on the validation cells of a model scored with a fixed window,
+    never the test split, as a record (docs/study_plan_v3.md): {"split": "valid", "own": own, "passed",
+    "problems": own_window_problems' lines, "worst": None or {"window": the shorter window it is most worse
+    than, "worse_bpc", "low", "high": the 95% paired block bootstrap of that difference in bits per token where
+    the cells are archive Cells of the same tokens and `block` (their tokens per block) is given, else None}}."""
+    valid = {key: value for key, value in cells.items() if key[0] == "valid"}
+    problems = own_window_problems(valid, own, name=name, tolerance=tolerance)
+    worst = None
+    for (_, window, clamp), value in sorted(valid.items()):
+        mine = valid.get(("valid", own, clamp))
+        if window >= own or mine is None:
+            continue
+        worse = _bits(mine) - _bits(value)
+        if worst is None or worse > worst["worse_bpc"]:
+            low = high = None
+            a, b = getattr(mine, "block_sums", None), getattr(value, "block_sums", None)
+            if block and a is not None and b is not None and a.shape == b.shape and a.size:
+                interval = bootstrap_blocks(0.0, (a - b) / block)
+                low, high = interval["low"] / math.log(2.0), interval["high"] / math.log(2.0)
+            worst = {"window": int(window), "worse_bpc": float(worse), "low": low, "high": high}
+    return {"split": "valid", "own": int(own), "passed": not problems, "problems": problems, "worst": worst}
 
 
-def check_vanilla(cells: Mapping, own: int, *, name: str, tolerance: float = TOLERANCE) -> None:
-    """`check_own_window` on the validation cells of a model scored with a fixed window (the vanilla protocol):
-    the split the studies choose on, never the test split (docs/study_plan_v2.md)."""
-    check_own_window({key: value for key, value in cells.items() if key[0] == "valid"}, own, name=name,
-                     tolerance=tolerance)
+def report_line(report: dict) -> str:
+    """One line of a vanilla_report, as the study prints it and the report shows it beside a verdict."""
+    worst = report["worst"]
+    if worst is None:
+        return f"sanity check: own window {report['own']} not scored against a shorter one"
+    where = f"{worst['worse_bpc']:+.4f} bpc at its own window {report['own']} against {worst['window']}"
+    if worst["low"] is not None:
+        where += f" (95% paired block bootstrap {worst['low']:+.4f} to {worst['high']:+.4f})"
+    return f"sanity check {'passed' if report['passed'] else 'FAILED'} on validation: {where}"
+
+
+def choose_window(cells: Mapping, windows) -> int:
+    """The window among `windows` of lowest bpc on the validation cells (unclamped), ties to the longer one
+    (docs/study_plan_v3.md, section 2); a StudyError naming the missing windows when some were not scored."""
+    missing = [w for w in windows if ("valid", w, -1) not in cells]
+    if missing:
+        raise StudyError(f"the validation split was not scored at window(s) {missing}: cannot choose the window")
+    return min(windows, key=lambda w: (_bits(cells[("valid", w, -1)]), -w))
