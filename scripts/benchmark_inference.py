@@ -307,14 +307,20 @@ def read_bandwidth(megabytes: int = 400, repeats: int = 5) -> float:
     return megabytes * 2**20 / best / 1e9
 
 
-def ring_bytes(model, protocol, batch: int) -> int | None:
-    """Bytes a decoding step reads at the least: each layer's keys and values of the ring (batch x (mem_len + 1)
+def ring_slots(protocol, positions: int | None = None) -> int:
+    """The ring's slots for a generation that ends at `positions` (prompt and new tokens): min(mem_len,
+    positions) + 1, generation's memory starting empty (`TransformerXLCausalLM._ring_loop`); None: mem_len + 1."""
+    return (protocol.mem_len if positions is None else min(protocol.mem_len, positions)) + 1
+
+
+def ring_bytes(model, protocol, batch: int, positions: int | None = None) -> int | None:
+    """Bytes a decoding step reads at the least: each layer's keys and values of the ring (batch x `ring_slots`
     positions) and its position keys (shared by the rows), in the compute dtype. None where the loop does not
     decode in a ring (encodings without cached position keys)."""
     if not (model.encoding.position_keys_cached and model.supports_cache(protocol) and protocol.mem_len > 0):
         return None
     width = model.n_head * model.d_head * (2 if "16" in model.compute_dtype else 4)
-    return model.n_layer * (protocol.mem_len + 1) * width * (2 * batch + 1)
+    return model.n_layer * ring_slots(protocol, positions) * width * (2 * batch + 1)
 
 
 def score_latency(score, state, batch, max_len, segments, n_token):
@@ -382,7 +388,7 @@ def main(argv):
         "SavedModel": (saved_model_step(loaded), served_initial, served_score, loaded.signatures["generate"]),
     }
     rng = np.random.default_rng(1)
-    rows, score_rows, peer_rows, stream_rows = [], [], [], []
+    rows, score_rows, peer_rows, stream_rows, ring_rows = [], [], [], [], []
     for batch in batches:
         for context in contexts:
             prompt = rng.integers(0, model.n_token, [batch, context]).astype(np.int32)
@@ -394,6 +400,7 @@ def main(argv):
             if gpt2 is not None:
                 timers["GPT-2"] = (gpt2_timer(gpt2, prompt, FLAGS.tokens), False)
             speeds, calls = decode_speeds(timers, batch, FLAGS.tokens, FLAGS.repeats, FLAGS.most_tokens)
+            ring_rows.append((batch, context, context + calls["Python"][0]))  # the long call's last position
 
             loop = {name: f"decode loop {cell(speeds[name])} tokens/s (a call of 1 / {calls[name][0]} new tokens: "
                           f"{calls[name][1]:.3f} / {calls[name][2]:.3f} s)" for name in speeds}
@@ -462,13 +469,15 @@ def main(argv):
     bandwidth = read_bandwidth()
     print(f"\nDecoding bound by memory reads: a step reads at least the ring's keys and values (and the position "
           f"keys) of every layer once; this machine read {bandwidth:.1f} GB/s in this run (XLA kernels over 400 MB). "
-          "A ring that fits in the CPU's last-level cache is read faster than this.\n")
-    print("| batch | MB read per step | bound tokens/s |")
-    print("|---:|---:|---:|")
-    for batch in batches:
-        size = ring_bytes(model, protocol, batch)
+          "The ring of the decode loop's longer call: min(mem_len, context + its new tokens) + 1 slots (generation's "
+          "memory starts empty). A ring that fits in the CPU's last-level cache is read faster than this.\n")
+    print("| batch | context | ring slots | MB read per step | bound tokens/s |")
+    print("|---:|---:|---:|---:|---:|")
+    for batch, context, positions in ring_rows:
+        size = ring_bytes(model, protocol, batch, positions)
         if size is not None:
-            print(f"| {batch} | {size / 1e6:,.3f} | {batch * bandwidth * 1e9 / size:,.0f} |")
+            print(f"| {batch} | {context} | {ring_slots(protocol, positions):,} | {size / 1e6:,.3f} | "
+                  f"{batch * bandwidth * 1e9 / size:,.0f} |")
     print(f"\nScoring a segment of {max_len} tokens with the state carried:\n")
     print("| path | batch | p50 ms | p90 ms | p99 ms | tokens/s at p50 |")
     print("|---|---:|---:|---:|---:|---:|")

@@ -32,18 +32,23 @@ def tiny_lm(seed=3, tgt_len=4, mem_len=8, sequence_length=24, preprocessor=True,
                                                                              sequence_length=sequence_length))
 
 
-def plain_greedy(lm, prompts, max_length):
+def plain_greedy(lm, prompts, max_length, vocab=VOCAB, empty_start=True):
     """The greedy continuation by plain calls of the backbone's model: each prompt alone in segments, then one
-    token a call with the hidden-state memory (the paper's recurrence)."""
+    token a call with the hidden-state memory (the paper's recurrence), the memory empty at first (generation's
+    convention: each call attends to the positions read before it, `memory_lengths`); `empty_start=False`: a zero
+    memory every call attends to (the authors' TF code, and txl_tf's generation before 2026-11-29)."""
     model, protocol, segment = lm.backbone.transformer_xl, lm.backbone.protocol, lm.backbone.segment_len
     texts = []
     for text in prompts:
-        ids = VOCAB.encode(text)
+        ids = vocab.encode(text)
+        read = (lambda n: np.array([n], np.int32)) if empty_start else (lambda n: None)  # noqa: E731
         memory = model.initial_memory(1, protocol)
         for start in range(0, len(ids), segment):
-            hidden, memory = model(np.array([ids[start:start + segment]], np.int32), memory, protocol=protocol)
+            hidden, memory = model(np.array([ids[start:start + segment]], np.int32), memory, protocol=protocol,
+                                   memory_lengths=read(start))
         while len(ids) < max_length:
             ids.append(int(np.argmax(keras.ops.convert_to_numpy(model.log_probs(hidden[:, -1:]))[0, 0])))
-            hidden, memory = model(np.array([ids[-1:]], np.int32), memory, protocol=protocol)
-        texts.append(VOCAB.decode(ids))
+            hidden, memory = model(np.array([ids[-1:]], np.int32), memory, protocol=protocol,
+                                   memory_lengths=read(len(ids) - 1))
+        texts.append(vocab.decode(ids))
     return texts

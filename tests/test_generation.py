@@ -45,15 +45,16 @@ def test_same_seed_same_tokens(model):
 @pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
 def test_greedy_matches_step_by_step_oracle(model):
     result = _generate(model, temperature=0.0)
-    # Oracle: plain model calls; the prompt in segments of 3 (zero memory at first, so segmentation matters),
-    # then one token per call with memory.
-    hidden, mems = model(PROMPT[:, :3], model.initial_memory(2))
-    hidden, mems = model(PROMPT[:, 3:], mems)
+    # Oracle: plain model calls; the prompt in segments of 3, then one token per call with memory, the memory
+    # empty at first (each call attends to the positions before it: `memory_lengths`; it keeps 9).
+    read = lambda n: np.full([2], n, np.int32)  # noqa: E731
+    hidden, mems = model(PROMPT[:, :3], model.initial_memory(2), memory_lengths=read(0))
+    hidden, mems = model(PROMPT[:, 3:], mems, memory_lengths=read(3))
     expected = []
-    for _ in range(6):
+    for step in range(6):
         token = np.argmax(model.log_probs(hidden[:, -1:]).numpy()[:, 0], axis=-1).astype(np.int32)
         expected.append(token)
-        hidden, mems = model(token[:, None], mems)
+        hidden, mems = model(token[:, None], mems, memory_lengths=read(5 + step))
     np.testing.assert_array_equal(result.tokens, np.stack(expected, axis=1))
     np.testing.assert_array_equal(_generate(model, top_k=1, seed=5).tokens, result.tokens)
     np.testing.assert_array_equal(_generate(model, top_p=1e-6, seed=5).tokens, result.tokens)

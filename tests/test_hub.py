@@ -84,8 +84,9 @@ def test_the_ring_of_keys_and_values_gives_the_cached_calls_log_probabilities(at
     for row, length in enumerate(lengths):
         state, row_log_probs = model.initial_cache(1, protocol, max_len=segment), {}
         starts = list(range(0, length, segment)) + list(range(length, steps))  # the prompt's segments, then tokens
-        for start, end in zip(starts, starts[1:] + [steps], strict=True):
-            hidden, state = model(tokens[row:row + 1, start:end], state, protocol=protocol)
+        for start, end in zip(starts, starts[1:] + [steps], strict=True):  # the memory starts empty
+            hidden, state = model(tokens[row:row + 1, start:end], state, protocol=protocol,
+                                  memory_lengths=np.array([start], np.int32))
             row_log_probs[end - 1] = model.log_probs(hidden[:, -1:])[0, 0].numpy()
         expected.append(row_log_probs)
     _, cache, position_keys = lm._build_cache(tf.constant(tokens), tf.constant(lengths))
@@ -98,6 +99,39 @@ def test_the_ring_of_keys_and_values_gives_the_cached_calls_log_probabilities(at
                 np.testing.assert_allclose(log_probs[row], expected[row][index - 1], atol=1e-5)
                 checked += 1
     assert checked == rows * steps - sum(lengths) + rows
+
+
+@pytest.mark.parametrize("attn_type", ["xl", "shaw"])
+def test_generation_starts_with_an_empty_memory_and_equals_one_pass_over_the_text(attn_type):
+    """Generation's memory starts empty (the authors' PyTorch convention, not their TF code's zero memory): while
+    the memory holds the whole text, each step's log-probabilities are those of one pass over the text without a
+    memory, every position attending to all before it; the prompt read in segments of 8 (a memory of 16). The ring
+    at the generation's width (12 positions: 14 slots, the speed of a short text) gives them, the ring of the whole
+    memory too (18 slots, those no position has written masked) and the model's cached call."""
+    lm = make_lm(attn_type=attn_type)
+    model, protocol = lm.backbone.transformer_xl, lm.backbone.protocol
+    width, lengths = 12, [3, 10]
+    tokens = np.random.default_rng(7).integers(0, len(VOCAB), [2, width]).astype(np.int32)
+    hidden, _ = model(tokens, None, protocol=protocol)  # one segment, no memory
+    full = model.log_probs(hidden).numpy()  # [2, 12, V]
+    decoders = {}
+    for name, ring_width in (("short ring", width), ("whole ring", None)):
+        _, cache, position_keys = lm._build_cache(tf.constant(tokens), tf.constant(lengths))
+        next, cache = lm._ring_loop(cache, position_keys, ring_width)
+        decoders[name] = (next, cache)
+    assert decoders["short ring"][1][0][0].shape[3] == width + 2  # the slots, then the scratch slot
+    assert decoders["whole ring"][1][0][0].shape[3] == protocol.mem_len + 2
+    _, cache, position_keys = lm._build_cache(tf.constant(tokens), tf.constant(lengths))
+    decoders["cached call"] = (lm._cached_next(position_keys), cache)
+    for name, (next, cache) in decoders.items():
+        checked = 0
+        for index in range(min(lengths), width + 1):  # the step that reads the token at index - 1
+            log_probs, _, cache = next(tf.constant(tokens), cache, tf.constant(index))
+            for row in range(2):
+                if index >= lengths[row]:
+                    np.testing.assert_allclose(log_probs[row], full[row, index - 1], atol=1e-5, err_msg=name)
+                    checked += 1
+        assert checked == 2 * width - sum(lengths) + 2, name
 
 
 def test_one_prompt_decodes_as_txl_tf_does_and_with_its_row_repeated():
@@ -386,11 +420,12 @@ def test_decoding_three_memories_one_token_at_a_time_gives_the_models_log_probab
     text = lm.generate([prompt], max_length=12 + 3 * protocol.mem_len)[0]
     assert len(seen) == 3 * protocol.mem_len and len(text) == 12 + 3 * protocol.mem_len
     ids = np.array([VOCAB.encode(text)], np.int32)
-    hidden, memory = model(ids[:, :8], model.initial_memory(1, protocol), protocol=protocol)
-    hidden, memory = model(ids[:, 8:12], memory, protocol=protocol)
+    read = lambda n: np.array([n], np.int32)  # noqa: E731  generation's memory starts empty
+    hidden, memory = model(ids[:, :8], model.initial_memory(1, protocol), protocol=protocol, memory_lengths=read(0))
+    hidden, memory = model(ids[:, 8:12], memory, protocol=protocol, memory_lengths=read(8))
     for t in range(12, ids.shape[1]):
         np.testing.assert_allclose(np.log(seen[t - 12][0]), model.log_probs(hidden[:, -1:])[0, 0], atol=1e-5)
-        hidden, memory = model(ids[:, t:t + 1], memory, protocol=protocol)
+        hidden, memory = model(ids[:, t:t + 1], memory, protocol=protocol, memory_lengths=read(t))
 
 
 def test_one_fit_step_is_one_step_of_the_custom_trainer_and_the_next_uses_the_memory():

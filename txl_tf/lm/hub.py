@@ -106,6 +106,12 @@ def _with_padding_mask(inputs):
     return {"token_ids": token_ids, "padding_mask": keras.ops.ones_like(token_ids, "int32")}
 
 
+def _size(tensor, axis: int):
+    """A tensor's size on `axis`: a Python int where its shape knows it, else a scalar tensor (TensorFlow)."""
+    static = tensor.shape[axis]
+    return static if static is not None else tf.shape(tensor)[axis]
+
+
 def _row_lengths(padding_mask):
     """[B] tokens of each right-padded row: the padding mask's count of ones."""
     return keras.ops.sum(T.cast(padding_mask, T.int32), axis=1)
@@ -269,14 +275,16 @@ class TransformerXLBackbone(keras_hub.models.Backbone):
         """Prompt segment length: the evaluation's tgt_len."""
         return self.eval_config.tgt_len
 
-    def call_with_state(self, token_ids, state, padding_mask=None, protocol=None, training=False):
+    def call_with_state(self, token_ids, state, padding_mask=None, protocol=None, training=False,
+                        memory_lengths=None):
         """(hidden [B, L, d], new state): one segment with a `txl_tf.model.state` Memory or Cache (None: no memory);
-        padding (padding_mask 0, right-aligned) does not enter the state."""
+        padding (padding_mask 0, right-aligned) does not enter the state; `memory_lengths` [B]: the positions each
+        row's memory holds (the rest masked: generation's memory starts empty; `TransformerXL.call`)."""
         lengths = None
         if padding_mask is not None:
             lengths = _row_lengths(padding_mask)
         return self.transformer_xl(token_ids, state, protocol=protocol or self.protocol, lengths=lengths,
-                                   training=training)
+                                   training=training, memory_lengths=memory_lengths)
 
     def get_config(self):
         return {**super().get_config(), "model_config": dataclasses.asdict(self.model_config),
@@ -552,15 +560,21 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             return model.initial_cache(batch_size, protocol, max_len=self.backbone.segment_len)
         return model.initial_memory(batch_size, protocol)
 
-    def call_with_cache(self, token_ids, cache, position_keys=(), padding_mask=None):
+    def call_with_cache(self, token_ids, cache, position_keys=(), padding_mask=None, memory_lengths=None):
         """(log-probs [B, L, V], hidden [B, L, d], new cache) of `token_ids` [B, L] after the state in `cache`
-        (keras-hub's cache: see the module docstring)."""
-        hidden, state = self.backbone.call_with_state(token_ids, _from_hub(cache, position_keys), padding_mask)
+        (keras-hub's cache: see the module docstring); `memory_lengths` [B]: the positions each row's memory holds
+        (None: all of it)."""
+        hidden, state = self.backbone.call_with_state(token_ids, _from_hub(cache, position_keys), padding_mask,
+                                                      memory_lengths=memory_lengths)
         cache, _ = _to_hub(state)
         return self.backbone.transformer_xl.log_probs(hidden), hidden, cache
 
     def _build_cache(self, token_ids, lengths):
         """Feeds each row's prompt (its first `lengths` tokens) in segments, as txl_tf's decoder does.
+
+        Generation's memory starts empty (the authors' PyTorch convention): a row's first segments attend to the
+        positions it has read, not to a zero memory's (`memory_lengths`), so the tokens after a prompt do not depend
+        on the memory's length once it holds the whole text, and the ring that decodes them can be that short.
 
         Returns (hidden [B, T, d] of the prompt positions, zeros after; keras-hub's cache; the position keys).
         The cache holds the state's tensors, then each row's log-probs [B, V] and hidden [B, d] after its prompt
@@ -592,7 +606,9 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             chunk = T.slice(padded, [0, start], [-1, width])
             used = T.clip_by_value(lengths - start, 0, width)  # [B] prompt tokens of each row in this chunk
             mask = T.cast(T.arange(width)[None, :] < used[:, None], T.int32)
-            hidden, new_state = self.backbone.call_with_state(chunk, _from_hub(state, position_keys), mask)
+            read = T.minimum(lengths, start)  # [B] positions of each row before this chunk: its memory's real ones
+            hidden, new_state = self.backbone.call_with_state(chunk, _from_hub(state, position_keys), mask,
+                                                              memory_lengths=read)
             state, _ = _to_hub(new_state)
             hidden = T.cast(hidden, hidden_states.dtype)
             if T.TENSORFLOW:
@@ -638,25 +654,33 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         jit = getattr(self, "generate_jit_compile", None) if compiled else None
         return not self.backbone.transformer_xl.encoding.absolute if jit is None else bool(jit)
 
-    def _ring_loop(self, cache, position_keys):
-        """(`next`, its cache) of the ring decoding step, from the prompt's cache (`_build_cache`).
+    def _ring_loop(self, cache, position_keys, width=None):
+        """(`next`, its cache) of the ring decoding step, from the prompt's cache (`_build_cache`); `width`: the
+        positions the generation ends at (the token ids' width; None: unknown).
 
-        The ring cache is (per layer keys [B, N, D, M + 2], per layer values, last log-probs, last hidden, prompt
-        lengths), position p of each row in slot p mod (M + 1) (`RelativeMultiHeadAttention.decode_ring`): each
-        row's M kept positions rolled there once, the free slot the one its first new token writes, and the scratch
-        slot last. One tensor per layer: a step writes one slot of each and copies none.
+        The ring cache is (per layer keys [B, N, D, R + 1], per layer values, last log-probs, last hidden, prompt
+        lengths), R = min(M, width) + 1, position p of each row in slot p mod R
+        (`RelativeMultiHeadAttention.decode_ring`): each row's last R - 1 kept positions rolled there once, the free
+        slot the one its first new token writes, and the scratch slot last. One tensor per layer: a step writes one
+        slot of each and copies none. A slot no position has written yet is masked (the memory starts empty), so a
+        generation of `width` positions needs no more than `width` slots: a short text reads a short ring.
         """
-        ring_cache = self._to_ring(cache)
+        ring_cache = self._to_ring(cache, width)
         return self._ring_next(position_keys, ring_cache), ring_cache
 
-    def _to_ring(self, cache):
-        """The ring cache (`_ring_loop`) of the prompt's cache."""
+    def _to_ring(self, cache, width=None):
+        """The ring cache (`_ring_loop`) of the prompt's cache, for a generation that ends at position `width`."""
         model = self.backbone.transformer_xl
         keys, values, last_logits, last_hidden, lengths = cache
         memory = keys.shape[3]
+        if width is not None:  # the last `width` positions are all a row will attend to
+            kept = min(memory, width) if isinstance(width, int) else tf.minimum(memory, width)
+            keys, values = keys[:, :, :, memory - kept:], values[:, :, :, memory - kept:]
+            memory = kept
         ring = memory + 1
-        # Row b keeps positions lengths[b] - M .. lengths[b] - 1 in order, then the free slot: roll each row by
-        # (lengths[b] - M) mod R so that every position p sits in slot p mod R.
+        # Row b keeps positions lengths[b] - (R - 1) .. lengths[b] - 1 in order (those below 0 none: masked until
+        # written), then the free slot: roll each row by (lengths[b] - (R - 1)) mod R so that every position p
+        # sits in slot p mod R.
         order = tf.math.floormod(tf.range(ring)[None, :] - (lengths[:, None] - memory), ring)  # [B, R]
         spare = tf.zeros_like(keys[:, 0, :, :1])  # [B, N, 1, D]
 
@@ -671,7 +695,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
     def _ring_next(self, position_keys, ring_cache):
         """The ring decoding step `next(prompt, ring cache, index)` for a ring cache of `ring_cache`'s shapes."""
         model = self.backbone.transformer_xl
-        ring = ring_cache[0][0].shape[3] - 1
+        ring = _size(ring_cache[0][0], 3) - 1
         rows = tf.unstack(position_keys[:, :, -ring:])  # per layer [N, R, D]: distances R - 1 .. 0
         # At batch 1 each projection as two half-width products (`projection.dense_row`), their kernels arranged
         # here once; None: the layer's own call. A sampler may repeat the rows (beam search): the step checks
@@ -685,13 +709,15 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             token = tf.slice(prompt, [0, index - 1], [-1, 1])
             fresh = index - 1 >= lengths  # [B]: the token at index - 1 is not in the ring yet (not the prompt's)
             slot = tf.math.floormod(index - 1, ring)
+            filled = tf.minimum(index, ring)  # slots 0 .. filled - 1 hold positions (with this step's token)
             h = model.embedding(token)  # [B, 1, d]
             one = h.shape[0] == 1
             new_keys, new_values = [], []
             for i, block in enumerate(model.blocks):
                 u, v = model.encoding.layer_biases(model, i)
                 h, layer_keys, layer_values = block.attention.decode_ring(
-                    h, keys[i], values[i], slot, fresh, rows[i], u, v, row_kernels=attention_rows[i] if one else None)
+                    h, keys[i], values[i], slot, fresh, rows[i], u, v, row_kernels=attention_rows[i] if one else None,
+                    filled=filled)
                 if one and feed_forward_rows[i] is not None:
                     h = block.feed_forward.decode_row(h, feed_forward_rows[i])
                 else:
@@ -714,7 +740,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         hidden_states, cache, position_keys = self._build_cache(token_ids, lengths)
         if self._decodes_in_a_ring() if ring is None else ring:
             return self._finish(token_ids, padding_mask, stop_token_ids, hidden_states,
-                                *self._ring_loop(cache, position_keys), sampler=sampler)
+                                *self._ring_loop(cache, position_keys, _size(token_ids, 1)), sampler=sampler)
 
         return self._finish(token_ids, padding_mask, stop_token_ids, hidden_states, self._cached_next(position_keys),
                             cache, sampler=sampler)
@@ -726,8 +752,9 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             *state, last_logits, last_hidden, lengths = cache
             token = T.slice(prompt, [0, index - 1], [-1, 1])
             fresh = index - 1 >= lengths  # [B]: the token at index - 1 is not in the state yet (not the prompt's)
+            read = T.zeros_like(lengths) + (index - 1)  # [B] positions before it: its memory's real ones
             logits, hidden, state = self.call_with_cache(token, tuple(state), position_keys,
-                                                         T.cast(fresh, T.int32)[:, None])
+                                                         T.cast(fresh, T.int32)[:, None], memory_lengths=read)
             logits = T.where(fresh[:, None], T.cast(logits[:, 0], T.float32), last_logits)
             hidden = T.where(fresh[:, None], T.cast(hidden[:, 0], last_hidden.dtype), last_hidden)
             return logits, hidden, (*state, last_logits, last_hidden, lengths)

@@ -118,6 +118,18 @@ def attention_bias(qlen, mlen, same_length=False, same_length_keys="tf", mem_len
     return T.where(blocked, T.constant(MASK_VALUE, dtype), T.constant(0.0, dtype))  # [L, K]
 
 
+def memory_mask(memory_lengths, mlen, qlen, dtype=T.float32):
+    """Additive mask [1, B, 1, K] of a memory whose row b holds memory_lengths[b] real positions, its last ones:
+    MASK_VALUE on the other memory keys (a memory that starts empty, as the authors' PyTorch code starts it, rather
+    than as zeros that every query attends to, as their TF code does), 0 on the rest and on the segment's keys.
+    Added to `attention_bias`'s [L, K] (or an encoding's [N, 1, L, K]) it broadcasts over the scores [N, B, L, K].
+    """
+    keys = T.arange(mlen + qlen)[None, :]  # [1, K]
+    first = mlen - T.clip_by_value(T.cast(memory_lengths, "int32"), 0, mlen)[:, None]  # [B, 1]: first real key
+    mask = T.where(keys >= first, T.constant(0.0, dtype), T.constant(MASK_VALUE, dtype))  # [B, K]
+    return mask[None, :, None, :]
+
+
 def keep_last(memory, new, mem_len, lengths=None, axis=1):
     """The recurrent state's update: the last `mem_len` positions of concat([memory, new]) along `axis`, gradient
     stopped (the authors' `_cache_mem`).
@@ -491,10 +503,10 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         return None if any(k is None for k in kernels) else kernels
 
     def decode_ring(self, h, keys, values, slot, write, position_rows, content_bias=None, position_bias=None,
-                    row_kernels=None):
+                    row_kernels=None, filled=None):
         """One token per row against a ring of keys/values: the decoding step of `txl_tf.lm.hub`'s generation loop.
 
-        The ring holds the keys/values of the last R = M + 1 positions of each row, batch first (keras-hub's
+        The ring holds the keys/values of the last R <= M + 1 positions of each row, batch first (keras-hub's
         samplers repeat and gather the rows of their cache on axis 0), position p in slot p mod R: every row's
         token of this step writes the same slot, over the position R back, so that a step updates one slot in
         place instead of moving the M kept ones as `keep_window` does, and slot j holds the position at distance
@@ -516,6 +528,8 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             `position_keys`, sliced once before the loop: a slice in the step is a copy at every token).
           content_bias, position_bias: u, v [N, D] (xl) or None.
           row_kernels: `row_kernels()` at batch 1 (each projection as `projection.dense_row`), or None.
+          filled: int32 scalar or None: slots 0 .. filled - 1 hold positions (this step's token included), the
+            others none yet (a memory that starts empty: masked); None: every slot holds one.
 
         Returns:
           (outputs [B, 1, d], keys, values): the ring with the written rows' token in `slot`.
@@ -537,7 +551,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         # dynamic_update_slice measured far slower here: it copied the ring); the rows that do not write put their
         # numbers in the scratch slot.
         rows_heads = batch * self.n_head
-        scratch = keys.shape[3] - 1
+        scratch = (keys.shape[3] if keys.shape[3] is not None else tf.shape(keys)[3]) - 1
         slots = tf.repeat(tf.where(write, slot, scratch), self.n_head * self.d_head)  # [B*N*D]
         at = tf.stack([tf.repeat(tf.range(batch), self.n_head * self.d_head),
                        tf.tile(tf.repeat(tf.range(self.n_head), self.d_head), [batch]),
@@ -554,6 +568,9 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         # The scratch slot's score: -inf (its probability 0).
         score += tf.pad(tf.roll(by_distance, shift=slot + 1, axis=3), [[0, 0], [0, 0], [0, 0], [0, 1]],
                         constant_values=float("-inf"))
+        if filled is not None:  # the slots no position has written yet: probability 0
+            score += tf.where(tf.range(tf.shape(score)[3]) < filled, tf.constant(0.0, score.dtype),
+                              tf.constant(float("-inf"), score.dtype))
         probs = tf.cast(tf.nn.softmax(tf.cast(score, tf.float32), axis=-1), dtype)  # [B, N, 1, R + 1]
         attn = tf.reshape(tf.matmul(probs, values, transpose_b=True), [batch, 1, self.n_head * self.d_head])
         if row_kernels is None:

@@ -23,7 +23,7 @@ import keras
 
 from txl_tf.model import encodings
 from txl_tf.model import tensor_ops as T
-from txl_tf.model.attention import attention_bias
+from txl_tf.model.attention import attention_bias, memory_mask
 from txl_tf.model.block import TransformerXLBlock
 from txl_tf.model.dropout import Dropout
 from txl_tf.model.embedding import AdaptiveEmbedding, RelativePositionalEncoding
@@ -208,7 +208,7 @@ class TransformerXL(keras.Model):
         """Each layer's state (`LayerMemory` / `LayerCache`), or None per layer without a state."""
         return [None] * self.n_layer if state is None else state.layers(self.n_layer)
 
-    def _forward(self, tokens, state, protocol, lengths, training, return_probs, policy=None):
+    def _forward(self, tokens, state, protocol, lengths, training, return_probs, policy=None, memory_lengths=None):
         protocol = protocol or self.protocol
         _check_clamp(self.encoding, protocol.clamp_len, "the protocol's clamp_len")
         policy = policy or DEFAULT
@@ -226,6 +226,8 @@ class TransformerXL(keras.Model):
         bias = attention_bias(qlen, mlen, protocol.same_length, self.same_length_keys, protocol.mem_len)  # [L, K]
         if prepared.score_bias is not None:
             bias = bias + prepared.score_bias  # alibi: [N, 1, L, K]
+        if memory_lengths is not None and state is not None:
+            bias = bias + memory_mask(memory_lengths, mlen, qlen)  # [1, B, L, K] or [N, B, L, K]
 
         new_states, all_probs = [], []
         for i, (block, layer_state) in enumerate(zip(self.blocks, self._layer_states(state), strict=True)):
@@ -246,10 +248,17 @@ class TransformerXL(keras.Model):
             return hidden, new_state, T.stack(all_probs)  # probs [n, B, N, L, K]
         return hidden, new_state
 
-    def call(self, tokens, state=None, protocol=None, lengths=None, training=False, policy=None):
-        return self._forward(tokens, state, protocol, lengths, training, return_probs=False, policy=policy)
+    def call(self, tokens, state=None, protocol=None, lengths=None, training=False, policy=None,
+             memory_lengths=None):
+        """(hidden [B, L, d], new state) of a segment after `state`; `lengths` [B]: each row's tokens (the rest is
+        padding, kept out of the state); `memory_lengths` [B]: how many of the memory's positions (its last ones)
+        row b has seen, the others masked (a memory that starts empty; None: every position attends, the TF
+        original's zero memory)."""
+        return self._forward(tokens, state, protocol, lengths, training, return_probs=False, policy=policy,
+                             memory_lengths=memory_lengths)
 
-    def compute_output_spec(self, tokens, state=None, protocol=None, lengths=None, training=False, policy=None):
+    def compute_output_spec(self, tokens, state=None, protocol=None, lengths=None, training=False, policy=None,
+                            memory_lengths=None):
         """The (hidden, new state) a symbolic call gives (a functional model's graph, `TransformerXLBackbone`),
         worked out from the shapes instead of tracing the call: JAX's shape tracing takes no `Protocol` argument and
         no symbolic length through the layers' static shapes. hidden [B, L, d_model] in the compute dtype; the new
