@@ -106,12 +106,6 @@ def _with_padding_mask(inputs):
     return {"token_ids": token_ids, "padding_mask": keras.ops.ones_like(token_ids, "int32")}
 
 
-def _size(tensor, axis: int):
-    """A tensor's size on `axis`: a Python int where its shape knows it, else a scalar tensor (TensorFlow)."""
-    static = tensor.shape[axis]
-    return static if static is not None else tf.shape(tensor)[axis]
-
-
 def _row_lengths(padding_mask):
     """[B] tokens of each right-padded row: the padding mask's count of ones."""
     return keras.ops.sum(T.cast(padding_mask, T.int32), axis=1)
@@ -695,7 +689,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
     def _ring_next(self, position_keys, ring_cache):
         """The ring decoding step `next(prompt, ring cache, index)` for a ring cache of `ring_cache`'s shapes."""
         model = self.backbone.transformer_xl
-        ring = _size(ring_cache[0][0], 3) - 1
+        ring = T.dim(ring_cache[0][0], 3) - 1
         rows = tf.unstack(position_keys[:, :, -ring:])  # per layer [N, R, D]: distances R - 1 .. 0
         # At batch 1 each projection as two half-width products (`projection.dense_row`), their kernels arranged
         # here once; None: the layer's own call. A sampler may repeat the rows (beam search): the step checks
@@ -740,7 +734,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         hidden_states, cache, position_keys = self._build_cache(token_ids, lengths)
         if self._decodes_in_a_ring() if ring is None else ring:
             return self._finish(token_ids, padding_mask, stop_token_ids, hidden_states,
-                                *self._ring_loop(cache, position_keys, _size(token_ids, 1)), sampler=sampler)
+                                *self._ring_loop(cache, position_keys, T.dim(token_ids, 1)), sampler=sampler)
 
         return self._finish(token_ids, padding_mask, stop_token_ids, hidden_states, self._cached_next(position_keys),
                             cache, sampler=sampler)

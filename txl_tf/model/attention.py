@@ -551,7 +551,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         # dynamic_update_slice measured far slower here: it copied the ring); the rows that do not write put their
         # numbers in the scratch slot.
         rows_heads = batch * self.n_head
-        scratch = (keys.shape[3] if keys.shape[3] is not None else tf.shape(keys)[3]) - 1
+        scratch = T.dim(keys, 3) - 1
         slots = tf.repeat(tf.where(write, slot, scratch), self.n_head * self.d_head)  # [B*N*D]
         at = tf.stack([tf.repeat(tf.range(batch), self.n_head * self.d_head),
                        tf.tile(tf.repeat(tf.range(self.n_head), self.d_head), [batch]),

@@ -40,12 +40,6 @@ from typing import Any, NamedTuple
 from txl_tf.model import tensor_ops as T
 
 
-def _length(tensor, axis: int):
-    """Size of `axis`: a Python int when the shape knows it, else a scalar tensor."""
-    static = tensor.shape[axis]
-    return static if static is not None else T.shape(tensor)[axis]
-
-
 def _has_position_keys(state) -> bool:
     return not isinstance(state.position_keys, tuple)
 
@@ -62,9 +56,9 @@ def _check_batch(name: str, size, batch) -> None:
 
 
 # Every state's first field (`hidden`, or `keys`) carries its batch and time axes.
-_batch_size = property(lambda self: _length(self[0], self.BATCH_AXIS),
+_batch_size = property(lambda self: T.dim(self[0], self.BATCH_AXIS),
                        doc="B: a Python int when the shape knows it, else a scalar tensor.")
-_mem_len = property(lambda self: _length(self[0], self.TIME_AXIS),
+_mem_len = property(lambda self: T.dim(self[0], self.TIME_AXIS),
                     doc="M: a Python int when the shape knows it, else a scalar tensor.")
 
 

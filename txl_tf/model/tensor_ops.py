@@ -14,6 +14,7 @@ PyTorch each is the `keras.ops` operation of the same meaning, and shapes are st
                                  TensorFlow's signatures, keyword names included
     shape(x)                     tf.shape(x) (a tensor), or the static shape (a tuple of ints)
     size(x)                      tf.size(x), or the static element count
+    dim(x, axis)                 the size of one axis: a Python int where the shape knows it, else a scalar tensor
     joined_shape(a, b)           two pieces of a shape as one: tf.concat([a, b], 0), or a tuple
     batch_gather, invert_permutation, cond, ensure_shape
                                  tf.gather(batch_dims=1), tf.math.invert_permutation, tf.cond, tf.ensure_shape
@@ -231,6 +232,13 @@ else:
     def sparse_softmax_cross_entropy_with_logits(labels, logits):
         picked = ops.take_along_axis(ops.log_softmax(logits, axis=-1), ops.expand_dims(labels, -1), axis=-1)
         return -ops.squeeze(picked, -1)
+
+
+def dim(x, axis: int):
+    """The size of `axis`: a Python int when the static shape knows it, else a scalar tensor (TensorFlow's
+    dynamic sizes; off TensorFlow shapes are static)."""
+    static = x.shape[axis]
+    return static if static is not None else shape(x)[axis]
 
 
 class NoFusedKernels:

@@ -271,21 +271,19 @@ def vanilla_window(cells: dict, settings: AblationSettings, run: str, position: 
 def plan_v1_claim(cells: dict, archive_dir: str, facts: dict, settings: AblationSettings) -> dict | None:
     """XL (seed 1) against study v3's vanilla model at the training length, under docs/study_plan.md (version 1):
     the archive archive_dir/plan_v1/ablation_al_rfou, read under its own spec (txl_tf.study.archive.
-    load_as_recorded), with its sanity check (docs/study_plan_v3.md, section 2). None when there is no such
+    plan_v1_cells), with its sanity check (docs/study_plan_v3.md, section 2). None when there is no such
     archive, or when it was scored on other tokens than today's (its facts differ, the sanity windows aside)."""
     from txl_tf.study import archive, sanity
 
-    found = archive.load_as_recorded(os.path.join(archive_dir, "plan_v1"), "ablation_al_rfou")
-    if found is None or BASELINE not in cells:
+    if BASELINE not in cells:
         return None
-    old_facts, (_, scores) = found
-    if {k: v for k, v in old_facts.items() if k != "sanity"} != facts:
-        runs.log(f"ablation: the plan-v1 vanilla archive in {archive_dir}/plan_v1 was scored on other tokens; no plan-v1 verdict")
+    old_cells = archive.plan_v1_cells(archive_dir, "ablation_al_rfou", facts, ignore=("sanity",))
+    if old_cells is None:
         return None
     old = "al_rfou_plan_v1"
     length = settings.train_attention
-    report = sanity.vanilla_report(scores["cells"], length, name=old, block=settings.bootstrap_block)
-    claim = _compare({BASELINE: cells[BASELINE], old: scores["cells"]}, (BASELINE, length), (old, length), settings,
+    report = sanity.vanilla_report(old_cells, length, name=old, block=settings.bootstrap_block)
+    claim = _compare({BASELINE: cells[BASELINE], old: old_cells}, (BASELINE, length), (old, length), settings,
                      frozenset({old}))
     return claim | {"plan": 1, "sanity": report}
 

@@ -154,11 +154,13 @@ def save(archive_dir: str, run_name: str, digest: str, record: dict, scores: dic
     return json_path
 
 
-def load_as_recorded(archive_dir: str, run_name: str) -> tuple[dict, tuple[dict, dict]] | None:
-    """(the facts it was scored under, (record, scores)) of an archive read under its own digest and facts, every
-    other check of `load` made; None when there is none. For an archive kept for an earlier plan's verdicts
-    (studies/archive/plan_v1), whose spec today's study no longer builds: its caller compares the facts."""
-    json_path, _ = paths_of(archive_dir, run_name)
+def plan_v1_cells(archive_dir: str, run_name: str, facts: dict, ignore: tuple = ()) -> dict | None:
+    """The cells of archive_dir/plan_v1/<run_name>, an archive kept for plan v1's verdicts (docs/study_plan_v3.md),
+    read under its own digest and facts (today's study no longer builds its spec), every other check of `load`
+    made; None when there is none, or when its facts differ from `facts` outside the keys `ignore` (it was scored
+    on other tokens: said in the log)."""
+    directory = os.path.join(archive_dir, "plan_v1")
+    json_path, _ = paths_of(directory, run_name)
     if not os.path.lexists(json_path):
         return None
     index = untrusted.load_json(json_path, max_bytes=JSON_LIMIT, what="the study's archive", finite=False)
@@ -166,7 +168,11 @@ def load_as_recorded(archive_dir: str, run_name: str) -> tuple[dict, tuple[dict,
             not isinstance(index.get("digest"), str):
         raise runs.StudyError(f"{json_path} is not an archive (schema {SCHEMA}) of {run_name}; restore it from the "
                               "repository or remove it")
-    return index["facts"], load(archive_dir, run_name, index["facts"], index["digest"])
+    kept = {k: v for k, v in index["facts"].items() if k not in ignore}
+    if kept != {k: v for k, v in facts.items() if k not in ignore}:
+        runs.log(f"{json_path} was scored under other settings than today's: no plan-v1 verdict from it")
+        return None
+    return load(directory, run_name, index["facts"], index["digest"])[1]["cells"]
 
 
 def load(archive_dir: str, run_name: str, facts: dict, digest: str, *, clean: bool = False

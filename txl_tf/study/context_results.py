@@ -206,22 +206,19 @@ def plan_v1_claim(scores: dict, archive_dir: str, data, settings: ContextSetting
                   corpus: Corpus) -> dict | None:
     """XL (seed 1) against study v3's vanilla model, each at its best memory on validation, on the vanilla subset,
     under docs/study_plan.md (version 1): the archive archive_dir/plan_v1/<its run>, read under its own spec
-    (archive.load_as_recorded), with its sanity check (docs/study_plan_v3.md, section 2). None when there is no
+    (archive.plan_v1_cells), with its sanity check (docs/study_plan_v3.md, section 2). None when there is no
     such archive or no XL, or when it was scored under other settings than today's."""
     from txl_tf.study import sanity
 
+    if BASELINE not in scores:
+        return None
     model = next(m for m in MODELS if m.vanilla)
     name = context.run_spec(model, settings, data_dir, quick, corpus).name
-    found = archive.load_as_recorded(os.path.join(archive_dir, "plan_v1"), name)
-    if found is None or BASELINE not in scores:
-        return None
-    old_facts, (_, old) = found
-    if old_facts != context.archive_facts(data, settings, corpus):
-        runs.log(f"[{corpus.key}] the plan-v1 vanilla archive {name} was scored under other settings; no plan-v1 "
-                 "verdict")
+    old = archive.plan_v1_cells(archive_dir, name, context.archive_facts(data, settings, corpus))
+    if old is None:
         return None
     xl = scores[BASELINE]["cells"]
-    plus, minus = xl[("test", *_best(xl, settings))], old["cells"][("test", *_best(old["cells"], settings))]
+    plus, minus = xl[("test", *_best(xl, settings))], old[("test", *_best(old, settings))]
     return archive.compare_subset([plus], [minus], settings.block) | {
-        "plan": 1, "subset": True, "sanity": sanity.vanilla_report(old["cells"], settings.train_span, name=name,
+        "plan": 1, "subset": True, "sanity": sanity.vanilla_report(old, settings.train_span, name=name,
                                                                    block=settings.block)}

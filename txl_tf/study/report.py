@@ -18,7 +18,7 @@ import shutil
 
 from txl_tf.base import errors, paths
 from txl_tf.base.errors import ConfigError
-from txl_tf.study import context, corpus_choice, report_context, tables
+from txl_tf.study import context, corpus_choice, report_context, sanity, tables
 from txl_tf.study.tables import PAPER, interval, label, markdown_table, seeded_verdict, verdict
 
 CONTEXT_SECTIONS = tuple(corpus.key for corpus in context.CORPORA)  # results.json sections, in the report's order
@@ -52,14 +52,6 @@ def _run_bpc(section: dict, variant: str, length: int) -> tuple[float, float | N
     return mean, (max(values) - min(values)) / 2 if len(values) > 1 else None
 
 
-def _sanity_text(reports: list) -> str:
-    """Every seed's sanity check on one line (docs/study_plan_v3.md: shown beside each vanilla verdict)."""
-    from txl_tf.study import sanity
-
-    return "; ".join(f"seed {k}: {sanity.report_line(r)}" if r else f"seed {k}: no check recorded"
-                     for k, r in enumerate(reports, start=1))
-
-
 def _vanilla_plan_rows(comparisons: dict, text: str, train: int) -> list[tuple[str, str, str, str]]:
     """The vanilla claim under plans v2 and v1 beside the headline's (plan v3), as docs/study_plan_v3.md asks;
     the headline's own row carries the chosen windows and the checks."""
@@ -71,8 +63,6 @@ def _vanilla_plan_rows(comparisons: dict, text: str, train: int) -> list[tuple[s
         rows.append((f"{text} (plan v2: at its own window {train})", "", tables.seeds_text(v2), verdict))
     v1 = comparisons.get("xl_vs_al_rfou_v1")
     if v1 is not None:
-        from txl_tf.study import sanity
-
         rows.append((f"{text} (plan v1: study v3's vanilla model, seed 1, at {train})", "",
                      f"{interval(v1)} (one seed each; {sanity.report_line(v1['sanity'])})",
                      tables.one_seed(seeded_verdict(v1))))
@@ -91,7 +81,7 @@ def _ablation_claims(section: dict) -> list[tuple[str, str, str, str]]:
             ours = (f"{tables.seeds_text(c)} ({where}; t interval over the seeds, Holm p = "
                     f"{c['p_holm']:.2g} among {c['family_size']}; seed 1 each at its best length on test, XL "
                     f"{at_best['a'][1]} vs. {other} {at_best['b'][1]}: {_bits(at_best['mean'])})"
-                    + (f"; {_sanity_text(c['sanity'])}" if c.get("plan") == 3 else ""))
+                    + (f"; {sanity.seeds_line(c['sanity'])}" if c.get("plan") == 3 else ""))
             rows.append((text, f"{PAPER['xl'].split(' (')[0]} vs. {PAPER[other]}", ours, tables.seeds_verdict(c)))
             if c.get("plan") == 3:
                 rows += _vanilla_plan_rows(comparisons, text, train)

@@ -127,9 +127,8 @@ def _vanilla_rows(section: dict, claim: str, paper: str, c: dict) -> list[tuple[
     from txl_tf.study import sanity
 
     reports = section["by_seed"]["sanity"]["al_rfou"]
-    checks = "; ".join(f"seed {k}: {sanity.report_line(r)}" for k, r in enumerate(reports, start=1))
     failed = [str(k) for k, r in enumerate(reports, start=1) if not r["passed"]]
-    rows = [(claim, paper, f"{tables.seeds_text(c)} (plan v3; {checks})", tables.seeds_verdict(c)),
+    rows = [(claim, paper, f"{tables.seeds_text(c)} (plan v3; {sanity.seeds_line(reports)})", tables.seeds_verdict(c)),
             (f"{claim} (plan v2)", "", tables.seeds_text(c),
              f"no verdict: the baseline fails its sanity check (seed {', '.join(failed)})" if failed
              else tables.seeds_verdict(c))]

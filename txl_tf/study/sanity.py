@@ -4,6 +4,8 @@
     vanilla_report        own_window_problems on a vanilla model's validation cells, as the record the studies
                           archive and print for every model scored with a fixed window (docs/study_plan_v3.md:
                           reported beside each verdict that involves it, no longer a stop)
+    report_line, seeds_line
+                          one record, or every seed's, as one line of the reports
     choose_window         the window of lowest validation bpc among candidates (docs/study_plan_v3.md)
 
 A model scored at its training window has seen exactly that context in training, so a shorter window (less
@@ -42,15 +44,20 @@ def _within_noise(mine, value) -> bool:
     return bootstrap_blocks(0.0, a - b)["low"] <= 0.0
 
 
+def _shorter(cells: Mapping, own: int):
+    """(split, window, clamp, mine, value, worse) for each cell at a window shorter than `own` whose split and clamp
+    were also scored at `own`, in key order: `worse` is mine - value in bits per token."""
+    for (split, window, clamp), value in sorted(cells.items()):
+        mine = cells.get((split, own, clamp))
+        if window < own and mine is not None:
+            yield split, window, clamp, mine, value, _bits(mine) - _bits(value)
+
+
 def own_window_problems(cells: Mapping, own: int, *, name: str, tolerance: float = TOLERANCE) -> list[str]:
     """One line per (split, clamp, shorter window) where `name` at window `own` is more than `tolerance` bpc worse
     than at the shorter window (all of them, in key order); [] when none is, or when `own` was not scored."""
     problems = []
-    for (split, window, clamp), value in sorted(cells.items()):
-        mine = cells.get((split, own, clamp))
-        if window >= own or mine is None:
-            continue
-        worse = _bits(mine) - _bits(value)
+    for split, window, clamp, mine, value, worse in _shorter(cells, own):
         if worse > tolerance and not _within_noise(mine, value):
             where = split if clamp == -1 else f"{split}, clamp {clamp}"
             problems.append(f"{name} is {worse:.4f} bpc worse at its own training window {own} "
@@ -67,20 +74,17 @@ def vanilla_report(cells: Mapping, own: int, *, name: str, block: int | None = N
     the cells are archive Cells of the same tokens and `block` (their tokens per block) is given, else None}}."""
     valid = {key: value for key, value in cells.items() if key[0] == "valid"}
     problems = own_window_problems(valid, own, name=name, tolerance=tolerance)
-    worst = None
-    for (_, window, clamp), value in sorted(valid.items()):
-        mine = valid.get(("valid", own, clamp))
-        if window >= own or mine is None:
-            continue
-        worse = _bits(mine) - _bits(value)
-        if worst is None or worse > worst["worse_bpc"]:
-            low = high = None
-            a, b = getattr(mine, "block_sums", None), getattr(value, "block_sums", None)
-            if block and a is not None and b is not None and a.shape == b.shape and a.size:
-                interval = bootstrap_blocks(0.0, (a - b) / block)
-                low, high = interval["low"] / math.log(2.0), interval["high"] / math.log(2.0)
-            worst = {"window": int(window), "worse_bpc": float(worse), "low": low, "high": high}
-    return {"split": "valid", "own": int(own), "passed": not problems, "problems": problems, "worst": worst}
+    shorter = list(_shorter(valid, own))
+    if not shorter:
+        return {"split": "valid", "own": int(own), "passed": not problems, "problems": problems, "worst": None}
+    _, window, _, mine, value, worse = max(shorter, key=lambda entry: entry[5])  # the first of equals, as before
+    low = high = None
+    a, b = getattr(mine, "block_sums", None), getattr(value, "block_sums", None)
+    if block and a is not None and b is not None and a.shape == b.shape and a.size:
+        interval = bootstrap_blocks(0.0, (a - b) / block)
+        low, high = interval["low"] / math.log(2.0), interval["high"] / math.log(2.0)
+    return {"split": "valid", "own": int(own), "passed": not problems, "problems": problems,
+            "worst": {"window": int(window), "worse_bpc": float(worse), "low": low, "high": high}}
 
 
 def report_line(report: dict) -> str:
@@ -92,6 +96,13 @@ def report_line(report: dict) -> str:
     if worst["low"] is not None:
         where += f" (95% paired block bootstrap {worst['low']:+.4f} to {worst['high']:+.4f})"
     return f"sanity check {'passed' if report['passed'] else 'FAILED'} on validation: {where}"
+
+
+def seeds_line(reports) -> str:
+    """Every seed's check on one line, as the reports show it beside a vanilla verdict (docs/study_plan_v3.md):
+    "seed 1: sanity check passed ...; seed 2: ..." (a seed without a record says so)."""
+    return "; ".join(f"seed {k}: {report_line(r)}" if r else f"seed {k}: no check recorded"
+                     for k, r in enumerate(reports, start=1))
 
 
 def choose_window(cells: Mapping, windows) -> int:
