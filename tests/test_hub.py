@@ -107,7 +107,9 @@ def test_generation_starts_with_an_empty_memory_and_equals_one_pass_over_the_tex
     the memory holds the whole text, each step's log-probabilities are those of one pass over the text without a
     memory, every position attending to all before it; the prompt read in segments of 8 (a memory of 16). The ring
     at the generation's width (12 positions: 14 slots, the speed of a short text) gives them, the ring of the whole
-    memory too (18 slots, those no position has written masked) and the model's cached call."""
+    memory too (18 slots, those no position has written masked) and the model's cached call; and the ring as
+    generation builds it (`generate_step`): the prompt read with a memory of the width's 12 positions
+    (`_ring_protocol`), not 16 of which 4 no position ever fills."""
     lm = make_lm(attn_type=attn_type)
     model, protocol = lm.backbone.transformer_xl, lm.backbone.protocol
     width, lengths = 12, [3, 10]
@@ -119,7 +121,14 @@ def test_generation_starts_with_an_empty_memory_and_equals_one_pass_over_the_tex
         _, cache, position_keys = lm._build_cache(tf.constant(tokens), tf.constant(lengths))
         next, cache = lm._ring_loop(cache, position_keys, ring_width)
         decoders[name] = (next, cache)
+    short = lm._ring_protocol(width)
+    assert (short.mem_len, lm._ring_protocol(None), lm._ring_protocol(40)) == (width, protocol, protocol)
+    hidden_states, cache, position_keys = lm._build_cache(tf.constant(tokens), tf.constant(lengths), short)
+    assert cache[0].shape[3] == width  # keys [n, N, B, M, D]: a memory of the width
+    np.testing.assert_allclose(hidden_states, lm._build_cache(tf.constant(tokens), tf.constant(lengths))[0], atol=1e-5)
+    decoders["as generation builds it"] = lm._ring_loop(cache, position_keys, width)
     assert decoders["short ring"][1][0][0].shape[3] == width + 2  # the slots, then the scratch slot
+    assert decoders["as generation builds it"][1][0][0].shape[3] == width + 2
     assert decoders["whole ring"][1][0][0].shape[3] == protocol.mem_len + 2
     _, cache, position_keys = lm._build_cache(tf.constant(tokens), tf.constant(lengths))
     decoders["cached call"] = (lm._cached_next(position_keys), cache)

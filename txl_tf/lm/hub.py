@@ -548,8 +548,8 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         super().quantize(mode, config=config, filters=_projections if filters is None else filters, **kwargs)
 
     # ---- generation ---------------------------------------------------------------------------------------
-    def _initial_state(self, batch_size):
-        model, protocol = self.backbone.transformer_xl, self.backbone.protocol
+    def _initial_state(self, batch_size, protocol=None):
+        model, protocol = self.backbone.transformer_xl, protocol or self.backbone.protocol
         if model.supports_cache(protocol):
             return model.initial_cache(batch_size, protocol, max_len=self.backbone.segment_len)
         return model.initial_memory(batch_size, protocol)
@@ -563,8 +563,9 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         cache, _ = _to_hub(state)
         return self.backbone.transformer_xl.log_probs(hidden), hidden, cache
 
-    def _build_cache(self, token_ids, lengths):
-        """Feeds each row's prompt (its first `lengths` tokens) in segments, as txl_tf's decoder does.
+    def _build_cache(self, token_ids, lengths, protocol=None):
+        """Feeds each row's prompt (its first `lengths` tokens) in segments, as txl_tf's decoder does, under
+        `protocol` (None: the backbone's; the ring's: `_ring_protocol`).
 
         Generation's memory starts empty (the authors' PyTorch convention): a row's first segments attend to the
         positions it has read, not to a zero memory's (`memory_lengths`), so the tokens after a prompt do not depend
@@ -578,7 +579,8 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         segment, model = self.backbone.segment_len, self.backbone.transformer_xl
         batch, total = T.shape(token_ids)[0], T.shape(token_ids)[1]
         padded = T.pad(token_ids, [[0, 0], [0, segment]])
-        state, position_keys = _to_hub(self._initial_state(batch))
+        protocol = protocol or self.backbone.protocol
+        state, position_keys = _to_hub(self._initial_state(batch, protocol))
         hidden_states = T.zeros([total + segment, batch, model.d_model], self.compute_dtype)  # time first
         last_logits = T.zeros([batch, model.n_token], T.float32)
         last_hidden = T.zeros([batch, model.d_model], self.compute_dtype)
@@ -602,7 +604,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             mask = T.cast(T.arange(width)[None, :] < used[:, None], T.int32)
             read = T.minimum(lengths, start)  # [B] positions of each row before this chunk: its memory's real ones
             hidden, new_state = self.backbone.call_with_state(chunk, _from_hub(state, position_keys), mask,
-                                                              memory_lengths=read)
+                                                              protocol=protocol, memory_lengths=read)
             state, _ = _to_hub(new_state)
             hidden = T.cast(hidden, hidden_states.dtype)
             if T.TENSORFLOW:
@@ -647,6 +649,17 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         `scripts/benchmark_generate.py`)."""
         jit = getattr(self, "generate_jit_compile", None) if compiled else None
         return not self.backbone.transformer_xl.encoding.absolute if jit is None else bool(jit)
+
+    def _ring_protocol(self, width):
+        """The protocol a ring generation's prompt is read under, for a generation that ends at position `width`
+        (an int: the traced width; else unknown): the backbone's, with a memory of min(mem_len, width) positions.
+        The memory starts empty and the ring keeps the last min(mem_len, width) positions anyway, so the slots cut
+        here are ones no position would fill: the same numbers, but a short prompt's segments no longer attend over
+        a memory of mem_len masked slots (at mem_len 2,000 most of a short generation's time, issue 55)."""
+        protocol = self.backbone.protocol
+        if isinstance(width, int) and 0 < width < protocol.mem_len:
+            return protocol.replace(mem_len=width)
+        return protocol
 
     def _ring_loop(self, cache, position_keys, width=None):
         """(`next`, its cache) of the ring decoding step, from the prompt's cache (`_build_cache`); `width`: the
@@ -731,11 +744,13 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         token_ids, padding_mask = inputs["token_ids"], inputs["padding_mask"]
         padding_mask = T.cast(padding_mask, "bool")
         lengths = _row_lengths(padding_mask)  # prompts: right-padded
-        hidden_states, cache, position_keys = self._build_cache(token_ids, lengths)
         if self._decodes_in_a_ring() if ring is None else ring:
+            width = T.dim(token_ids, 1)
+            hidden_states, cache, position_keys = self._build_cache(token_ids, lengths, self._ring_protocol(width))
             return self._finish(token_ids, padding_mask, stop_token_ids, hidden_states,
-                                *self._ring_loop(cache, position_keys, T.dim(token_ids, 1)), sampler=sampler)
+                                *self._ring_loop(cache, position_keys, width), sampler=sampler)
 
+        hidden_states, cache, position_keys = self._build_cache(token_ids, lengths)
         return self._finish(token_ids, padding_mask, stop_token_ids, hidden_states, self._cached_next(position_keys),
                             cache, sampler=sampler)
 

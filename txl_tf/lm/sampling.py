@@ -181,8 +181,11 @@ class Generator(tf.Module):
         lm = self._lm
         lengths = tf.reduce_sum(tf.cast(padding_mask, tf.int32), axis=1)
         with without_runtime_asserts() if self._jit else contextlib.nullcontext():
-            _, cache, position_keys = lm._build_cache(token_ids, lengths)
-            return (lm._to_ring(cache, token_ids.shape[1]) if self._ring else cache), position_keys
+            if not self._ring:
+                return lm._build_cache(token_ids, lengths)[1:]
+            width = token_ids.shape[1]
+            _, cache, position_keys = lm._build_cache(token_ids, lengths, lm._ring_protocol(width))
+            return lm._to_ring(cache, width), position_keys
 
     def _stream_advance(self, token_ids, padding_mask, state, position_keys, index, stop, sample):
         """The tokens at index .. stop - 1 (keras-hub's sampler loop, one step per token) and the state after."""
