@@ -17,23 +17,24 @@ For every path, batch and context (a random prompt of that many tokens, consumed
   decode-loop tokens/s, greedy: rows x (N - 1) over the loop's time of N - 1 new tokens, the time of one call
     that generates N new tokens minus that of one that generates 1, so that the prompt's processing (the same
     work in both calls) cancels; the first calls of each shape (tracing, XLA compilation) are made before any
-    timing. N is --tokens, except where a Transformer-XL call's prompt takes more than half of that loop (batch
-    32 at a long context: ~7 s of prompt against ~1 s of 63 tokens): then N is raised, from one pair timed after
-    the compiling pair, until the loop takes about twice the prompt's time (at most --most_tokens), so that the
-    calls' own variation (seconds at batch 32, context 2,000 on a shared 2-core machine) does not decide the
-    difference. The line printed for each cell gives N and the median time of each call. Transformer-XL:
-    `txl_tf.lm.generation.Generator` (keras-hub's loop, sampling in the graph), the same prompt in both calls, N +
-    context and 1 + context wide (its prompt is consumed in segments of the prompt's length: the padding costs
-    nothing there); the SavedModel path: its `generate` signature (the same function, traced at export).
+    timing. The Python path and GPT-2 are timed alike: keras-hub's generate function of the task compiled greedy
+    (Transformer-XL: `TransformerXLCausalLM.around` the model, the `generate_step` that
+    `txl_tf.lm.generation.Generator` runs; GPT-2: `GPT2CausalLM`, `jit_compile=True`), token ids context + N wide,
+    the prompt first; the call of 1 new token is the same call stopped by keras-hub's stop check after its first
+    token (the rows' first tokens as the stop tokens), so both calls read the same prompt into the same cache
+    (Transformer-XL: the same ring, min(mem_len, context + N) + 1 slots) and differ by N - 1 loop steps only.
+    The SavedModel path: its `generate` signature (no stop tokens there), calls of N + context and 1 + context
+    wide. N is --tokens, except where a Transformer-XL call's prompt takes more than half of that loop and the
+    ring is the memory's whatever N is (context + --tokens >= mem_len: batch 32 at context 2,000, ~7 s of prompt
+    against ~1 s of 63 tokens): then N is raised, from one pair timed after the compiling pair, until the loop
+    takes about twice the prompt's time (at most --most_tokens), so that the calls' own variation (seconds there
+    on a shared 2-core machine) does not decide the difference. Below the memory, N stays --tokens: a larger N
+    would decode over a larger ring, a different cell. The line printed for each cell gives N and the median time
+    of each call.
   --peer=gpt2: keras-hub's `GPT2CausalLM` with random weights and no preprocessor (built offline from a
     `GPT2Backbone` of --arch's layers, width, heads and feed-forward, --n_token tokens, dropout 0, positions for
-    the longest context + --tokens), `compile(sampler="greedy", jit_compile=True)`, its generate function
-    (keras-hub's tf.function under XLA: the prompt's forward pass, then the sampler's loop over its keys/values
-    cache) called on token ids and a padding mask. Its forward pass over the prompt runs over the whole padded
-    width and every step attends over that width, so both calls are context + N wide (N = --tokens: its loop
-    outweighs its prompt): the prompt of context tokens (N new tokens) against the same prompt and N - 1 more
-    random tokens (1 new token); the difference is N - 1 loop steps from the context on, with the same compiled
-    function and the same prompt work in both.
+    the longest context + --tokens), timed as above: its forward pass over the prompt runs over the whole padded
+    width and every step attends over that width.
   Each of --repeats rounds times every path's pair of calls in turn, the paths taking turns so that a slow
   moment of a shared machine hits all; a cell is the median of its rounds, printed with their min and max.
   streaming (batch 1, the Python path): `Generator.stream` making max(--tokens, 4 x --stream_chunk) new tokens
@@ -51,7 +52,11 @@ varied by 0.1-3 s between repeats (7.1-9.4 s for 1 new token, 7.7-8.1 s for 64; 
 faster than that of 3): the slope measured the prompt's variation, 257 tokens/s in one run and 4,571 (above the
 memory-read bound) in the next (issue 55). No retrace or cache hit: the compiling calls took 15-18 s, every
 later call 7-10 s. A round now pairs its two calls, N grows where the prompt dominates, and the spread shows
-what a cell's figure is worth.
+what a cell's figure is worth. Until 2026-11-29 the Python path's pair was two `Generator.generate` calls of
+1 + context and N + context positions with N raised at any context where the prompt outweighed the loop: at batch
+1 and context 100 the prompt's ~55 ms (a memory of mem_len masked slots, since cut) raised N to 300-500 tokens by
+one noisy pair's estimate, and the ring, and with it the step's cost, changed from run to run (4,666 and 7,610
+tokens/s in two runs, issue 55). GPT-2's short call was the same width with N - 1 more prompt tokens.
 """
 
 from __future__ import annotations
@@ -173,12 +178,53 @@ def token_latency(step, state, log_probs, tokens):
 
 
 def txl_timer(generate, prompt):
-    """new -> seconds of one `generate` call (`Generator.generate` or the SavedModel's signature, greedy) making
-    `new` tokens after `prompt` [B, P] (the prompt's processing included)."""
+    """(new, n) -> seconds of one `generate` call (the SavedModel's signature, greedy) making `new` tokens after
+    `prompt` [B, P] (the prompt's processing included), `new` + P wide whatever `n`."""
     from txl_tf.lm import generation
 
     rows = [list(row) for row in prompt]
-    return lambda new: generation.generate_with(generate, rows, max_tokens=new, temperature=0.0).seconds
+    return lambda new, n: generation.generate_with(generate, rows, max_tokens=new, temperature=0.0).seconds
+
+
+def stop_timer(lm, prompt, n_token: int):
+    """(new, n) -> seconds of one call of keras-hub's generate function of `lm` (a CausalLM compiled greedy: its
+    tf.function) over token ids P + n wide, the prompt [B, P] first: making n new tokens (`new` = n), or the same
+    call stopped by keras-hub's stop check after its first new token (`new` = 1: the rows' first new tokens are the
+    stop tokens, the padding an id none of them is). Both calls read the same prompt into the same cache (the same
+    ring), so their difference is n - 1 loop steps, less the stop check's few ops. Checked: the stopped call wrote
+    one token a row."""
+    import numpy as np
+    import tensorflow as tf
+
+    generate = lm.make_generate_function()
+    batch, context = prompt.shape
+    made = {}
+
+    def call(inputs, stops):
+        return generate(inputs, stop_token_ids=stops)["token_ids"].numpy()
+
+    def inputs(n):
+        if n not in made:
+            token_ids = np.zeros([batch, context + n], np.int32)
+            token_ids[:, :context] = prompt
+            mask = np.zeros_like(token_ids, bool)
+            mask[:, :context] = True
+            first = call({"token_ids": tf.constant(token_ids), "padding_mask": tf.constant(mask)}, None)[:, context]
+            stops = tuple(sorted(set(first.tolist())))
+            pad = min(set(range(n_token)) - set(stops))
+            token_ids[:, context:] = pad
+            made[n] = ({"token_ids": tf.constant(token_ids), "padding_mask": tf.constant(mask)}, stops)
+            stopped = call(*made[n])
+            if not (np.array_equal(stopped[:, context], first) and (stopped[:, context + 1:] == pad).all()):
+                raise RuntimeError("keras-hub's stop check did not end the call after one new token a row")
+        return made[n]
+
+    def run(new, n):
+        x, stops = inputs(n)
+        start = time.perf_counter()
+        call(x, None if new == n else stops)
+        return time.perf_counter() - start
+    return run
 
 
 def stream_timing(generator, prompt, tokens: int, chunk: int, repeats: int) -> tuple[list, list]:
@@ -210,37 +256,13 @@ def gpt2_model(n_token: int, sequence_length: int):
     return lm
 
 
-def gpt2_timer(lm, prompt, tokens: int, seed: int = 3):
-    """new -> seconds of one call of `lm`'s generate function (keras-hub's tf.function) making `new` new tokens
-    (1 or `tokens`): always [B, P + tokens] wide, the prompt [B, P] followed by tokens - new more random tokens,
-    so that both calls compile once and run the same forward pass over the padded width."""
-    import numpy as np
-    import tensorflow as tf
-
-    generate = lm.make_generate_function()
-    batch, context = prompt.shape
-    more = np.random.default_rng(seed).integers(0, lm.backbone.vocabulary_size, [batch, tokens]).astype(np.int32)
-    token_ids = np.concatenate([prompt, more], axis=1)
-    inputs = {}
-    for new in (1, tokens):
-        mask = np.zeros_like(token_ids, bool)
-        mask[:, :context + tokens - new] = True
-        inputs[new] = {"token_ids": tf.constant(np.where(mask, token_ids, 0)), "padding_mask": tf.constant(mask)}
-
-    def run(new):
-        start = time.perf_counter()
-        generate(inputs[new], stop_token_ids=None)["token_ids"].numpy()
-        return time.perf_counter() - start
-    return run
-
-
 def decode_speeds(timers: dict, rows: int, tokens: int, repeats: int, most: int) -> tuple[dict, dict]:
     """({name: [tokens/s of each round]}, {name: (N, median seconds of the calls making 1, making N)}): rows x
-    (N - 1) over the time of a call making N new tokens minus that of one making 1. `timers`: name -> (new ->
-    seconds, whether N may grow). N is `tokens`, or where it may grow and a call's prompt takes more than half
-    its loop (estimated from one pair after the compiling pair), enough tokens for the loop to take twice the
-    prompt's time, at most `most`: the difference of two calls is then mostly loop, not the prompt's variation
-    between calls. The paths take turns in every round so that a slow moment of a shared machine hits all of them,
+    (N - 1) over the time of a call making N new tokens minus that of one making 1. `timers`: name -> ((new, N) ->
+    seconds, whether N may grow). N is `tokens`, or where it may grow (where the ring is the memory's whatever N
+    is) and a call's prompt takes more than half its loop (estimated from one pair after the compiling pair),
+    enough tokens for the loop to take twice the prompt's time, at most `most`: the difference of two calls is then
+    mostly loop, not the prompt's variation between calls. The paths take turns in every round so that a slow moment of a shared machine hits all of them,
     the order of a pair alternating; a round whose difference is not positive (lost in noise) counts as nan."""
     import math
 
@@ -248,15 +270,15 @@ def decode_speeds(timers: dict, rows: int, tokens: int, repeats: int, most: int)
 
     lengths = {}
     for name, (run, grows) in timers.items():
-        run(1), run(tokens)  # tracing and compiling
-        short, long = run(1), run(tokens)
+        run(1, tokens), run(tokens, tokens)  # tracing and compiling
+        short, long = run(1, tokens), run(tokens, tokens)
         new = tokens
         if grows:
             step = (long - short) / (tokens - 1)
             wanted = most if step <= 0 else math.ceil(2 * short / step) + 1
             new = max(tokens, min(most, wanted))
             if new > tokens:
-                run(new)  # compiling the longer call
+                run(1, new), run(new, new)  # compiling the longer calls
         lengths[name] = new
     rates = {name: [] for name in timers}
     calls = {name: [] for name in timers}
@@ -264,9 +286,9 @@ def decode_speeds(timers: dict, rows: int, tokens: int, repeats: int, most: int)
         for name, (run, _) in timers.items():
             new = lengths[name]
             if round_ % 2:  # the order alternates: whatever one call leaves behind (caches, allocations) for the next
-                short, long = run(1), run(new)
+                short, long = run(1, new), run(new, new)
             else:
-                long, short = run(new), run(1)
+                long, short = run(new, new), run(1, new)
             calls[name].append((short, long))
             rates[name].append(rows * (new - 1) / (long - short) if long > short else float("nan"))
     return rates, {name: (lengths[name], *np.median(np.asarray(pairs), axis=0)) for name, pairs in calls.items()}
@@ -346,7 +368,9 @@ def main(argv):
     import tensorflow as tf
 
     from txl_tf import export
+    from txl_tf.configs import EvalConfig
     from txl_tf.lm import generation
+    from txl_tf.lm.hub import TransformerXLCausalLM
     from txl_tf.model.inference import Recurrent
 
     model, protocol, max_len, source = load_model()
@@ -383,9 +407,14 @@ def main(argv):
         return from_named({name: out[name] for name in state_names})
 
     python_generator = generation.generator(model, protocol, max_len)
+    # The Python path's decode loop: the keras-hub task's generate function, as GPT-2's (the same generate_step
+    # as python_generator's, whose checks and sampler switch it leaves out)
+    hub_lm = TransformerXLCausalLM.around(model, EvalConfig(tgt_len=max_len, mem_len=protocol.mem_len,
+                                                            clamp_len=protocol.clamp_len, same_length=False))
+    hub_lm.compile(sampler="greedy")
     paths = {
-        "Python": (model_step(recurrent), recurrent.initial_state, recurrent.score, python_generator.generate),
-        "SavedModel": (saved_model_step(loaded), served_initial, served_score, loaded.signatures["generate"]),
+        "Python": (model_step(recurrent), recurrent.initial_state, recurrent.score),
+        "SavedModel": (saved_model_step(loaded), served_initial, served_score),
     }
     rng = np.random.default_rng(1)
     rows, score_rows, peer_rows, stream_rows, ring_rows = [], [], [], [], []
@@ -393,12 +422,14 @@ def main(argv):
         for context in contexts:
             prompt = rng.integers(0, model.n_token, [batch, context]).astype(np.int32)
             latencies = {}
-            for name, (step, initial_state, _, _) in paths.items():
+            for name, (step, initial_state, _) in paths.items():
                 log_probs, state = consume(step, prompt, initial_state(batch), max_len)
                 latencies[name] = token_latency(step, state, log_probs, FLAGS.tokens)
-            timers = {name: (txl_timer(path[3], prompt), True) for name, path in paths.items()}
+            grows = context + FLAGS.tokens >= protocol.mem_len  # the ring is the memory's whatever N
+            timers = {"Python": (stop_timer(hub_lm, prompt, model.n_token), grows),
+                      "SavedModel": (txl_timer(loaded.signatures["generate"], prompt), grows)}
             if gpt2 is not None:
-                timers["GPT-2"] = (gpt2_timer(gpt2, prompt, FLAGS.tokens), False)
+                timers["GPT-2"] = (stop_timer(gpt2, prompt, model.n_token), False)
             speeds, calls = decode_speeds(timers, batch, FLAGS.tokens, FLAGS.repeats, FLAGS.most_tokens)
             ring_rows.append((batch, context, context + calls["Python"][0]))  # the long call's last position
 
@@ -418,7 +449,7 @@ def main(argv):
             if gpt2 is not None:
                 peer_rows.append((batch, context, speeds["GPT-2"], speeds["Python"], speeds["SavedModel"]))
                 print(f"{'GPT-2':10s} batch {batch:3d} context {context:5d}: {loop['GPT-2']}", flush=True)
-        for name, (_, initial_state, score, _) in paths.items():
+        for name, (_, initial_state, score) in paths.items():
             latency = score_latency(score, initial_state(batch), batch, max_len, FLAGS.segments, model.n_token)
             score_rows.append((name, batch, latency))
             print(f"{name:10s} batch {batch:3d} scoring a segment of {max_len}: p50 {latency[0]:.1f} / p90 "

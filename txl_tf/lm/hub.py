@@ -699,17 +699,23 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         values = tuple(in_ring(values[:, i]) for i in range(model.n_layer))
         return keys, values, last_logits, last_hidden, lengths
 
-    def _ring_next(self, position_keys, ring_cache):
-        """The ring decoding step `next(prompt, ring cache, index)` for a ring cache of `ring_cache`'s shapes."""
+    def _row_kernels(self, ring_cache):
+        """(attention's, feed-forward's) kernels per layer for the ring's step at batch 1: each projection as two
+        half-width products (`projection.dense_row`), arranged once before a loop; None: the layer's own call
+        (also every layer where the ring has more than one row)."""
+        blocks = self.backbone.transformer_xl.blocks
+        one_row = ring_cache[0][0].shape[0] == 1
+        return ([block.attention.row_kernels() if one_row else None for block in blocks],
+                [block.feed_forward.row_kernels() if one_row else None for block in blocks])
+
+    def _ring_next(self, position_keys, ring_cache, row_kernels=None):
+        """The ring decoding step `next(prompt, ring cache, index)` for a ring cache of `ring_cache`'s shapes;
+        `row_kernels`: `_row_kernels(ring_cache)` made earlier (a stream's, once for all its pieces; None: here)."""
         model = self.backbone.transformer_xl
         ring = T.dim(ring_cache[0][0], 3) - 1
         rows = tf.unstack(position_keys[:, :, -ring:])  # per layer [N, R, D]: distances R - 1 .. 0
-        # At batch 1 each projection as two half-width products (`projection.dense_row`), their kernels arranged
-        # here once; None: the layer's own call. A sampler may repeat the rows (beam search): the step checks
-        # that it gets one row.
-        one_row = ring_cache[0][0].shape[0] == 1
-        attention_rows = [block.attention.row_kernels() if one_row else None for block in model.blocks]
-        feed_forward_rows = [block.feed_forward.row_kernels() if one_row else None for block in model.blocks]
+        # A sampler may repeat the rows (beam search): the step checks that it gets one row.
+        attention_rows, feed_forward_rows = row_kernels or self._row_kernels(ring_cache)
 
         def next(prompt, cache, index):
             keys, values, last_logits, last_hidden, lengths = cache
