@@ -310,6 +310,12 @@ def cell(rates) -> str:
     return f"{median:,.0f} ({low:,.0f}-{high:,.0f})"
 
 
+def ratio_cell(ratios) -> str:
+    """'median x (min-max)' of a cell's per-round ratios (nan where a round was lost in noise)."""
+    median, low, high = spread(ratios)
+    return f"{median:.2f}x ({low:.2f}-{high:.2f})"
+
+
 def read_bandwidth(megabytes: int = 400, repeats: int = 5) -> float:
     """GB/s at which this machine reads memory in this run: the fastest of `repeats` passes over a float32 array
     of `megabytes` (more than any CPU cache here) by two XLA kernels, a sum along rows and a matrix-vector product
@@ -476,14 +482,17 @@ def main(argv):
             print(f"{name} batch {batch}: p50 at context {contexts[-1]} / at {contexts[0]} = {ratio:.2f}")
     if peer_rows:
         print("\nAgainst keras-hub's GPT-2 of the same shape (GPT2CausalLM, greedy, XLA), decode-loop tokens/s, "
-              f"the median (min-max) of {FLAGS.repeats} rounds; ratio: Transformer-XL's median / GPT-2's:\n")
+              f"the median (min-max) of {FLAGS.repeats} rounds; ratio: Transformer-XL's tokens/s over GPT-2's in the "
+              "same round (their calls timed one after the other), the median (min-max) over the rounds: a drift of "
+              "the machine between runs moves both models' figures, less their ratio:\n")
         print("| batch | context | GPT-2 | Transformer-XL Python | Transformer-XL SavedModel | ratio Python | "
               "ratio SavedModel |")
         print("|---:|---:|---:|---:|---:|---:|---:|")
         for batch, context, peer, python, saved in peer_rows:
-            base = spread(peer)[0]
-            print(f"| {batch} | {context} | {cell(peer)} | {cell(python)} | {cell(saved)} | "
-                  f"{spread(python)[0] / base:.2f}x | {spread(saved)[0] / base:.2f}x |")
+            ratios = [ratio_cell([ours / theirs for ours, theirs in zip(path, peer, strict=True)])
+                      for path in (python, saved)]
+            print(f"| {batch} | {context} | {cell(peer)} | {cell(python)} | {cell(saved)} | {ratios[0]} | "
+                  f"{ratios[1]} |")
     if stream_rows:
         print(f"\nStreaming at batch 1 (`Generator.stream`, greedy, {FLAGS.stream_chunk} new tokens a piece, one "
               "compiled call per piece, the state kept between calls): ms per token after the first piece and to the "

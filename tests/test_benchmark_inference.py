@@ -34,7 +34,7 @@ def table(stdout, header):
 
 def test_gpt2_peer_table():
     """--peer=gpt2: a ratio row per batch and context, every figure (median, min, max of GPT-2's and both
-    Transformer-XL paths' rounds, and the ratios) positive and finite, min <= median <= max. No timing bound. One
+    Transformer-XL paths' rounds, and of the per-round ratios) positive and finite, min <= median <= max. No timing bound. One
     context: two took ~48 s on a 2-core machine."""
     stdout = run_benchmark("--arch=1,16,2,8,32", "--n_token=11", "--mem_len=16", "--max_len=8", "--contexts=4",
                            "--batches=1", "--tokens=24", "--most_tokens=64", "--segments=1", "--repeats=2",
@@ -43,11 +43,10 @@ def test_gpt2_peer_table():
                          "ratio Python | ratio SavedModel |")
     assert [(row[0], row[1]) for row in rows] == [("1", "4")], stdout
     for row in rows:
-        assert len(row) == 7 and all(row[:2]) and row[5].endswith("x") and row[6].endswith("x"), row
-        for text in row[2:5]:
+        assert len(row) == 7 and all(row[:2]) and "x (" in row[5] and "x (" in row[6], row
+        for text in row[2:]:  # both models' rounds, then the per-round ratios
             median, low, high = numbers(text)
             assert all(math.isfinite(x) and x > 0 for x in (median, low, high)) and low <= median <= high, row
-        assert all(math.isfinite(x) and x > 0 for text in row[5:] for x in numbers(text)), row
     assert "GPT-2 (keras-hub GPT2CausalLM, greedy, XLA)" in stdout
     # Streaming at batch 1: ms per token after the first piece, to the first piece, the loop's, their ratio.
     streamed = table(stdout, "| context | new tokens | streamed ms/token | first piece ms | loop ms/token | "
