@@ -36,21 +36,35 @@ def random_bytes(n, alphabet, seed):
 
 # ---- the real corpora -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def enwik8_sample(tmp_path_factory):
+def corpus_cache(tmp_path_factory):
+    """The user's cache (a corpus fetched once, then read from there) where this process can write into it, else a
+    fresh folder: Bazel's sandbox shows the home folder read-only, and a cache that holds one wheel but not the
+    other (a machine that prepared only one corpus) would be written to."""
+    cache = sources.default_cache_dir()
+    writable = all(os.access(folder, os.W_OK) for folder in (cache, os.path.join(cache, "pypi"))
+                   if os.path.isdir(folder))
+    nearest = cache
+    while not os.path.exists(nearest) and os.path.dirname(nearest) != nearest:
+        nearest = os.path.dirname(nearest)
+    return cache if writable and os.access(nearest, os.W_OK) else str(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="module")
+def enwik8_sample(tmp_path_factory, corpus_cache):
     data_dir = str(tmp_path_factory.mktemp("real") / "enwik8_sample")
-    prep.prepare("enwik8_sample", data_dir, corpora.PrepareSettings())  # fetched once into the user cache
+    prep.prepare("enwik8_sample", data_dir, corpora.PrepareSettings(cache_dir=corpus_cache))
     return data_dir
 
 
 @pytest.fixture(scope="module")
-def ptb(tmp_path_factory):
+def ptb(tmp_path_factory, corpus_cache):
     data_dir = str(tmp_path_factory.mktemp("real") / "ptb")
-    prep.prepare("ptb", data_dir, corpora.PrepareSettings())
+    prep.prepare("ptb", data_dir, corpora.PrepareSettings(cache_dir=corpus_cache))
     return data_dir
 
 
-def test_enwik8_sample_splits_and_symbols(enwik8_sample):
-    cached = os.path.join(sources.default_cache_dir(), "pypi", "enwiki-sample.xml.bz2")
+def test_enwik8_sample_splits_and_symbols(enwik8_sample, corpus_cache):
+    cached = os.path.join(corpus_cache, "pypi", "enwiki-sample.xml.bz2")
     with open(cached, "rb") as f:
         raw = bz2.decompress(f.read())
     assert len(raw) == 6_089_746 and raw.startswith(b"<mediawiki")
@@ -82,13 +96,13 @@ def test_ptb_published_figures(ptb):
     assert vocab.encode(text) == test.tolist()
 
 
-def test_rerun_is_a_noop_and_a_different_request_is_refused(ptb, capsys):
+def test_rerun_is_a_noop_and_a_different_request_is_refused(ptb, corpus_cache, capsys):
     before = os.path.getmtime(os.path.join(ptb, records.METADATA_FILE))
-    prep.prepare("ptb", ptb, corpora.PrepareSettings())
+    prep.prepare("ptb", ptb, corpora.PrepareSettings(cache_dir=corpus_cache))
     assert "already prepared; nothing to do" in capsys.readouterr().out
     assert os.path.getmtime(os.path.join(ptb, records.METADATA_FILE)) == before
     with pytest.raises(FileExistsError, match="pass --overwrite"):
-        prep.prepare("ptb", ptb, corpora.PrepareSettings(verify=False))
+        prep.prepare("ptb", ptb, corpora.PrepareSettings(cache_dir=corpus_cache, verify=False))
 
 
 # ---- other recipes on small files in their official formats ---------------------------------------------
