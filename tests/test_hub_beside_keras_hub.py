@@ -114,7 +114,8 @@ def test_presets_and_keras_files_of_the_subclassed_classes_still_load():
     preset = str(LEGACY / "preset")
     for lm in (keras_hub.models.CausalLM.from_preset(preset), keras.saving.load_model(LEGACY / "lm.keras")):
         assert type(lm) is TransformerXLCausalLM
-        np.testing.assert_allclose(lm(expected["tokens"]), expected["log_probs"], atol=1e-6, rtol=0)
+        # Written on an AVX-512 CPU: an AVX2 one rounds float32 differently (up to 6e-5 apart here); wrong weights: ~1
+        np.testing.assert_allclose(lm(expected["tokens"]), expected["log_probs"], atol=1e-4, rtol=0)
         lm.compile(sampler="greedy", generate_jit_compile=False)
         vocab = Vocab([10] + list(range(ord("a"), ord("z") + 1)), "char")
         assert plain_greedy(lm, text["prompts"], text["max_length"], vocab, empty_start=False) == text["greedy"]
@@ -123,4 +124,4 @@ def test_presets_and_keras_files_of_the_subclassed_classes_still_load():
     backbone = keras_hub.models.Backbone.from_preset(preset)
     assert type(backbone) is TransformerXLBackbone
     np.testing.assert_allclose(backbone.transformer_xl.log_probs(backbone(expected["tokens"])),
-                               expected["log_probs"], atol=1e-6, rtol=0)
+                               expected["log_probs"], atol=1e-4, rtol=0)
