@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DATA_DIR ?= data
 MODEL_DIR ?= runs/sample
 
-.PHONY: venv run test test-all lint bazel-test clean
+.PHONY: venv run test test-all test-slow lint bazel-test clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,16 @@ test: venv
 # Everything, slow tests included.
 test-all: venv
 	$(PY) -m pytest -q -m ''
+
+# The tests marked slow (CI's slow phase): two files at a time as `test` runs them (one such test keeps about one
+# of 2 cores busy: 108 of them ran 61 minutes in one process on a 2-core AMD EPYC, AVX2, 2026-11-29, at a load of
+# ~1.1), then, one at a time, the files whose tests time a run against a bound (a lost worker's end, a kill's
+# resume), which a second test on the same cores could stretch.
+SLOW_SERIAL ?= tests/test_cluster.py tests/test_train.py
+test-slow: venv
+	$(PY) -m pytest -q -m slow -n $(TEST_WORKERS) --dist loadfile --durations=25 \
+	  $(foreach file,$(SLOW_SERIAL),--ignore=$(file))
+	$(PY) -m pytest -q -m slow --durations=10 $(SLOW_SERIAL)
 
 # Bazel (Debian's bazel-bootstrap, offline; see README "Development"): the fast tests, one py_test per file,
 # run by the virtual environment's Python. BAZEL_FLAGS='--test_tag_filters=' runs the slow ones too.
