@@ -41,7 +41,7 @@ SLOW_SERIAL ?= tests/test_cluster.py tests/test_train.py
 test-slow: venv
 	$(PY) -m pytest -q -m slow -n $(TEST_WORKERS) --dist loadfile --durations=25 \
 	  $(foreach file,$(SLOW_SERIAL),--ignore=$(file))
-	$(PY) -m pytest -q -m slow --durations=10 $(SLOW_SERIAL)
+	$(if $(strip $(SLOW_SERIAL)),$(PY) -m pytest -q -m slow --durations=10 $(SLOW_SERIAL))
 
 # Bazel (Debian's bazel-bootstrap, offline; see README "Development"): the fast tests, one py_test per file,
 # run by the virtual environment's Python. BAZEL_FLAGS='--test_tag_filters=' runs the slow ones too.
