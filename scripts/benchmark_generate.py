@@ -12,8 +12,8 @@ the calls' fixed costs cancel. The fastest of --repeats after a warm-up, the pat
     token's step keeping the last mem_len keys/values by moving them (`compile(generate_jit_compile=False,
     generate_ring=False)`; the way txl_tf's earlier hand-written decoder went);
   keras-hub XLA, memory moved: the same compiled with XLA;
-  keras-hub XLA: the default for the relative encodings (xl and shaw decode into a ring of keys/values, one slot
-    written per token: `RelativeMultiHeadAttention.decode_ring`);
+  keras-hub XLA: the default for the relative encodings (xl and shaw decode into a ring of keys/values, a slot
+    written per token at batch 1, once per block of tokens over more rows: `TransformerXLCausalLM._block_decode`);
   txl_tf.lm.generation (XLA): `txl_tf.lm.generation.Generator`, what `python -m txl_tf.generate` and the SavedModel's
     `generate` signature run (keras-hub's loop with the sampler chosen per call).
 The same tokens come out of every path (checked). Only figures from one run compare.

@@ -22,7 +22,7 @@ For every path, batch and context (a random prompt of that many tokens, consumed
     `txl_tf.lm.generation.Generator` runs; GPT-2: `GPT2CausalLM`, `jit_compile=True`), token ids context + N wide,
     the prompt first; the call of 1 new token is the same call stopped by keras-hub's stop check after its first
     token (the rows' first tokens as the stop tokens), so both calls read the same prompt into the same cache
-    (Transformer-XL: the same ring, min(mem_len, context + N) + 1 slots) and differ by N - 1 loop steps only.
+    (Transformer-XL: the same ring, for min(mem_len, context + N) + 1 positions) and differ by N - 1 loop steps only.
     The SavedModel path: its `generate` signature (no stop tokens there), calls of N + context and 1 + context
     wide. N is --tokens, except where a Transformer-XL call's prompt takes more than half of that loop and the
     ring is the memory's whatever N is (context + --tokens >= mem_len: batch 32 at context 2,000, ~7 s of prompt
@@ -337,7 +337,9 @@ def read_bandwidth(megabytes: int = 400, repeats: int = 5) -> float:
 
 def ring_slots(protocol, positions: int | None = None) -> int:
     """The ring's slots for a generation that ends at `positions` (prompt and new tokens): min(mem_len,
-    positions) + 1, generation's memory starting empty (`TransformerXLCausalLM._ring_loop`); None: mem_len + 1."""
+    positions) + 1, generation's memory starting empty: the positions a step attends to (the greedy loop's ring,
+    `TransformerXLCausalLM._block_decode`, has that many rounded up to a multiple of its block, and reads the
+    block's side buffer too: the bound counts what a step must read); None: mem_len + 1."""
     return (protocol.mem_len if positions is None else min(protocol.mem_len, positions)) + 1
 
 

@@ -18,6 +18,7 @@ from txl_tf.base.errors import ConfigError, UserError
 from txl_tf.configs import EvalConfig, ModelConfig
 from txl_tf.data import pipeline
 from txl_tf.data.vocab import Vocab
+from txl_tf.lm import hub
 from txl_tf.lm.hub import (
     TransformerXLBackbone,
     TransformerXLCausalLM,
@@ -37,6 +38,23 @@ def make_lm(sequence_length=60, attn_type="xl", seed=3):
     backbone = TransformerXLBackbone(model_config, eval_config)
     preprocessor = TransformerXLCausalLMPreprocessor(TransformerXLTokenizer(VOCAB), sequence_length=sequence_length)
     return TransformerXLCausalLM(backbone, preprocessor)
+
+
+def cached_call_log_probs(lm, tokens, lengths):
+    """Per row, {index: the log-probs after its token at index} from its prompt's last token on: the model's
+    cached call one row at a time, the prompt in the loop's segments, then a token a call (the memory starts
+    empty)."""
+    model, protocol, segment = lm.backbone.transformer_xl, lm.backbone.protocol, lm.backbone.segment_len
+    steps, expected = tokens.shape[1], []
+    for row, length in enumerate(lengths):
+        state, row_log_probs = model.initial_cache(1, protocol, max_len=segment), {}
+        starts = list(range(0, length, segment)) + list(range(length, steps))  # the prompt's segments, then tokens
+        for start, end in zip(starts, starts[1:] + [steps], strict=True):
+            hidden, state = model(tokens[row:row + 1, start:end], state, protocol=protocol,
+                                  memory_lengths=np.array([start], np.int32))
+            row_log_probs[end - 1] = model.log_probs(hidden[:, -1:])[0, 0].numpy()
+        expected.append(row_log_probs)
+    return expected
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +88,7 @@ def test_the_ring_of_keys_and_values_gives_the_cached_calls_log_probabilities(at
     prompt while the other generates. One row: the projections and the feed-forward as two half-width products
     (`projection.dense_row`), here with LoRA on and its weights drawn (the kernels read with LoRA's update)."""
     lm = make_lm(attn_type=attn_type)
-    model, protocol, segment = lm.backbone.transformer_xl, lm.backbone.protocol, lm.backbone.segment_len
+    protocol = lm.backbone.protocol
     if lora:
         lm.backbone.enable_lora(2)
         draw = np.random.default_rng(6)
@@ -80,15 +98,7 @@ def test_the_ring_of_keys_and_values_gives_the_cached_calls_log_probabilities(at
     mem_len = protocol.mem_len
     steps, lengths = 3 * mem_len, [2, mem_len + 3][-rows:]
     tokens = np.random.default_rng(5).integers(0, len(VOCAB), [rows, steps]).astype(np.int32)
-    expected = []  # per row: the log-probs after each of its tokens from its prompt on
-    for row, length in enumerate(lengths):
-        state, row_log_probs = model.initial_cache(1, protocol, max_len=segment), {}
-        starts = list(range(0, length, segment)) + list(range(length, steps))  # the prompt's segments, then tokens
-        for start, end in zip(starts, starts[1:] + [steps], strict=True):  # the memory starts empty
-            hidden, state = model(tokens[row:row + 1, start:end], state, protocol=protocol,
-                                  memory_lengths=np.array([start], np.int32))
-            row_log_probs[end - 1] = model.log_probs(hidden[:, -1:])[0, 0].numpy()
-        expected.append(row_log_probs)
+    expected = cached_call_log_probs(lm, tokens, lengths)
     _, cache, position_keys = lm._build_cache(tf.constant(tokens), tf.constant(lengths))
     next, cache = lm._ring_loop(cache, position_keys)
     checked = 0
@@ -99,6 +109,90 @@ def test_the_ring_of_keys_and_values_gives_the_cached_calls_log_probabilities(at
                 np.testing.assert_allclose(log_probs[row], expected[row][index - 1], atol=1e-5)
                 checked += 1
     assert checked == rows * steps - sum(lengths) + rows
+
+
+class _Forced(keras_hub.samplers.Sampler):
+    """keras-hub's plain sampler loop that keeps the log-probabilities of every step and draws the given tokens
+    (teacher forcing): run eagerly, the loop is Python's and each step calls it once, in order."""
+
+    def __init__(self, tokens, index):
+        super().__init__()
+        self.tokens, self.index, self.log_probs = tokens, index, []
+
+    def compute_probabilities(self, logits):
+        self.log_probs.append(logits.numpy())
+        return logits
+
+    def get_next_token(self, probabilities):
+        self.index += 1
+        return tf.constant(self.tokens[:, self.index - 1])
+
+
+@pytest.mark.parametrize(("attn_type", "rows", "pieces"), [("xl", 2, 1), ("shaw", 2, 1), ("xl", 1, 9)])
+def test_the_block_loop_gives_the_cached_calls_log_probabilities(attn_type, rows, pieces):
+    """The ring written once per block of `DECODE_BLOCK` positions (`_block_decode`: the block's steps read the
+    ring and a side buffer of their own keys/values), token by token past five memories and three blocks, against
+    the model's cached call one row at a time. Two rows: prompts shorter and longer than the memory and the block,
+    one row reading its prompt while the other generates; the prompt's end falls mid-block. One row: the stream's
+    calls, each a piece of a few tokens that starts and ends mid-block (the ring flushed at each call's end)."""
+    lm = make_lm(attn_type=attn_type)
+    protocol = lm.backbone.protocol
+    mem_len, block = protocol.mem_len, hub.DECODE_BLOCK
+    steps, lengths = 5 * mem_len + 3, [2, block + 5][-rows:]
+    tokens = np.random.default_rng(5).integers(0, len(VOCAB), [rows, steps]).astype(np.int32)
+    expected = cached_call_log_probs(lm, tokens, lengths)
+    mask = np.arange(steps)[None, :] < np.array(lengths)[:, None]
+    prompt = tf.constant(np.where(mask, tokens, 0))
+    _, cache, position_keys = lm._build_cache(prompt, tf.constant(lengths), lm._ring_protocol(steps))
+    ring = lm._to_ring(cache, steps, blocks=True)
+    assert ring[0][0].shape[3] == block  # M = 16 positions and the token's own: one block of slots
+    first = min(lengths)
+    bounds = np.linspace(first, steps, pieces + 1).round().astype(int)
+    sampler = _Forced(tokens, first)
+    for index, stop in zip(bounds[:-1], bounds[1:], strict=True):
+        prompt, ring = lm._block_decode(prompt, tf.constant(mask), ring, position_keys, None, tf.constant(index),
+                                        tf.constant(stop), sampler)
+    np.testing.assert_array_equal(prompt, tokens)
+    assert len(sampler.log_probs) == steps - first
+    checked = 0
+    for index, log_probs in zip(range(first, steps), sampler.log_probs, strict=True):
+        for row in range(rows):
+            if index >= lengths[row]:  # the row's prompt is read: the log-probs after its token at index - 1
+                np.testing.assert_allclose(log_probs[row], expected[row][index - 1], atol=1e-5)
+                checked += 1
+    assert checked == rows * (steps - 1) - sum(lengths) + rows
+
+
+def test_the_block_loop_ends_where_keras_hubs_loop_ends():
+    """Two rows in blocks (`_block_decode`), the stop check of keras-hub's loop: the loop ends once every row has
+    made a stop token (the positions after it keep their padding), the tokens before are the per-token ring's in
+    keras-hub's own loop (`compile(generate_ring=False)`: the cached call), and what is kept is cut after each row's
+    first stop."""
+    lm = make_lm()
+    lengths, width, pad = [3, 9], 60, 0
+    tokens = np.random.default_rng(8).integers(1, len(VOCAB), [2, width]).astype(np.int32)
+    mask = np.arange(width)[None, :] < np.array(lengths)[:, None]
+    inputs = {"token_ids": tf.constant(np.where(mask, tokens, pad)), "padding_mask": tf.constant(mask)}
+    outputs = {}
+    for ring in (True, False):
+        lm.compile(sampler="greedy", generate_ring=ring)
+        full = lm.make_generate_function()(inputs, stop_token_ids=None)["token_ids"].numpy()
+        # Each row's 12th new token is a stop (one of them may be made earlier): a row stops and the other goes on.
+        stops = [int(full[row, length + 11]) for row, length in enumerate(lengths)]
+        stops = [stop for stop in stops if stop != pad]
+        ends = [length + next(i for i, token in enumerate(full[row, length:]) if token in stops)
+                for row, length in enumerate(lengths)]  # each row's first new stop
+        outputs[ring] = (full, stops, ends, lm.make_generate_function()(inputs, stop_token_ids=tuple(stops)))
+    (full, stops, ends, stopped), (full_cached, stops_cached, _, stopped_cached) = outputs[True], outputs[False]
+    np.testing.assert_array_equal(full, full_cached)
+    assert stops == stops_cached and stops and ends[0] != ends[1]  # one row goes on after the other's stop
+    last = max(ends)  # the step that made the last row's first stop: the loop ends after it
+    np.testing.assert_array_equal(stopped["token_ids"][:, :last + 1], full[:, :last + 1])
+    assert (stopped["token_ids"].numpy()[:, last + 1:] == pad).all()
+    np.testing.assert_array_equal(stopped["token_ids"], stopped_cached["token_ids"])
+    np.testing.assert_array_equal(stopped["padding_mask"], stopped_cached["padding_mask"])
+    kept = stopped["padding_mask"].numpy()
+    assert [int(kept[row].sum()) for row in range(2)] == [end + 1 for end in ends]
 
 
 @pytest.mark.parametrize("attn_type", ["xl", "shaw"])

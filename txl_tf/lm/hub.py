@@ -73,6 +73,10 @@ from txl_tf.runs.loading import check_dtype, check_weights_file
 PACKAGE = "txl_tf.hub"
 VOCAB_ASSET = "vocab.json"
 PRESET_KIND = "keras-hub preset"  # the kind in the folder's manifest (txl_tf.base.paths)
+# Positions per block of the ring's decoding loop (`TransformerXLCausalLM._block_decode`): the ring is written once
+# a block. A batch-32 step at memory 2,000 took 14.6 ms at 32 against 17.1-17.3 at 8 and 16 and 21-22 with a write
+# per token (products, softmax and writes in an XLA loop, 2-core AMD EPYC AVX2, 2026-11-29, issue 55).
+DECODE_BLOCK = 32
 
 
 def _config(kind, fields, what: str):
@@ -109,6 +113,26 @@ def _with_padding_mask(inputs):
 def _row_lengths(padding_mask):
     """[B] tokens of each right-padded row: the padding mask's count of ones."""
     return keras.ops.sum(T.cast(padding_mask, T.int32), axis=1)
+
+
+def _draws_token_by_token(sampler) -> bool:
+    """Whether `sampler` runs keras-hub's plain loop (one token a step from `compute_probabilities` and
+    `get_next_token`: greedy, top-k, top-p, random, txl_tf's `Sampling`), which `_block_decode` runs in blocks; beam
+    and contrastive search have loops of their own."""
+    base = keras_hub.samplers.Sampler
+    return type(sampler).__call__ is base.__call__ and type(sampler).run_loop is base.run_loop
+
+
+def _generated(token_ids, padding_mask, stop_token_ids):
+    """generate_step's output: the token ids and the mask of what to keep (up to each row's first new stop)."""
+    ops = keras.ops
+    if stop_token_ids is None:
+        return {"token_ids": token_ids, "padding_mask": ops.ones_like(token_ids, "bool")}
+    stops = ops.convert_to_tensor(list(stop_token_ids), token_ids.dtype)
+    ends = ops.any(ops.equal(token_ids[..., None], stops), axis=-1) & ops.logical_not(padding_mask)  # new stops
+    ends = T.cast(ends, T.int32)
+    after = ops.cumsum(ends, axis=-1) - ends  # positions after the first new stop token
+    return {"token_ids": token_ids, "padding_mask": ops.equal(after, 0)}
 
 
 def _projections(layer) -> bool:
@@ -675,8 +699,10 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         ring_cache = self._to_ring(cache, width)
         return self._ring_next(position_keys, ring_cache), ring_cache
 
-    def _to_ring(self, cache, width=None):
-        """The ring cache (`_ring_loop`) of the prompt's cache, for a generation that ends at position `width`."""
+    def _to_ring(self, cache, width=None, blocks=False):
+        """The ring cache (`_ring_loop`) of the prompt's cache, for a generation that ends at position `width`;
+        `blocks`: the block loop's ring instead (`_block_decode`): S = M + 1 rounded up to a multiple of
+        `DECODE_BLOCK` slots, position p in slot p mod S, no scratch slot."""
         model = self.backbone.transformer_xl
         keys, values, last_logits, last_hidden, lengths = cache
         memory = keys.shape[3]
@@ -684,16 +710,17 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             kept = min(memory, width) if isinstance(width, int) else tf.minimum(memory, width)
             keys, values = keys[:, :, :, memory - kept:], values[:, :, :, memory - kept:]
             memory = kept
-        ring = memory + 1
-        # Row b keeps positions lengths[b] - (R - 1) .. lengths[b] - 1 in order (those below 0 none: masked until
-        # written), then the free slot: roll each row by (lengths[b] - (R - 1)) mod R so that every position p
-        # sits in slot p mod R.
-        order = tf.math.floormod(tf.range(ring)[None, :] - (lengths[:, None] - memory), ring)  # [B, R]
+        ring = (memory + DECODE_BLOCK) // DECODE_BLOCK * DECODE_BLOCK if blocks else memory + 1
+        # Row b keeps positions lengths[b] - M .. lengths[b] - 1 in order (those below 0 none: masked until
+        # written): position p goes to slot p mod R, and the slots no kept position maps to read the zero slot M.
+        order = tf.minimum(tf.math.floormod(tf.range(ring)[None, :] - (lengths[:, None] - memory), ring), memory)
         spare = tf.zeros_like(keys[:, 0, :, :1])  # [B, N, 1, D]
 
-        def in_ring(x):  # [B, N, M, D] in order -> [B, N, D, R + 1] by slot, then the scratch slot
+        def in_ring(x):  # [B, N, M, D] in order -> [B, N, D, R (+ 1)] by slot (then the scratch slot)
             by_slot = tf.gather(tf.concat([x, spare], axis=2), order, axis=2, batch_dims=1)
-            return tf.transpose(tf.concat([by_slot, spare], axis=2), [0, 1, 3, 2])
+            if not blocks:
+                by_slot = tf.concat([by_slot, spare], axis=2)
+            return tf.transpose(by_slot, [0, 1, 3, 2])
 
         keys = tuple(in_ring(keys[:, i]) for i in range(model.n_layer))
         values = tuple(in_ring(values[:, i]) for i in range(model.n_layer))
@@ -745,20 +772,127 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         return next
 
     def generate_step(self, inputs, stop_token_ids=None, ring=None, sampler=None):
-        """keras-hub's generation step; `ring`: decode with `_ring_loop` (None: `_decodes_in_a_ring()`);
-        `sampler`: a keras-hub sampler instead of compile()'s."""
+        """keras-hub's generation step; `ring`: decode in a ring of keys/values (None: `_decodes_in_a_ring()`):
+        in blocks (`_block_decode`) for the samplers that draw a token a step (keras-hub's greedy, top-k, top-p,
+        random and txl_tf's `Sampling`) over more than one row, one slot a token (`_ring_loop` in keras-hub's own
+        loop) at batch 1 and for the samplers that reorder rows (beam, contrastive); `sampler`: a keras-hub sampler
+        instead of compile()'s.
+
+        At batch 1 a token's write is one row's N*D numbers and the block's extra work costs more than it saves: the
+        loop alone took 0.37 against 0.31 ms a token at context 100 (200 new tokens) and the same at context 2,000;
+        at batch 32, 7.96 against 9.15 ms at context 100 and 22.5 against 23.7 ms at 2,000 (4 x 192, memory
+        2,000, XLA, 2-core AMD EPYC AVX2, 2026-11-29)."""
         token_ids, padding_mask = inputs["token_ids"], inputs["padding_mask"]
         padding_mask = T.cast(padding_mask, "bool")
         lengths = _row_lengths(padding_mask)  # prompts: right-padded
+        sampler = sampler or self.sampler
         if self._decodes_in_a_ring() if ring is None else ring:
             width = T.dim(token_ids, 1)
             hidden_states, cache, position_keys = self._build_cache(token_ids, lengths, self._ring_protocol(width))
+            if _draws_token_by_token(sampler) and token_ids.shape[0] != 1:
+                ring_cache = self._to_ring(cache, width, blocks=True)
+                index = tf.maximum(tf.reduce_min(lengths), 1)
+                token_ids, _ = self._block_decode(token_ids, padding_mask, ring_cache, position_keys, None, index,
+                                                  width, sampler, stop_token_ids)
+                return _generated(token_ids, padding_mask, stop_token_ids)
             return self._finish(token_ids, padding_mask, stop_token_ids, hidden_states,
                                 *self._ring_loop(cache, position_keys, width), sampler=sampler)
 
         hidden_states, cache, position_keys = self._build_cache(token_ids, lengths)
         return self._finish(token_ids, padding_mask, stop_token_ids, hidden_states, self._cached_next(position_keys),
                             cache, sampler=sampler)
+
+    def _block_decode(self, token_ids, padding_mask, ring, position_keys, row_kernels, index, stop, sampler,
+                      stop_token_ids=None):
+        """(token_ids with the tokens at index .. stop - 1 drawn by `sampler`, the ring after): keras-hub's sampler
+        loop (its `compute_probabilities` and `get_next_token` a step, a prompt's own tokens kept, the loop ended
+        once every row has made one of `stop_token_ids`), run in blocks of `DECODE_BLOCK` positions.
+
+        The ring (`_to_ring(..., blocks=True)`: S slots, position p in slot p mod S, S - 1 >= M, the memory
+        of min(mem_len, width) positions) is written once per block: the steps of the block cW .. cW + W - 1 read
+        it and write their keys/values into a side buffer of W slots (`decode_block`), which goes into the ring's
+        slots cW mod S .. + W - 1 (contiguous: S is a multiple of W) after the block's last step, for the rows
+        whose token it is (a row still reading its prompt keeps the prompt's). A token attends to the positions
+        at distances 0 .. M: in the ring those below its row's limit max(the call's first position, the row's
+        prompt length), in the side buffer those from it on. A step's ring writes (one number per slot apart)
+        took about a third of a batch-32 step at memory 2,000; a block's flush is one contiguous write (issue 55).
+        `row_kernels`: `_row_kernels(ring)` made earlier (None: here). TensorFlow only, like the ring.
+        """
+        model = self.backbone.transformer_xl
+        block = DECODE_BLOCK
+        keys, values, last_logits, last_hidden, lengths = ring
+        width = T.dim(token_ids, 1)
+        memory = (min(self.backbone.protocol.mem_len, width) if isinstance(width, int)
+                  else tf.minimum(self.backbone.protocol.mem_len, width))
+        slots = T.dim(keys[0], 3)
+        longest = max(slots, block) if isinstance(slots, int) else tf.maximum(slots, block)
+        # Position keys of distances longest - 1 .. 0: the memory's M + 1, zeros beyond (their slots are masked).
+        rows = position_keys[:, :, T.dim(position_keys, 2) - (memory + 1):]
+        rows = tf.pad(rows, [[0, 0], [0, 0], [longest - (memory + 1), 0], [0, 0]])
+        ring_rows = tf.unstack(rows[:, :, longest - slots:], num=model.n_layer)  # sliced once, not in a step
+        side_rows = tf.unstack(rows[:, :, longest - block:], num=model.n_layer)
+        attention_rows, feed_forward_rows = row_kernels or self._row_kernels(ring)
+        one = token_ids.shape[0] == 1
+        blocked = tf.constant(float("-inf"))
+        stops = None if stop_token_ids is None else tf.constant(list(stop_token_ids), token_ids.dtype)
+        index, stop = tf.cast(index, tf.int32), tf.cast(stop, tf.int32)
+
+        def going(prompt, i, end):
+            if stops is None:
+                return i < end
+            made = tf.reduce_any(tf.equal(prompt[..., None], stops), axis=-1) & tf.logical_not(padding_mask)
+            return (i < end) & tf.logical_not(tf.reduce_all(tf.reduce_any(made, axis=-1)))
+
+        def run_block(prompt, keys, values, i):
+            first = i - 1  # the block's first position in this call
+            base = first // block * block
+            end = tf.minimum(stop, base + block + 1)  # its steps write positions first .. base + W - 1
+            limit = tf.maximum(first, lengths)[:, None]  # [B, 1]: the ring holds each row's positions below it
+            sides = tuple(tf.zeros_like(keys[n][..., :block]) for n in range(model.n_layer))
+
+            def step(prompt, side_keys, side_values, i):
+                position = i - 1
+                j = position - base
+                fresh = position >= lengths  # [B]: the token at `position` is not the prompt's
+                distance = tf.math.floormod(position - tf.range(slots), slots)  # [S]: of the position slot s holds
+                held = position - distance
+                ring_bias = tf.where((distance <= memory) & (held >= 0) & (held < limit), 0.0, blocked)  # [B, S]
+                k = tf.range(block)
+                side_bias = tf.where((k <= j) & (j - k <= memory) & (base + k >= limit), 0.0, blocked)  # [B, W]
+                h = model.embedding(tf.slice(prompt, [0, position], [-1, 1]))  # [B, 1, d]
+                side_keys, side_values = list(side_keys), list(side_values)
+                for n, layer in enumerate(model.blocks):
+                    u, v = model.encoding.layer_biases(model, n)
+                    h, side_keys[n], side_values[n] = layer.attention.decode_block(
+                        h, (keys[n], values[n]), (side_keys[n], side_values[n]), j, position, ring_bias, side_bias,
+                        ring_rows[n], side_rows[n], u, v, row_kernels=attention_rows[n] if one else None)
+                    if one and feed_forward_rows[n] is not None:
+                        h = layer.feed_forward.decode_row(h, feed_forward_rows[n])
+                    else:
+                        h = layer.feed_forward(h)
+                logits = tf.where(fresh[:, None], tf.cast(model.log_probs(h)[:, 0], tf.float32), last_logits)
+                token = tf.cast(sampler.get_next_token(sampler.compute_probabilities(logits)), prompt.dtype)
+                token = tf.where(tf.gather(padding_mask, i, axis=1), tf.gather(prompt, i, axis=1), token)
+                prompt = keras.ops.slice_update(prompt, [0, i], token[:, None])
+                return prompt, tuple(side_keys), tuple(side_values), i + 1
+
+            prompt, side_keys, side_values, after = tf.while_loop(
+                lambda prompt, side_keys, side_values, i: going(prompt, i, end), step, (prompt, sides, sides, i))
+            # Into the ring: the positions this block's steps wrote, of the rows whose tokens they are.
+            written = ((base + tf.range(block) >= limit) & (base + tf.range(block) <= after - 2))[:, None, None, :]
+            start = tf.math.floormod(base, slots)
+
+            def flush(ring, side):  # sizes given: a size of -1 after a traced start is XLA's pad of the whole ring
+                kept = tf.slice(ring, [0, 0, 0, start], tf.concat([tf.shape(ring)[:3], [block]], axis=0))
+                return keras.ops.slice_update(ring, [0, 0, 0, start], tf.where(written, side, kept))
+
+            keys = tuple(flush(ring, side) for ring, side in zip(keys, side_keys, strict=True))
+            values = tuple(flush(ring, side) for ring, side in zip(values, side_values, strict=True))
+            return prompt, keys, values, after
+
+        token_ids, keys, values, _ = tf.while_loop(
+            lambda prompt, keys, values, i: going(prompt, i, stop), run_block, (token_ids, keys, values, index))
+        return token_ids, (keys, values, last_logits, last_hidden, lengths)
 
     def _cached_next(self, position_keys):
         """The decoding step `next(prompt, cache, index)` of the model's cached call (`call_with_cache`)."""
@@ -784,13 +918,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         sampler = sampler or self.sampler
         token_ids = sampler(next=next, prompt=token_ids, cache=cache, index=index, mask=padding_mask,
                             stop_token_ids=stop_token_ids, hidden_states=hidden_states, model=self)
-        if stop_token_ids is None:
-            return {"token_ids": token_ids, "padding_mask": ops.ones_like(token_ids, "bool")}
-        stops = ops.convert_to_tensor(list(stop_token_ids), token_ids.dtype)
-        ends = ops.any(ops.equal(token_ids[..., None], stops), axis=-1) & ops.logical_not(padding_mask)  # new stops
-        ends = T.cast(ends, T.int32)
-        after = ops.cumsum(ends, axis=-1) - ends  # positions after the first new stop token
-        return {"token_ids": token_ids, "padding_mask": ops.equal(after, 0)}
+        return _generated(token_ids, padding_mask, stop_token_ids)
 
     def generate(self, inputs, max_length=None, stop_token_ids="auto", strip_prompt=False, *, temperature=None,
                  top_k=None, top_p=None, seed=None):

@@ -3,8 +3,8 @@
 `Generator(lm)` is the one function that `python -m txl_tf.generate`, the trainer's samples, the SavedModel's
 `generate` signature and `txl_tf.TransformerXLCausalLM.generate(..., temperature=...)` run: a tf.function around
 the keras-hub task's `generate_step` (`txl_tf.lm.hub.TransformerXLCausalLM`: the prompts consumed in segments, then
-keras-hub's sampler loop over the recurrent state, each new token writing one slot of a ring of keys/values where
-the encoding allows it). keras-hub's own `generate` runs the same `generate_step` with compile()'s sampler.
+keras-hub's sampler loop over the recurrent state, where the encoding allows it in a ring of keys/values: a slot
+written per token at batch 1, once per block of tokens for more rows, `_block_decode`). keras-hub's own `generate` runs the same `generate_step` with compile()'s sampler.
 
 The settings choose keras-hub's samplers: temperature 0 is its `GreedySampler`, any other its `TopPSampler`
 (`Sampling`: top_p of the probabilities at `temperature`, among the top_k likeliest tokens). They are variables

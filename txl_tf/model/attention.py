@@ -572,13 +572,78 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
             score += tf.where(tf.range(tf.shape(score)[3]) < filled, tf.constant(0.0, score.dtype),
                               tf.constant(float("-inf"), score.dtype))
         probs = tf.cast(tf.nn.softmax(tf.cast(score, tf.float32), axis=-1), dtype)  # [B, N, 1, R + 1]
-        attn = tf.reshape(tf.matmul(probs, values, transpose_b=True), [batch, 1, self.n_head * self.d_head])
+        attn = tf.matmul(probs, values, transpose_b=True)  # [B, N, 1, D]
+        return self._decoded(h, attn, row_kernels), keys, values
+
+    def _decoded(self, h, attn, row_kernels):
+        """A decoding step's output [B, 1, d]: the heads' values `attn` [B, N, 1, D] projected, and the residual."""
+        attn = keras.ops.reshape(attn, [-1, 1, self.n_head * self.d_head])
         if row_kernels is None:
-            out = project(attn, self.attention_output, dtype=dtype)  # [B, 1, d]
+            out = project(attn, self.attention_output, dtype=self.compute_dtype)  # [B, 1, d]
         else:
             out = dense_row(attn, row_kernels[2])
-        out = h + out if self.pre_lnorm else self.layer_norm(h + out)
-        return out, keys, values
+        return h + out if self.pre_lnorm else self.layer_norm(h + out)
+
+    def decode_block(self, h, ring, side, step, position, ring_bias, side_bias, ring_rows, side_rows,
+                     content_bias=None, position_bias=None, row_kernels=None):
+        """One token per row against a ring of keys/values that a block of W steps only reads, and the block's
+        own W slots: the decoding step of `txl_tf.lm.hub`'s block loop (`TransformerXLCausalLM._block_decode`).
+
+        `decode_ring` writes one slot of the ring at every token, and those writes (B*N*D numbers a slot apart)
+        cost a step at batch 32 and memory 2,000 about a third of its time (issue 55). Here the ring is written
+        once per block: the block's positions cW .. cW + W - 1 go into a small side buffer, slot k position cW + k,
+        which the loop flushes into the ring's W contiguous slots after the block's last step. A step attends to
+        both, each slot masked by its row's bias (`ring_bias`, `side_bias`: 0 where the slot holds a position the
+        token attends to, -inf elsewhere), so the scores are the cached call's (`_call_cached` with one query).
+        Encodings whose scores have position rows only (`position_keys_cached`: xl, shaw).
+
+        Args:
+          h: the token's input [B, 1, d].
+          ring: (keys, values) [B, N, D, S] in the compute dtype, position p in slot p mod S (S a multiple of W).
+          side: (keys, values) [B, N, D, W], the block's slots.
+          step: int32 scalar j = position - cW: the side slot this step writes.
+          position: int32 scalar p, the token's position (the same in every row).
+          ring_bias, side_bias: [B, S] and [B, W] float32.
+          ring_rows, side_rows: the position keys [N, S, D] of distances S - 1 .. 0 and [N, W, D] of W - 1 .. 0
+            (rows beyond the memory's distances may be anything: their slots are masked).
+          content_bias, position_bias: u, v [N, D] (xl) or None.
+          row_kernels: `row_kernels()` at batch 1, or None.
+
+        Returns:
+          (outputs [B, 1, d], side keys, side values): the side buffer with this step's keys/values in slot j.
+        """
+        import tensorflow as tf  # the block loop is TensorFlow's, like the ring's
+
+        dtype = self.compute_dtype
+        batch = tf.shape(h)[0]
+        scale = tf.cast(self.scale, dtype)
+        h = tf.cast(h, dtype)
+        h_in = self.layer_norm(h) if self.pre_lnorm else h
+        if row_kernels is None:
+            queries, keys_values = self._queries(h_in), self._keys_values(h_in)
+        else:
+            queries, keys_values = dense_row(h_in, row_kernels[0]), dense_row(h_in, row_kernels[1])
+        q = tf.reshape(queries, [batch, self.n_head, 1, self.d_head]) * scale  # [B, N, 1, D]
+        k_new, v_new = (tf.reshape(x, [batch, self.n_head, self.d_head, 1]) for x in tf.split(keys_values, 2, -1))
+        side_keys = keras.ops.slice_update(side[0], [0, 0, 0, step], k_new)  # the side buffer: small, in cache
+        side_values = keras.ops.slice_update(side[1], [0, 0, 0, step], v_new)
+        q_k = q if content_bias is None else q + tf.cast(content_bias, dtype)[:, None] * scale
+        q_r = q if position_bias is None else q + tf.cast(position_bias, dtype)[:, None] * scale
+
+        def scores(keys, rows, shift, bias):
+            """(a) + (c) and (b) + (d) against slots whose distance is (shift - 1 - slot) mod slots, masked."""
+            content = tf.matmul(q_k, keys)  # [B, N, 1, S]
+            by_distance = tf.einsum("bnqd,nrd->bnqr", q_r, tf.cast(rows, dtype))  # column i: distance S - 1 - i
+            return tf.cast(content + tf.roll(by_distance, shift=shift, axis=3), tf.float32) + bias[:, None, None, :]
+
+        slots = ring[0].shape[3] if ring[0].shape[3] is not None else tf.shape(ring[0])[3]
+        ring_score = scores(ring[0], ring_rows, tf.math.floormod(position + 1, slots), ring_bias)  # [B, N, 1, S]
+        side_score = scores(side_keys, side_rows, step + 1, side_bias)  # [B, N, 1, W]
+        score = tf.concat([ring_score, side_score], axis=3)  # [B, N, 1, S + W]
+        probs = tf.cast(tf.nn.softmax(score, axis=-1), dtype)
+        ring_probs, side_probs = probs[..., :slots], probs[..., slots:]
+        attn = tf.matmul(ring_probs, ring[1], transpose_b=True) + tf.matmul(side_probs, side_values, transpose_b=True)
+        return self._decoded(h, attn, row_kernels), side_keys, side_values
 
     def _attend(self, h, operands, terms, return_probs, training, seeds=None, position_encoding=None,
                 kernels=False):
