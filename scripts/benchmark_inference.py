@@ -36,7 +36,8 @@ For every path, batch and context (a random prompt of that many tokens, consumed
     the longest context + --tokens), timed as above: its forward pass over the prompt runs over the whole padded
     width and every step attends over that width.
   Each of --repeats rounds times every path's pair of calls in turn, the paths taking turns so that a slow
-  moment of a shared machine hits all; a cell is the median of its rounds, printed with their min and max.
+  moment of a shared machine hits all (a pair whose longer call was not the slower is timed again, up to 3 times);
+  a cell is the median of its rounds, printed with their min and max.
   streaming (batch 1, the Python path): `Generator.stream` making max(--tokens, 4 x --stream_chunk) new tokens
     greedily, --stream_chunk a piece (one compiled call each, the decoding state kept between calls): the ms per
     token after the first piece (what a reader of the stream waits per token) against the decode loop's.
@@ -256,6 +257,9 @@ def gpt2_model(n_token: int, sequence_length: int):
     return lm
 
 
+RETRIES = 3  # times a decode-loop round lost in noise is timed again (`decode_speeds`)
+
+
 def decode_speeds(timers: dict, rows: int, tokens: int, repeats: int, most: int) -> tuple[dict, dict]:
     """({name: [tokens/s of each round]}, {name: (N, median seconds of the calls making 1, making N)}): rows x
     (N - 1) over the time of a call making N new tokens minus that of one making 1. `timers`: name -> ((new, N) ->
@@ -263,7 +267,8 @@ def decode_speeds(timers: dict, rows: int, tokens: int, repeats: int, most: int)
     is) and a call's prompt takes more than half its loop (estimated from one pair after the compiling pair),
     enough tokens for the loop to take twice the prompt's time, at most `most`: the difference of two calls is then
     mostly loop, not the prompt's variation between calls. The paths take turns in every round so that a slow moment of a shared machine hits all of them,
-    the order of a pair alternating; a round whose difference is not positive (lost in noise) counts as nan."""
+    the order of a pair alternating; a round whose difference is not positive (the two calls' noise larger than
+    their N - 1 steps: a tiny model on a busy machine) is timed again, up to `RETRIES` times, then counts as nan."""
     import math
 
     import numpy as np
@@ -285,10 +290,13 @@ def decode_speeds(timers: dict, rows: int, tokens: int, repeats: int, most: int)
     for round_ in range(repeats):
         for name, (run, _) in timers.items():
             new = lengths[name]
-            if round_ % 2:  # the order alternates: whatever one call leaves behind (caches, allocations) for the next
-                short, long = run(1, new), run(new, new)
-            else:
-                long, short = run(new, new), run(1, new)
+            for _ in range(1 + RETRIES):
+                if round_ % 2:  # the order alternates: what one call leaves behind (caches, allocations) for the next
+                    short, long = run(1, new), run(new, new)
+                else:
+                    long, short = run(new, new), run(1, new)
+                if long > short:
+                    break
             calls[name].append((short, long))
             rates[name].append(rows * (new - 1) / (long - short) if long > short else float("nan"))
     return rates, {name: (lengths[name], *np.median(np.asarray(pairs), axis=0)) for name, pairs in calls.items()}
