@@ -133,8 +133,8 @@ def test_the_block_loop_gives_the_cached_calls_log_probabilities(attn_type, rows
     """The ring written once per block of `DECODE_BLOCK` positions (`_block_decode`: the block's steps read the
     ring and a side buffer of their own keys/values), token by token past five memories and three blocks, against
     the model's cached call one row at a time. Two rows: prompts shorter and longer than the memory and the block,
-    one row reading its prompt while the other generates; the prompt's end falls mid-block. One row: the stream's
-    calls, each a piece of a few tokens that starts and ends mid-block (the ring flushed at each call's end)."""
+    one row reading its prompt while the other generates; the prompt's end falls mid-block. One row: nine calls,
+    each a piece of a few tokens that starts and ends mid-block (the ring flushed at each call's end)."""
     lm = make_lm(attn_type=attn_type)
     protocol = lm.backbone.protocol
     mem_len, block = protocol.mem_len, hub.DECODE_BLOCK
@@ -150,7 +150,7 @@ def test_the_block_loop_gives_the_cached_calls_log_probabilities(attn_type, rows
     bounds = np.linspace(first, steps, pieces + 1).round().astype(int)
     sampler = _Forced(tokens, first)
     for index, stop in zip(bounds[:-1], bounds[1:], strict=True):
-        prompt, ring = lm._block_decode(prompt, tf.constant(mask), ring, position_keys, None, tf.constant(index),
+        prompt, ring = lm._block_decode(prompt, tf.constant(mask), ring, position_keys, tf.constant(index),
                                         tf.constant(stop), sampler)
     np.testing.assert_array_equal(prompt, tokens)
     assert len(sampler.log_probs) == steps - first

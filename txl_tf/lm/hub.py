@@ -792,8 +792,8 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
             if _draws_token_by_token(sampler) and token_ids.shape[0] != 1:
                 ring_cache = self._to_ring(cache, width, blocks=True)
                 index = tf.maximum(tf.reduce_min(lengths), 1)
-                token_ids, _ = self._block_decode(token_ids, padding_mask, ring_cache, position_keys, None, index,
-                                                  width, sampler, stop_token_ids)
+                token_ids, _ = self._block_decode(token_ids, padding_mask, ring_cache, position_keys, index, width,
+                                                  sampler, stop_token_ids)
                 return _generated(token_ids, padding_mask, stop_token_ids)
             return self._finish(token_ids, padding_mask, stop_token_ids, hidden_states,
                                 *self._ring_loop(cache, position_keys, width), sampler=sampler)
@@ -802,8 +802,7 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         return self._finish(token_ids, padding_mask, stop_token_ids, hidden_states, self._cached_next(position_keys),
                             cache, sampler=sampler)
 
-    def _block_decode(self, token_ids, padding_mask, ring, position_keys, row_kernels, index, stop, sampler,
-                      stop_token_ids=None):
+    def _block_decode(self, token_ids, padding_mask, ring, position_keys, index, stop, sampler, stop_token_ids=None):
         """(token_ids with the tokens at index .. stop - 1 drawn by `sampler`, the ring after): keras-hub's sampler
         loop (its `compute_probabilities` and `get_next_token` a step, a prompt's own tokens kept, the loop ended
         once every row has made one of `stop_token_ids`), run in blocks of `DECODE_BLOCK` positions.
@@ -816,7 +815,8 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         at distances 0 .. M: in the ring those below its row's limit max(the call's first position, the row's
         prompt length), in the side buffer those from it on. A step's ring writes (one number per slot apart)
         took about a third of a batch-32 step at memory 2,000; a block's flush is one contiguous write (issue 55).
-        `row_kernels`: `_row_kernels(ring)` made earlier (None: here). TensorFlow only, like the ring.
+        Generation runs it over more than one row (`generate_step`), so a step takes the layers' own projections
+        (not batch 1's `_row_kernels`). TensorFlow only, like the ring.
         """
         model = self.backbone.transformer_xl
         block = DECODE_BLOCK
@@ -831,8 +831,6 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         rows = tf.pad(rows, [[0, 0], [0, 0], [longest - (memory + 1), 0], [0, 0]])
         ring_rows = tf.unstack(rows[:, :, longest - slots:], num=model.n_layer)  # sliced once, not in a step
         side_rows = tf.unstack(rows[:, :, longest - block:], num=model.n_layer)
-        attention_rows, feed_forward_rows = row_kernels or self._row_kernels(ring)
-        one = token_ids.shape[0] == 1
         blocked = tf.constant(float("-inf"))
         stops = None if stop_token_ids is None else tf.constant(list(stop_token_ids), token_ids.dtype)
         index, stop = tf.cast(index, tf.int32), tf.cast(stop, tf.int32)
@@ -865,11 +863,8 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
                     u, v = model.encoding.layer_biases(model, n)
                     h, side_keys[n], side_values[n] = layer.attention.decode_block(
                         h, (keys[n], values[n]), (side_keys[n], side_values[n]), j, position, ring_bias, side_bias,
-                        ring_rows[n], side_rows[n], u, v, row_kernels=attention_rows[n] if one else None)
-                    if one and feed_forward_rows[n] is not None:
-                        h = layer.feed_forward.decode_row(h, feed_forward_rows[n])
-                    else:
-                        h = layer.feed_forward(h)
+                        ring_rows[n], side_rows[n], u, v)
+                    h = layer.feed_forward(h)
                 logits = tf.where(fresh[:, None], tf.cast(model.log_probs(h)[:, 0], tf.float32), last_logits)
                 token = tf.cast(sampler.get_next_token(sampler.compute_probabilities(logits)), prompt.dtype)
                 token = tf.where(tf.gather(padding_mask, i, axis=1), tf.gather(prompt, i, axis=1), token)

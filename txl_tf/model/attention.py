@@ -585,7 +585,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         return h + out if self.pre_lnorm else self.layer_norm(h + out)
 
     def decode_block(self, h, ring, side, step, position, ring_bias, side_bias, ring_rows, side_rows,
-                     content_bias=None, position_bias=None, row_kernels=None):
+                     content_bias=None, position_bias=None):
         """One token per row against a ring of keys/values that a block of W steps only reads, and the block's
         own W slots: the decoding step of `txl_tf.lm.hub`'s block loop (`TransformerXLCausalLM._block_decode`).
 
@@ -607,7 +607,6 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
           ring_rows, side_rows: the position keys [N, S, D] of distances S - 1 .. 0 and [N, W, D] of W - 1 .. 0
             (rows beyond the memory's distances may be anything: their slots are masked).
           content_bias, position_bias: u, v [N, D] (xl) or None.
-          row_kernels: `row_kernels()` at batch 1, or None.
 
         Returns:
           (outputs [B, 1, d], side keys, side values): the side buffer with this step's keys/values in slot j.
@@ -619,10 +618,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         scale = tf.cast(self.scale, dtype)
         h = tf.cast(h, dtype)
         h_in = self.layer_norm(h) if self.pre_lnorm else h
-        if row_kernels is None:
-            queries, keys_values = self._queries(h_in), self._keys_values(h_in)
-        else:
-            queries, keys_values = dense_row(h_in, row_kernels[0]), dense_row(h_in, row_kernels[1])
+        queries, keys_values = self._queries(h_in), self._keys_values(h_in)
         q = tf.reshape(queries, [batch, self.n_head, 1, self.d_head]) * scale  # [B, N, 1, D]
         k_new, v_new = (tf.reshape(x, [batch, self.n_head, self.d_head, 1]) for x in tf.split(keys_values, 2, -1))
         side_keys = keras.ops.slice_update(side[0], [0, 0, 0, step], k_new)  # the side buffer: small, in cache
@@ -643,7 +639,7 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         probs = tf.cast(tf.nn.softmax(score, axis=-1), dtype)
         ring_probs, side_probs = probs[..., :slots], probs[..., slots:]
         attn = tf.matmul(ring_probs, ring[1], transpose_b=True) + tf.matmul(side_probs, side_values, transpose_b=True)
-        return self._decoded(h, attn, row_kernels), side_keys, side_values
+        return self._decoded(h, attn, None), side_keys, side_values
 
     def _attend(self, h, operands, terms, return_probs, training, seeds=None, position_encoding=None,
                 kernels=False):
