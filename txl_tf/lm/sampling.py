@@ -159,13 +159,18 @@ class Generator(tf.Module):
         settings = (temperature if temperature > 0 else 1.0, top_k, top_p)
         sample = tf.constant(temperature > 0)
         # The sampler is not read before the first chunk; the ring's batch-1 kernels are arranged once, here, for
-        # every chunk (`_row_kernels`: ~2 ms of a chunk's call, 2-core EPYC): the weights as the stream starts.
+        # every chunk (`_row_kernels`): the weights as the stream starts.
         cache, position_keys, kernels = self._start(token_ids, mask)
+        index, width = len(prompt), len(prompt) + max_tokens
+        # Every chunk calls the loop's concrete function, traced once here: calling the `tf.function` instead adds
+        # its dispatch over the ~40 tensors of the state and the kernels to every chunk (docs/performance.md).
+        advance = self._advance.get_concrete_function(token_ids, mask, cache, position_keys, kernels,
+                                                      tf.constant(index, tf.int32), tf.constant(index, tf.int32),
+                                                      sample)
         # The sampler's settings and random state are this Generator's, shared by every call: a sampled stream
         # keeps its own and puts them back before each chunk, so that another stream read in between, or a
         # `generate` call, changes none of its tokens. A greedy one reads neither (keras-hub's GreedySampler).
         state = None  # the random state after the last chunk (None: the seed's)
-        index, width = len(prompt), len(prompt) + max_tokens
         while index < width:
             stop = min(index + chunk, width)
             with self._lock if temperature > 0 else contextlib.nullcontext():
@@ -173,8 +178,8 @@ class Generator(tf.Module):
                     self.sampling.set(*settings, seed)
                     if state is not None:
                         self.sampling.seed_generator.state.assign(state)
-                token_ids, cache = self._advance(token_ids, mask, cache, position_keys, kernels,
-                                                 tf.constant(index, tf.int32), tf.constant(stop, tf.int32), sample)
+                token_ids, cache = advance(token_ids, mask, cache, position_keys, kernels,
+                                           tf.constant(index, tf.int32), tf.constant(stop, tf.int32), sample)
                 if temperature > 0:
                     state = tf.identity(self.sampling.seed_generator.state)
             yield token_ids.numpy()[0, index:stop]  # one copy to the host, no slicing op
