@@ -35,8 +35,10 @@ def _rotation(delta, d):
 
 
 def _rope_score(q_i, k_j, n, query_pos, key_pos, clamp_len):
-    """Su et al., eq. 14 with the window positions: q_i^T R(j - (M + i)) k_j."""
-    return q_i @ _rotation(key_pos - query_pos, D) @ k_j / np.sqrt(D)
+    """Su et al., eq. 14 with the window positions: q_i^T R(j - (M + i)) k_j; with clamp_len c > 0 a distance
+    M + i - j above c is scored as c, q_i^T R(-c) k_j (xl's clamp_len, as Su's rectified RoPE)."""
+    dist = query_pos - key_pos
+    return q_i @ _rotation(-(min(dist, clamp_len) if clamp_len > 0 else dist), D) @ k_j / np.sqrt(D)
 
 
 def _alibi_score(q_i, k_j, n, query_pos, key_pos, clamp_len):
@@ -77,7 +79,7 @@ def oracle(name, h, mem, w, clamp_len, same_length, eps=1e-12):
 @pytest.mark.parametrize("name,clamp_len,same_length", [
     (name, clamp_len, same_length) for name in sorted(SCORES)
     for clamp_len, same_length in [(-1, False), (3, False), (-1, True)]
-    if clamp_len <= 0 or encodings.get(name).clamps])  # rope ignores clamp_len: the model refuses one
+    if clamp_len <= 0 or encodings.get(name).clamps])  # an encoding that ignores clamp_len refuses one
 @pytest.mark.parametrize("state", ["memory", "cache"])
 def test_matches_the_papers_equation(name, state, clamp_len, same_length):
     rng = np.random.default_rng(0)

@@ -253,6 +253,32 @@ def test_candidate_tokens_are_the_first_train_share_numbered_densely():
     assert capped.tolist() == ids[:100].tolist() and capped_size == 60
 
 
+def test_a_rise_past_the_training_span_is_explained_with_the_clamped_cell():
+    """The report says why a model's unclamped bpc rises past the training span (RoPE's: 2.04 -> 4.57 bpc) and what
+    its cell clamped at the span shows: the rise gone (distances it never trained on) or still there."""
+    import copy
+
+    from txl_tf.study import report_context
+
+    document = runs.read_results(str(pathlib.Path(REPO_ROOT) / "docs" / report.PUBLISHED_NAME / "results.json"))
+    section = document["studies"]["context"]
+    lines = report_context._past_the_span_lines(section)
+    assert [line for line in lines if line] == [
+        "RoPE + recurrence: 2.0369 bpc at memory 256, 4.5718 at 384 unclamped. With same_length a query reads back "
+        "as far as the memory, and past memory 256 that is further than any distance a training query reached "
+        "(255): scores at distances it never trained on. It was not scored clamped at 256 in these runs."]
+    for clamped, says in ((2.05, " Clamped at 256 (every longer distance scored as 256) it reads 2.0500 at 384: the "
+                                 "distances it never trained on make the rise, not the further text."),
+                          (4.0, " Clamped at 256 it still reads 4.0000 at 384: the clamp does not remove the rise.")):
+        changed = copy.deepcopy(section)
+        changed["runs"]["rope"]["test"]["256"] = {"384": clamped}
+        (line,) = [line for line in report_context._past_the_span_lines(changed) if line]
+        assert line.endswith("scores at distances it never trained on." + says), line
+    flat = copy.deepcopy(section)
+    flat["runs"]["rope"]["test"]["-1"]["384"] = 2.0369 + 0.0999  # under the threshold: nothing to explain
+    assert report_context._past_the_span_lines(flat) == []
+
+
 def test_readme_block_has_one_row_per_claim_and_a_column_per_corpus():
     """The README's block: the ablation's and PTB's claims one a line; each context claim once, with each corpus'
     own verdict and figure in its column (here a second corpus where Transformer-XL's longer memory hurts)."""

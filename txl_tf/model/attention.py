@@ -654,12 +654,14 @@ class RelativeMultiHeadAttention(keras.layers.Layer):
         dtype = self.compute_dtype
         batch, qlen, klen = T.shape(h)[0], T.shape(h)[1], T.shape(k)[2]
         q = _to_heads(q, self.n_head, self.d_head, kernels=kernels)[0] * T.cast(self.scale, dtype)  # [N, B, L, D]
+        plain_q, plain_k = q, k
         q, k = self.encoding.rotate(q, k, position_encoding)  # rope: each at its window position
         if content_bias is not None:
             u = T.cast(content_bias, dtype)[:, None, None, :] * T.cast(self.scale, dtype)  # [N, 1, 1, D]
             score = T.matmul(q + u, k, transpose_b=True)  # [N, B, L, K]: (a) + (c)
         else:
             score = T.matmul(q, k, transpose_b=True)  # [N, B, L, K]: (a)
+        score = self.encoding.clamp_scores(score, plain_q, plain_k, position_encoding)  # rope: beyond clamp_len
         if r is not None:
             q_r = q
             if position_bias is not None:

@@ -18,7 +18,8 @@ and `networkx_code`, Python source where strings recur thousands of characters a
 The length axis is the paper's attention length at evaluation: the memory (64 ... 1,024: half the training memory
 to 8x it), "init" being the training memory (128), with one segment length (128) and same_length for every
 memory, relative distances unclamped and clamped at the training span side by side for the encodings where
-clamp_len means something (Transformer-XL's sinusoids, ALiBi's penalty). The vanilla model's axis is its window,
+clamp_len means something (Transformer-XL's sinusoids, ALiBi's penalty, RoPE's rotations, which beyond the clamp
+score every key at the clamp's rotation). The vanilla model's axis is its window,
 min(memory, 256): like the paper's Transformer row it cannot look further than it was trained to.
 
 Scoring: the whole split in 10 streams through the cached state, every stream's first n_layer x 1,024 predictions
@@ -78,7 +79,7 @@ MODELS = (
     Model("shaw", "Shaw et al. encoding + recurrence", clamped=False),
     Model("no_recurrence", "w/o recurrence", recurrent=False),
     Model("al_rfou", "Al-Rfou et al. vanilla (sliding window)", vanilla=True, clamped=False, recurrent=False),
-    Model("rope", "RoPE + recurrence", clamped=False, quick_params=_NO_POSITION_WEIGHTS),
+    Model("rope", "RoPE + recurrence", quick_params=_NO_POSITION_WEIGHTS),
     Model("alibi", "ALiBi + recurrence", quick_params=_NO_POSITION_WEIGHTS),
 )
 BASELINE = "xl"
@@ -205,8 +206,8 @@ class Scorer:
 
     def __init__(self, run_dir: str, model, spec: Model, settings: ContextSettings, prefix: str = ""):
         self.run_dir, self.model, self.settings, self.prefix = run_dir, model, settings, prefix
-        # The study's list and the model's encoding must both say clamp_len changes its scores (rope and shaw
-        # ignore it, and TransformerXL refuses a clamp it would ignore).
+        # The study's list and the model's encoding must both say clamp_len changes its scores (shaw ignores it,
+        # and TransformerXL refuses a clamp it would ignore).
         self.vanilla = spec.vanilla
         self.clamped = spec.clamped and model.encoding.clamps and not spec.vanilla
 
@@ -292,6 +293,19 @@ def _grid(scorer: Scorer, data: Splits, settings: ContextSettings, *, memories=N
     return cells
 
 
+def _check_clamped_cells(model: Model, cells: dict, settings: ContextSettings, paths: tuple) -> None:
+    """A StudyError naming the archive when it lacks a clamped cell that `_grid` scores for `model` (an archive of
+    an encoding scored before it clamped: rope before its clamp_len)."""
+    if not model.clamped:
+        return
+    missing = [f"{split}/{memory}/{settings.train_span}" for split in ("valid", "test") for memory in settings.memories
+               if settings.clamp_matters(memory) and (split, memory, settings.train_span) not in cells]
+    if missing:
+        raise runs.StudyError(f"{paths[0]} has no clamped cells ({', '.join(missing[:3])}, ...), which the study "
+                              f"scores for {model.name}; remove {paths[0]} and {paths[1]} to train and score the "
+                              "model again")
+
+
 def _checkpoint_steps(train_steps: int, settings: ContextSettings) -> list[int]:
     limit, denominator = settings.checkpoint_fractions
     return [train_steps * k // denominator for k in range(1, limit)]
@@ -356,6 +370,7 @@ def train_and_score(model: Model, output_dir: str, data_dir: str, data: Splits, 
     facts = archive_facts(data, settings, corpus)
     archived = archive.load(archive_dir, spec.name, facts, spec.digest(portable=True), clean=not quick)
     if archived is not None:
+        _check_clamped_cells(model, archived[1]["cells"], settings, archive.paths_of(archive_dir, spec.name))
         runs.log(f"[{corpus.key}] {spec.name}: scores read from {archive.paths_of(archive_dir, spec.name)[0]}")
         report = check_sanity(model, spec.name, archived[1]["cells"], settings)
         return (archived[0] | {"sanity": report} if report else archived[0]), archived[1]

@@ -14,6 +14,7 @@ REPLACED_CLAIMS = ("A longer attention at evaluation helps", "... and only with 
                    "Transformer-XL has the longest RECL")
 LONGEST_SHARE = 0.95  # RECL: the share of bootstrap resamples in which a model must be strictly the longest
 LATER_ENCODINGS = ("rope", "alibi")  # compared with the paper's relative encoding, all with recurrence
+RISE_BPC = 0.1  # a rise of the unclamped test bpc past the training span at least this large is explained
 
 
 def _copy(cell: dict) -> dict:
@@ -302,7 +303,8 @@ def section_lines(section: dict, images: str, machine: str) -> list[str]:
             name = label(section, n) + (f", clamp {clamp}" if int(clamp) > 0 else "")
             rows.append([name + (f" (window = min(memory, {setup['train_span']}))" if n in vanilla else ""), *cells])
     out += markdown_table(["model", *[str(m) for m in memories]], rows)
-    out += ["", f"![test bpc against the memory at evaluation]({images}{_image(section, 'bpc')})", ""]
+    out += ["", *_past_the_span_lines(section)]
+    out += [f"![test bpc against the memory at evaluation]({images}{_image(section, 'bpc')})", ""]
     curve = section.get("gain_curve")
     if curve:
         out += ["Transformer-XL's gain (best memory on validation minus init, on test) as training goes on:", ""]
@@ -311,6 +313,37 @@ def section_lines(section: dict, images: str, machine: str) -> list[str]:
                                 f"{p['best_bpc']:.4f}", interval(p)] for p in curve])
         out += ["", f"![gain against training characters]({images}{_image(section, 'gain')})", ""]
     out += _recl_lines(section, images) + _probe_lines(section, images)
+    return out
+
+
+def _past_the_span_lines(section: dict) -> list[str]:
+    """For each recurrent model whose unclamped test bpc rises by RISE_BPC or more from the memory of the training
+    span to the next memory: why (distances no training query reached) and what its clamped cell shows."""
+    setup, runs = section["setup"], section["runs"]
+    span, memories = setup["train_span"], setup["memories"]
+    past = [m for m in memories if m > span]
+    if span not in memories or not past:
+        return []
+    out = []
+    for n in _names(section):
+        table = runs[n]["test"]
+        if n in _vanilla(section) or "-1" not in table:
+            continue
+        at, beyond = table["-1"].get(str(span)), table["-1"].get(str(past[0]))
+        if at is None or beyond is None or beyond - at < RISE_BPC:
+            continue
+        text = (f"{label(section, n)}: {at:.4f} bpc at memory {span}, {beyond:.4f} at {past[0]} unclamped. With "
+                f"same_length a query reads back as far as the memory, and past memory {span} that is further than "
+                f"any distance a training query reached ({span - 1}): scores at distances it never trained on.")
+        clamped = table.get(str(span), {}).get(str(past[0]))
+        if clamped is None:
+            text += f" It was not scored clamped at {span} in these runs."
+        elif clamped - at < RISE_BPC:
+            text += (f" Clamped at {span} (every longer distance scored as {span}) it reads {clamped:.4f} at "
+                     f"{past[0]}: the distances it never trained on make the rise, not the further text.")
+        else:
+            text += f" Clamped at {span} it still reads {clamped:.4f} at {past[0]}: the clamp does not remove the rise."
+        out += [text, ""]
     return out
 
 

@@ -12,11 +12,11 @@ An encoding answers, for the layers that call it:
   the inputs     `embed` (added to the embeddings: vaswani) and `block_positions` (added to a block's memory and
                  inputs: al_rfou).
   the scores     `Prepared.score_bias` (added to q.k: ALiBi's penalty, merged with the causal mask), `rotate`
-                 (applied to the queries and keys: RoPE), `position_rows` (the rows r_{i-j} of the relative term
+                 (applied to the queries and keys: RoPE) and `clamp_scores` (RoPE's clamp), `position_rows` (the rows r_{i-j} of the relative term
                  (q + v).r, aligned by rel_shift: xl, shaw) and `layer_biases` (xl's u and v).
   the cache      `cache_encoding` and `position_keys_cached`: what the keys/values cache keeps for the encoding
                  besides keys and values (xl's and shaw's position keys for every distance it serves).
-  clamping       `clamps`: whether `clamp_len` changes the scores (xl, vaswani, alibi); `clamp`: how distances
+  clamping       `clamps`: whether `clamp_len` changes the scores (xl, vaswani, alibi, rope); `clamp`: how distances
                  beyond `clamp_len` (or the learned tables) are treated; `clamp_problem`: why a clamp_len is refused.
   FLOPs          `flops`: the matrix-product FLOPs the encoding adds to one layer's forward pass.
 
@@ -106,6 +106,11 @@ class Encoding:
     def rotate(self, q, k, position_encoding):
         """Queries [N, B, L, D] and keys [N, B, K, D] as the scores see them (RoPE rotates them)."""
         return q, k
+
+    def clamp_scores(self, score, q, k, position_encoding):
+        """The content scores [N, B, L, K] with the distances above the protocol's clamp_len scored as clamp_len,
+        from the queries and keys before `rotate` (RoPE's clamp); the scores as they are elsewhere."""
+        return score
 
     # ---- FLOPs -----------------------------------------------------------------------------------------------
     def flops(self, *, batch: int, qlen: int, klen: int, d_model: int, width: int) -> int:

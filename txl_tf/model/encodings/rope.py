@@ -6,12 +6,19 @@ their own window position (query i at M + i, key j at j, the memory's keys at th
 depends on the distance only. Rotation pairs dimension t with t + D/2 (the half-split layout), frequency
 theta_t = 10000^(-2t / D). No position weights; the keys/values cache keeps unrotated keys, rotated with the window
 at every call. The rotation table [2, K, D/2] (cos, sin) is computed once per call for all layers.
+
+With `clamp_len` c > 0, a distance above c is scored as c, as xl's clamp_len shares the encoding of c among all
+longer distances: score(i, j) = q_i.Rot(-min(M + i - j, c)) k_j. Beyond c that is (Rot(c) q_i).k_j, the query
+turned by c against the unrotated key (Su's rectified RoPE, "ReRoPE", 2023): clamped at its training span, a
+model that reads further back meets no rotation it did not train with.
 """
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 from txl_tf.model import tensor_ops as T
-from txl_tf.model.encodings.base import Encoding, Prepared
+from txl_tf.model.encodings.base import Encoding, Prepared, window_distances
 
 BASE = 10000.0
 
@@ -29,10 +36,19 @@ def rotate_half(x, cos, sin):
     return T.concat([first * cos - second * sin, first * sin + second * cos], axis=-1)
 
 
+class Rotations(NamedTuple):
+    """What every layer's attention reads of RoPE in one call (`Prepared.encoding`)."""
+
+    table: Any  # [2, K, D/2]: cos and sin at the window positions 0 .. K-1
+    beyond: Any = None  # [L, K] bool: query i's distance to key j is above clamp_len (None: no clamp)
+    at_clamp: Any = None  # [2, 1, D/2]: cos and sin of clamp_len * theta_t
+
+
 class RoPE(Encoding):
     name = "rope"
     citation = "Su et al. (2021)"
-    clamp = "none: a rotation is exact at every distance (clamp_len does not apply)"
+    clamps = True
+    clamp = "distances above clamp_len are scored as clamp_len (the query turned by clamp_len, the key not)"
 
     def problem(self, *, d_model: int, d_head: int) -> str | None:
         return f"rope rotates pairs of dimensions: d_head must be even, got {d_head}" if d_head % 2 else None
@@ -43,9 +59,23 @@ class RoPE(Encoding):
             raise ValueError(problem)
 
     def prepare(self, model, mlen, qlen, protocol, training, cached, kernels=False) -> Prepared:
-        return Prepared(encoding=rotation_table(mlen + qlen, model.d_head, model.compute_dtype))
+        table = rotation_table(mlen + qlen, model.d_head, model.compute_dtype)
+        if protocol.clamp_len <= 0:
+            return Prepared(encoding=Rotations(table))
+        at_clamp = rotation_table(protocol.clamp_len + 1, model.d_head, model.compute_dtype)[:, protocol.clamp_len:]
+        beyond = window_distances(mlen, qlen) > float(protocol.clamp_len)  # [L, K]
+        return Prepared(encoding=Rotations(table, beyond, at_clamp))
 
     def rotate(self, q, k, position_encoding):
         klen, qlen = T.shape(k)[2], T.shape(q)[2]
-        cos, sin = T.cast(position_encoding[0], q.dtype), T.cast(position_encoding[1], q.dtype)  # [K, D/2]
+        table = position_encoding.table
+        cos, sin = T.cast(table[0], q.dtype), T.cast(table[1], q.dtype)  # [K, D/2]
         return rotate_half(q, cos[klen - qlen:], sin[klen - qlen:]), rotate_half(k, cos, sin)
+
+    def clamp_scores(self, score, q, k, position_encoding):
+        rotations = position_encoding
+        if rotations.beyond is None:
+            return score
+        cos, sin = T.cast(rotations.at_clamp[0], q.dtype), T.cast(rotations.at_clamp[1], q.dtype)  # [1, D/2]
+        at_clamp = T.matmul(rotate_half(q, cos, sin), k, transpose_b=True)  # [N, B, L, K]: distance clamp_len
+        return T.where(rotations.beyond, at_clamp, score)
