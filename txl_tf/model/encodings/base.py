@@ -12,8 +12,9 @@ An encoding answers, for the layers that call it:
   the inputs     `embed` (added to the embeddings: vaswani) and `block_positions` (added to a block's memory and
                  inputs: al_rfou).
   the scores     `Prepared.score_bias` (added to q.k: ALiBi's penalty, merged with the causal mask), `rotate`
-                 (applied to the queries and keys: RoPE) and `clamp_scores` (RoPE's clamp), `position_rows` (the rows r_{i-j} of the relative term
-                 (q + v).r, aligned by rel_shift: xl, shaw) and `layer_biases` (xl's u and v).
+                 (applied to the queries and keys: RoPE), `clamp_scores` (RoPE's clamp), `position_rows` (the rows
+                 r_{i-j} of the relative term (q + v).r, aligned by rel_shift: xl, shaw) and `layer_biases` (xl's u
+                 and v).
   the cache      `cache_encoding` and `position_keys_cached`: what the keys/values cache keeps for the encoding
                  besides keys and values (xl's and shaw's position keys for every distance it serves).
   clamping       `clamps`: whether `clamp_len` changes the scores (xl, vaswani, alibi, rope); `clamp`: how distances

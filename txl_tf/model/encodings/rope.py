@@ -73,9 +73,9 @@ class RoPE(Encoding):
         return rotate_half(q, cos[klen - qlen:], sin[klen - qlen:]), rotate_half(k, cos, sin)
 
     def clamp_scores(self, score, q, k, position_encoding):
-        rotations = position_encoding
-        if rotations.beyond is None:
+        if position_encoding.beyond is None:
             return score
-        cos, sin = T.cast(rotations.at_clamp[0], q.dtype), T.cast(rotations.at_clamp[1], q.dtype)  # [1, D/2]
+        at = position_encoding.at_clamp
+        cos, sin = T.cast(at[0], q.dtype), T.cast(at[1], q.dtype)  # [1, D/2]
         at_clamp = T.matmul(rotate_half(q, cos, sin), k, transpose_b=True)  # [N, B, L, K]: distance clamp_len
-        return T.where(rotations.beyond, at_clamp, score)
+        return T.where(position_encoding.beyond, at_clamp, score)
