@@ -42,8 +42,10 @@ For every path, batch and context (a random prompt of that many tokens, consumed
     greedily, --stream_chunk a piece (one compiled call each, the decoding state kept between calls): the ms per
     token after the first piece (what a reader of the stream waits per token) against the decode loop's.
 Then the bound the machine's memory reads put on decoding (the ring's bytes per step over the read bandwidth
-measured in the same run), and per-segment scoring latency: --segments calls of `score` with max_len tokens and
-the state carried.
+measured in the same run) beside the Python loop's tokens/s; at each batch timed at two or more contexts, the line
+through the loop's seconds a step against its ring slots: its slope the ring's reads' rate (against the bandwidth
+measured), its intercept what a step costs apart from the ring, which a share of the bound cannot go past. Then
+per-segment scoring latency: --segments calls of `score` with max_len tokens and the state carried.
 Timings are wall times of this process on this machine; only figures from one run compare.
 
 Before 2026-11-28 a cell was the least-squares slope of the fastest of --repeats timings at each of 1, N / 2 + 1
@@ -361,6 +363,30 @@ def ring_bytes(model, protocol, batch: int, positions: int | None = None) -> int
     return model.n_layer * ring_slots(protocol, positions) * width * (2 * batch + 1)
 
 
+def ring_fits(model, protocol, ring_rows) -> list:
+    """(batch, fixed seconds, seconds a slot, bytes a second of the slots' reads, the fixed cost's share of the
+    longest ring's step) per batch whose contexts gave rings of at least two sizes: the least-squares line through
+    (ring slots, the Python loop's median seconds a step). Where a step's cost grows with the ring only through
+    its reads, the slope is their rate; the intercept is the rest of the step. Cells lost in noise are left out."""
+    import numpy as np
+
+    fits = []
+    for batch in sorted({row[0] for row in ring_rows}):
+        points = []
+        for _, _, positions, rates in (row for row in ring_rows if row[0] == batch):
+            median, size = spread(rates)[0], ring_bytes(model, protocol, batch, positions)
+            if size is not None and np.isfinite(median) and median > 0:
+                points.append((ring_slots(protocol, positions), batch / median, size))
+        if len({slots for slots, _, _ in points}) < 2:
+            continue
+        slots, seconds, sizes = (np.asarray(column, float) for column in zip(*points, strict=True))
+        per_slot, fixed = np.polyfit(slots, seconds, 1)
+        longest = int(np.argmax(slots))
+        rate = sizes[longest] / slots[longest] / per_slot if per_slot > 0 else float("nan")
+        fits.append((batch, float(fixed), float(per_slot), float(rate), float(fixed / seconds[longest])))
+    return fits
+
+
 def score_latency(score, state, batch, max_len, segments, n_token):
     """p50/p90/p99 ms of `score` calls of [batch, max_len] tokens with the state carried (one warm-up)."""
     import numpy as np
@@ -447,7 +473,8 @@ def main(argv):
             if gpt2 is not None:
                 timers["GPT-2"] = (stop_timer(gpt2, prompt, model.n_token), False)
             speeds, calls = decode_speeds(timers, batch, FLAGS.tokens, FLAGS.repeats, FLAGS.most_tokens)
-            ring_rows.append((batch, context, context + calls["Python"][0]))  # the long call's last position
+            # The long call's last position, and the Python loop's rounds (against the bound below)
+            ring_rows.append((batch, context, context + calls["Python"][0], speeds["Python"]))
 
             loop = {name: f"decode loop {cell(speeds[name])} tokens/s (a call of 1 / {calls[name][0]} new tokens: "
                           f"{calls[name][1]:.3f} / {calls[name][2]:.3f} s)" for name in speeds}
@@ -521,13 +548,25 @@ def main(argv):
           f"keys) of every layer once; this machine read {bandwidth:.1f} GB/s in this run (XLA kernels over 400 MB). "
           "The ring of the decode loop's longer call: min(mem_len, context + its new tokens) + 1 slots (generation's "
           "memory starts empty). A ring that fits in the CPU's last-level cache is read faster than this.\n")
-    print("| batch | context | ring slots | MB read per step | bound tokens/s |")
-    print("|---:|---:|---:|---:|---:|")
-    for batch, context, positions in ring_rows:
+    print("| batch | context | ring slots | MB read per step | bound tokens/s | Python loop tokens/s | of the bound |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for batch, context, positions, rates in ring_rows:
         size = ring_bytes(model, protocol, batch, positions)
         if size is not None:
-            print(f"| {batch} | {context} | {ring_slots(protocol, positions):,} | {size / 1e6:,.3f} | "
-                  f"{batch * bandwidth * 1e9 / size:,.0f} |")
+            bound = batch * bandwidth * 1e9 / size
+            print(f"| {batch} | {context} | {ring_slots(protocol, positions):,} | {size / 1e6:,.3f} | {bound:,.0f} | "
+                  f"{cell(rates)} | {spread(rates)[0] / bound:.0%} |")
+    fits = ring_fits(model, protocol, ring_rows)
+    if fits:
+        print("\nThe Python loop's step against its ring (least squares over the contexts' medians: a step's seconds "
+              "= fixed + per slot x ring slots): the per-slot cost is the reads' rate, the fixed cost what a step "
+              "spends apart from the ring (the layers' products, the small ops, the sampler):\n")
+        print("| batch | fixed ms a step | us a ring slot | reads at GB/s | of the measured bandwidth | "
+              "fixed share of the longest ring's step |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for batch, fixed, per_slot, rate, share in fits:
+            print(f"| {batch} | {fixed * 1e3:.2f} | {per_slot * 1e6:.3f} | {rate / 1e9:.1f} | "
+                  f"{rate / 1e9 / bandwidth:.0%} | {share:.0%} |")
     print(f"\nScoring a segment of {max_len} tokens with the state carried:\n")
     print("| path | batch | p50 ms | p90 ms | p99 ms | tokens/s at p50 |")
     print("|---|---:|---:|---:|---:|---:|")

@@ -77,11 +77,50 @@ def test_tiny_benchmark_prints_latencies():
         speed, low, high = numbers(cells[6])
         assert 0 < p50 <= p90 <= p99 and 0 < low <= speed <= high
     assert "SavedModel / Python tokens/s" in stdout and "p50 at context 24 / at 5" in stdout
-    table = stdout.split("| batch | context | ring slots | MB read per step | bound tokens/s |")[1].split("\n\n")[0]
-    bounds = [[float(c.replace(",", "")) for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    bounds = table(stdout, "| batch | context | ring slots | MB read per step | bound tokens/s | Python loop tokens/s "
+                           "| of the bound |")
+    loops = {(row[0], row[1]): row[5] for row in generation_cells(generation, "Python")}
+    for row in bounds:  # the loop's cell as in the generation table, its median's share of the bound
+        assert row[5] == loops[row[0], row[1]], (row, loops)
+        share = numbers(row[5])[0] / float(row[4].replace(",", "")) * 100
+        assert row[6].endswith("%") and abs(float(row[6][:-1]) - share) <= 0.5 + 1e-9, row
+    bounds = [[float(c.replace(",", "")) for c in row[:5]] for row in bounds]
     # The loop's longer call makes >= 500 tokens, past the memory of 24: a ring of 25 slots. Its 2 layers x 25
     # positions x 16 floats, keys and values of each row and the shared position keys: (2 x batch + 1) x 3,200
     # bytes a step.
     assert [tuple(row[:4]) for row in bounds] == [(1, 5, 25, 0.010), (1, 24, 25, 0.010), (3, 5, 25, 0.022),
-                                                  (3, 24, 25, 0.022)], table
+                                                  (3, 24, 25, 0.022)], bounds
     assert all(row[4] > 0 for row in bounds)
+
+
+def generation_cells(lines, path):
+    """(batch, context, ..., tokens/s) cells of the generation table's rows of `path`, from the batch on."""
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    return [row[1:] for row in cells if row[0] == path]
+
+
+def test_ring_fit_recovers_a_steps_fixed_cost_and_the_reads_rate():
+    """The line through the loop's seconds a step against its ring: rounds made from a known line (2 ms a step
+    plus 1 us a slot) give that line back, the slope's bytes a second, and the fixed share of the longest ring's
+    step; a batch timed at one ring size gets no line, and a cell lost in noise (nan) is left out."""
+    sys.path.insert(0, REPO)
+    from scripts import benchmark_inference as bench
+    from txl_tf.model.protocol import Protocol
+    from txl_tf.model.transformer_xl import TransformerXL
+
+    model = TransformerXL(n_token=11, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
+                          dropatt=0.0, mem_len=100)
+    protocol = Protocol(100)
+    batch = 4
+
+    def rounds(positions):  # tokens/s of a step of 2 ms + 1 us a slot, with a spread
+        seconds = 2e-3 + 1e-6 * bench.ring_slots(protocol, positions)
+        return [batch / seconds * factor for factor in (0.9, 1.0, 1.1)]
+
+    rows = [(batch, 10, 30, rounds(30)), (batch, 50, 70, rounds(70)), (batch, 90, 140, rounds(140)),
+            (batch, 95, 120, [float("nan")] * 3), (1, 10, 30, rounds(30))]
+    [(fit_batch, fixed, per_slot, rate, share)] = bench.ring_fits(model, protocol, rows)
+    assert fit_batch == batch and fixed == pytest.approx(2e-3, rel=1e-6) and per_slot == pytest.approx(1e-6, rel=1e-6)
+    slot_bytes = bench.ring_bytes(model, protocol, batch, 140) / bench.ring_slots(protocol, 140)
+    assert rate == pytest.approx(slot_bytes / 1e-6, rel=1e-6)
+    assert share == pytest.approx(2e-3 / (2e-3 + 1e-6 * 101), rel=1e-6)
