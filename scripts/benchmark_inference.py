@@ -38,8 +38,9 @@ For every path, batch and context (a random prompt of that many tokens, consumed
   Each of --repeats rounds times every path's pair of calls in turn, the paths taking turns so that a slow
   moment of a shared machine hits all (a pair whose longer call was not the slower is timed again, up to 3 times);
   a cell is the median of its rounds, printed with their min and max.
-  streaming (batch 1, the Python path): `Generator.stream` making max(--tokens, 4 x --stream_chunk) new tokens
-    greedily, --stream_chunk a piece (one compiled call each, the decoding state kept between calls): the ms per
+  streaming (batch 1, the Python path): `Generator.stream` making --stream_tokens new tokens greedily,
+    --stream_chunk a piece and then in pieces sized by time (the default: one token, then about
+    sampling.PIECE_SECONDS each), one compiled call a piece with the decoding state kept between calls: the ms per
     token after the first piece (what a reader of the stream waits per token) against the decode loop's.
 Then the bound the machine's memory reads put on decoding (the ring's bytes per step over the read bandwidth
 measured in the same run) beside the Python loop's tokens/s; at each batch timed at two or more contexts, the line
@@ -98,7 +99,9 @@ def define_flags(flag_values) -> None:
     flags.DEFINE_integer("most_tokens", 512, "Most new tokens of a Transformer-XL decode-loop call where the prompt "
                          "would outweigh --tokens' loop.", flag_values=fv)
     flags.DEFINE_integer("stream_chunk", 16, "New tokens per piece of the streamed generation timed at batch 1 "
-                         "(`Generator.stream`).", flag_values=fv)
+                         "(`Generator.stream`), beside its default pieces sized by time.", flag_values=fv)
+    flags.DEFINE_integer("stream_tokens", 256, "New tokens of each streamed generation (at least 2 x "
+                         "--stream_chunk: one piece after the first).", flag_values=fv)
     # A string, as every script's --peer (tests/test_cli.py): the one value taken here is checked in main.
     flags.DEFINE_string("peer", None, "gpt2: also time keras-hub's GPT2CausalLM of --arch's shape (random weights, "
                         "built offline; not with --model_dir) and print the ratios.", flag_values=fv)
@@ -230,9 +233,10 @@ def stop_timer(lm, prompt, n_token: int):
     return run
 
 
-def stream_timing(generator, prompt, tokens: int, chunk: int, repeats: int) -> tuple[list, list]:
+def stream_timing(generator, prompt, tokens: int, chunk: int | None, repeats: int) -> tuple[list, list]:
     """([ms per token after the first piece, per round], [ms to the first piece, per round]) of `generator.stream`
-    (greedy) making `tokens` new tokens after one prompt [P], `chunk` at a time; a first call compiles."""
+    (greedy) making `tokens` new tokens after one prompt [P], `chunk` at a time (None: pieces sized by time); a
+    first call compiles."""
     row = [int(x) for x in prompt]
     list(generator.stream(row, max_tokens=tokens, chunk=chunk, temperature=0.0))
     per_token, first = [], []
@@ -413,12 +417,16 @@ def main(argv):
     from txl_tf.configs import EvalConfig
     from txl_tf.lm import generation
     from txl_tf.lm.hub import TransformerXLCausalLM
+    from txl_tf.lm.sampling import PIECE_SECONDS
     from txl_tf.model.inference import Recurrent
 
     model, protocol, max_len, source = load_model()
     contexts, batches = [int(c) for c in FLAGS.contexts], [int(b) for b in FLAGS.batches]
     if FLAGS.tokens < 2:
         raise app.UsageError("--tokens must be at least 2 (the decode loop: N new tokens against 1)")
+    if FLAGS.stream_chunk < 1 or FLAGS.stream_tokens < 2 * FLAGS.stream_chunk:
+        raise app.UsageError(f"--stream_tokens={FLAGS.stream_tokens} must be at least 2 x --stream_chunk="
+                             f"{FLAGS.stream_chunk} (>= 1): the streamed ms a token are timed after the first piece")
     if FLAGS.peer not in (None, "gpt2"):
         raise app.UsageError(f"--peer={FLAGS.peer}: the peer this benchmark builds is gpt2 (keras-hub's GPT2CausalLM)")
     if FLAGS.peer and FLAGS.model_dir:
@@ -483,12 +491,13 @@ def main(argv):
                 print(f"{name:10s} batch {batch:3d} context {context:5d}: per token p50 {latency[0]:.2f} / p90 "
                       f"{latency[1]:.2f} / p99 {latency[2]:.2f} ms; {loop[name]}", flush=True)
             if batch == 1:
-                tokens = max(FLAGS.tokens, 4 * FLAGS.stream_chunk)
-                per_token, first = stream_timing(python_generator, prompt[0], tokens, FLAGS.stream_chunk,
-                                                 FLAGS.repeats)
-                stream_rows.append((context, tokens, per_token, first, speeds["Python"]))
-                print(f"{'stream':10s} batch   1 context {context:5d}: {spread(per_token)[0]:.3f} ms a token after "
-                      f"the first piece of {FLAGS.stream_chunk} ({spread(first)[0]:.1f} ms to it)", flush=True)
+                tokens = FLAGS.stream_tokens
+                for chunk in (FLAGS.stream_chunk, None):
+                    per_token, first = stream_timing(python_generator, prompt[0], tokens, chunk, FLAGS.repeats)
+                    pieces = "by time" if chunk is None else str(chunk)
+                    stream_rows.append((context, pieces, tokens, per_token, first, speeds["Python"]))
+                    print(f"{'stream':10s} batch   1 context {context:5d}: {spread(per_token)[0]:.3f} ms a token "
+                          f"after the first piece, pieces of {pieces} ({spread(first)[0]:.1f} ms to it)", flush=True)
             if gpt2 is not None:
                 peer_rows.append((batch, context, speeds["GPT-2"], speeds["Python"], speeds["SavedModel"]))
                 print(f"{'GPT-2':10s} batch {batch:3d} context {context:5d}: {loop['GPT-2']}", flush=True)
@@ -531,17 +540,18 @@ def main(argv):
             print(f"| {batch} | {context} | {cell(peer)} | {cell(python)} | {cell(saved)} | {ratios[0]} | "
                   f"{ratios[1]} |")
     if stream_rows:
-        print(f"\nStreaming at batch 1 (`Generator.stream`, greedy, {FLAGS.stream_chunk} new tokens a piece, one "
+        print(f"\nStreaming at batch 1 (`Generator.stream`, greedy, {FLAGS.stream_chunk} new tokens a piece, then "
+              f"pieces sized by time, the default: one token, then about {PIECE_SECONDS * 1000:.0f} ms each; one "
               "compiled call per piece, the state kept between calls): ms per token after the first piece and to the "
               f"first piece (the prompt and one piece), the median (min-max) of {FLAGS.repeats} rounds, against the "
               "decode loop's ms per token (1,000 / the Python path's median tokens/s above):\n")
-        print("| context | new tokens | streamed ms/token | first piece ms | loop ms/token | streamed / loop |")
-        print("|---:|---:|---:|---:|---:|---:|")
-        for context, tokens, per_token, first, loop in stream_rows:
+        print("| context | pieces | new tokens | streamed ms/token | first piece ms | loop ms/token | streamed / loop |")
+        print("|---:|---:|---:|---:|---:|---:|---:|")
+        for context, pieces, tokens, per_token, first, loop in stream_rows:
             median, low, high = spread(per_token)
             loop_ms = 1000 / spread(loop)[0]
             first_median, first_low, first_high = spread(first)
-            print(f"| {context} | {tokens} | {median:.3f} ({low:.3f}-{high:.3f}) | {first_median:.1f} "
+            print(f"| {context} | {pieces} | {tokens} | {median:.3f} ({low:.3f}-{high:.3f}) | {first_median:.1f} "
                   f"({first_low:.1f}-{first_high:.1f}) | {loop_ms:.3f} | {median / loop_ms:.2f}x |")
     bandwidth = read_bandwidth()
     print(f"\nDecoding bound by memory reads: a step reads at least the ring's keys and values (and the position "

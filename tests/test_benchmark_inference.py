@@ -40,7 +40,7 @@ def test_gpt2_peer_table():
     2026-11-29 beside another Bazel test); such a round is timed again (`RETRIES`)."""
     stdout = run_benchmark("--arch=1,16,2,8,32", "--n_token=11", "--mem_len=16", "--max_len=8", "--contexts=4",
                            "--batches=1", "--tokens=64", "--most_tokens=64", "--segments=1", "--repeats=2",
-                           "--peer=gpt2")
+                           "--stream_tokens=64", "--peer=gpt2")
     rows = table(stdout, "| batch | context | GPT-2 | Transformer-XL Python | Transformer-XL SavedModel | "
                          "ratio Python | ratio SavedModel |")
     assert [(row[0], row[1]) for row in rows] == [("1", "4")], stdout
@@ -51,15 +51,17 @@ def test_gpt2_peer_table():
             assert all(math.isfinite(x) and x > 0 for x in (median, low, high)) and low <= median <= high, row
     assert "GPT-2 (keras-hub GPT2CausalLM, greedy, XLA)" in stdout
     # Streaming at batch 1: ms per token after the first piece, to the first piece, the loop's, their ratio.
-    streamed = table(stdout, "| context | new tokens | streamed ms/token | first piece ms | loop ms/token | "
+    streamed = table(stdout, "| context | pieces | new tokens | streamed ms/token | first piece ms | loop ms/token | "
                              "streamed / loop |")
-    assert [row[:2] for row in streamed] == [["4", "64"]], stdout  # 4 pieces of --stream_chunk=16
-    median, low, high = numbers(streamed[0][2])
-    first, loop, ratio = (numbers(cell) for cell in streamed[0][3:])
-    # The loop's ms per token is printed to 0.001 ms: this tiny model's (~3 us, and less in a noisy round) may print
-    # as 0.000; the ratio is computed before rounding.
-    assert 0 < low <= median <= high and all(x > 0 for x in first + ratio) and loop[0] >= 0, streamed
-    assert all(math.isfinite(x) for x in first + loop + ratio), streamed
+    # 4 pieces of --stream_chunk=16, then the default's pieces sized by time
+    assert [row[:3] for row in streamed] == [["4", "16", "64"], ["4", "by time", "64"]], stdout
+    for row in streamed:
+        median, low, high = numbers(row[3])
+        first, loop, ratio = (numbers(cell) for cell in row[4:])
+        # The loop's ms per token is printed to 0.001 ms: this tiny model's (~3 us, and less in a noisy round) may
+        # print as 0.000; the ratio is computed before rounding.
+        assert 0 < low <= median <= high and all(x > 0 for x in first + ratio) and loop[0] >= 0, streamed
+        assert all(math.isfinite(x) for x in first + loop + ratio), streamed
 
 
 # slow: ~150 s (500 tokens a cell, the generator compiled for three widths per cell); CI runs it in its slow phase

@@ -203,6 +203,13 @@ def test_cli_model_dir_and_saved_model_print_the_same_text(tmp_path):
     streamed = run("txl_tf.generate", f"--model_dir={model_dir}", *one, "--stream=2")
     assert texts(streamed) == texts(run("txl_tf.generate", f"--model_dir={model_dir}", *one)), streamed
     assert streamed.splitlines()[0].endswith("2 tokens at a time"), streamed
+    timed = run("txl_tf.generate", f"--model_dir={model_dir}", *one, "--stream=auto")  # pieces sized by time
+    assert texts(timed) == texts(streamed) and timed.splitlines()[0].endswith("pieces of about 25 ms"), timed
+    bad = subprocess.run([sys.executable, "-m", "txl_tf.generate", f"--model_dir={model_dir}", *one, "--stream=fast"],
+                         cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == (
+        "error: --stream=fast must be auto (pieces sized by time), 1 to 4096 new tokens per printed piece, or 0 "
+        "(off)"), bad.stderr
     refused = subprocess.run([sys.executable, "-m", "txl_tf.generate", f"--model_dir={model_dir}", *sampling,
                               "--stream=2"], cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True,
                              timeout=300)
@@ -228,6 +235,10 @@ def test_a_stream_gives_the_tokens_of_one_call_chunk_by_chunk(model, attn_type):
             pieces = list(generator.stream(prompt, max_tokens=13, chunk=chunk, **settings))
             assert [len(piece) for piece in pieces] == [min(chunk, 13 - i) for i in range(0, 13, chunk)]
             np.testing.assert_array_equal(np.concatenate(pieces), whole)
+        # The default: pieces sized by time (one token first, then growing), the same tokens.
+        pieces = list(generator.stream(prompt, max_tokens=13, **settings))
+        assert len(pieces[0]) == 1 and sum(len(piece) for piece in pieces) == 13, pieces
+        np.testing.assert_array_equal(np.concatenate(pieces), whole)
     assert generator._advance.experimental_get_tracing_count() == 1
     assert generator._start.experimental_get_tracing_count() == 1
     # Two streams read in turn, with a generate call between their chunks: each keeps its settings and random state.
@@ -243,6 +254,19 @@ def test_a_stream_gives_the_tokens_of_one_call_chunk_by_chunk(model, attn_type):
         generation.generate_from_model(model, [prompt], max_tokens=3, segment_len=3, temperature=2.0, seed=99)
     for tokens, expected in zip(made, alone, strict=True):
         np.testing.assert_array_equal(np.concatenate(tokens), expected)
+
+
+def test_a_time_sized_streams_pieces_take_about_piece_seconds_growing_at_most_8_times():
+    """`next_piece`: the tokens that take PIECE_SECONDS at the last piece's rate, at least 1, at most 8 times the
+    last piece and MOST_PIECE; a slow piece makes the next one short again."""
+    from txl_tf.lm.sampling import MOST_PIECE, PIECE_SECONDS, next_piece
+
+    assert next_piece(1, 0.001) == 8  # the rate says 25 tokens: at most 8 times the last piece
+    assert next_piece(8, 0.002) == 64
+    assert next_piece(64, 0.008) == round(8000 * PIECE_SECONDS)  # 200 tokens at 8,000 a second
+    assert next_piece(200, 0.5) == 10  # a slow piece (400 a second): 10 next
+    assert next_piece(1, 1.0) == 1  # slower than PIECE_SECONDS a token: one at a time
+    assert next_piece(4000, 0.0) == MOST_PIECE  # no time measured: the most, not a division by zero
 
 
 def test_generating_again_traces_nothing_again(model):

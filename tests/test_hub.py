@@ -256,7 +256,10 @@ def test_stream_generate_yields_generates_text_piece_by_piece():
         pieces = list(lm.stream_generate("hello wo", max_length=40, chunk=7, **settings))
         assert pieces[0] == "hello wo" and len(pieces) == 1 + 5 and all(len(p) == 7 for p in pieces[1:-1])
         assert "".join(pieces) == lm.generate("hello wo", max_length=40, **settings)
-    with pytest.raises(ConfigError, match=r"^stream_generate's chunk=0 must be a whole number from 1 to 4096"):
+    timed = list(lm.stream_generate("hello wo", max_length=40, temperature=0.0, seed=1))  # pieces sized by time
+    assert timed[0] == "hello wo" and "".join(timed) == lm.generate("hello wo", max_length=40, temperature=0.0)
+    with pytest.raises(ConfigError, match=r"^stream_generate's chunk=0 must be None \(pieces sized by time\) or a "
+                                          r"whole number from 1 to 4096"):
         lm.stream_generate("hello", max_length=20, chunk=0)
     with pytest.raises(ConfigError, match=r"^stream_generate takes one prompt, a str; got list"):
         lm.stream_generate(["hello"], max_length=20)

@@ -10,8 +10,9 @@ prompts consumed in segments of EvalConfig.tgt_len, then keras-hub's sampler loo
 over the keys/values of the last EvalConfig.mem_len positions (nothing of the context is projected again):
 --temperature=0 is keras-hub's greedy sampler, anything else its top-p sampler among the --top_k likeliest
 tokens. The same --seed, settings and prompts give the same text, from the model_dir and from its SavedModel.
-Prints each continuation and tokens/s; `--stream=N` prints one prompt's continuation N tokens at a time as it is
-made (the same text: `Generator.stream` keeps the decoding state between its calls).
+Prints each continuation and tokens/s; `--stream=auto` prints one prompt's continuation as it is made, in pieces of
+about 25 ms (the first of one token), `--stream=N` N tokens at a time (the same text: `Generator.stream` keeps the
+decoding state between its calls).
 
 Settings are checked against the vocabulary before the model is loaded: --temperature >= 0 (0 is greedy
 decoding, not an error: the most likely token each time), 0 <= --top_k <= vocabulary size, 0 < --top_p <= 1,
@@ -48,8 +49,10 @@ def define_flags(flag_values) -> None:
     flags.DEFINE_float("top_p", 1.0, "Nucleus sampling: sample among the likeliest tokens that make up this share "
                        "of the probability, in (0, 1] (1 = all).", flag_values=flag_values)
     flags.DEFINE_integer("seed", 0, "Stateless sampling seed.", flag_values=flag_values)
-    flags.DEFINE_integer("stream", 0, "Print the text as it is made, this many new tokens at a time (0: all at the "
-                         "end; --model_dir and one --prompt). The same text as without it.", flag_values=flag_values)
+    flags.DEFINE_string("stream", None, "Print the text as it is made: 'auto' (pieces sized by time, the first of "
+                        "one token, then about 25 ms each) or N new tokens at a time, 1 to 4096 (unset or 0: all at "
+                        "the end; --model_dir and one --prompt). The same text as without it.",
+                        flag_values=flag_values)
 
 
 def _check_flags(vocab) -> list:
@@ -112,7 +115,7 @@ def _sampling() -> dict:
                 seed=FLAGS.seed)
 
 
-def _from_model_dir():
+def _from_model_dir(stream=None):
     from txl_tf.data.pipeline import load_vocab
     from txl_tf.lm import generation
 
@@ -124,30 +127,49 @@ def _from_model_dir():
     model, configs, prefix = loading.load_model(FLAGS.model_dir, FLAGS.checkpoint, which=FLAGS.which,
                                                 configs=configs)
     # The SavedModel's protocol: EvalConfig's lengths (export fixes the same ones).
-    if FLAGS.stream:
+    if stream:
         generator = generation.generator(model, configs.eval.attention_protocol(), configs.eval.tgt_len)
-        return prefix, vocab, _stream(generator, vocab, ids[0], prefix)
+        return prefix, vocab, _stream(generator, vocab, ids[0], prefix, stream)
     result = generation.generate_from_model(model, ids, protocol=configs.eval.attention_protocol(),
                                             segment_len=configs.eval.tgt_len, **_sampling())
     return prefix, vocab, result
 
 
-def _stream(generator, vocab, ids, source: str):
-    """Prints the prompt, then its continuation `--stream` tokens at a time as they are made
-    (`Generator.stream`); returns the GenerationResult of the whole call."""
+def _stream_chunk(value: str | None) -> int | str | None:
+    """--stream's value: None (off), "auto" or new tokens a piece (1 to 4,096); anything else is one error line."""
+    if value is None or value.strip() in ("", "0"):
+        return None
+    if value.strip() == "auto":
+        return "auto"
+    try:
+        chunk = int(value)
+    except ValueError:
+        chunk = 0
+    if not 1 <= chunk <= 4096:
+        raise ConfigError(f"--stream={value[:40]} must be auto (pieces sized by time), 1 to 4096 new tokens per "
+                          "printed piece, or 0 (off)")
+    return chunk
+
+
+def _stream(generator, vocab, ids, source: str, chunk):
+    """Prints the prompt, then its continuation a piece at a time as it is made (`Generator.stream`; `chunk`:
+    --stream's tokens a piece or "auto"); returns the GenerationResult of the whole call."""
     import sys
     import time
 
     import numpy as np
 
     from txl_tf.lm import generation
+    from txl_tf.lm.sampling import PIECE_SECONDS
 
-    print(f"# {source}: seed {FLAGS.seed}, temperature {FLAGS.temperature}, top_k "
-          f"{FLAGS.top_k}, top_p {FLAGS.top_p}, {FLAGS.stream} tokens at a time")
+    pieces = f"pieces of about {PIECE_SECONDS * 1000:.0f} ms" if chunk == "auto" else f"{chunk} tokens at a time"
+    print(f"# {source}: seed {FLAGS.seed}, temperature {FLAGS.temperature}, top_k {FLAGS.top_k}, top_p "
+          f"{FLAGS.top_p}, {pieces}")
     start, made, settings = time.perf_counter(), [], _sampling()
 
     def chunks():  # the stream's chunks, kept for the count of tokens
-        for tokens in generator.stream(ids, max_tokens=settings.pop("max_tokens"), chunk=FLAGS.stream, **settings):
+        for tokens in generator.stream(ids, max_tokens=settings.pop("max_tokens"),
+                                       chunk=None if chunk == "auto" else chunk, **settings):
             made.append(tokens)
             yield tokens
 
@@ -193,14 +215,13 @@ def main(argv):
     cli.no_arguments(argv, "quote the --prompt (see --helpshort)")
     if bool(FLAGS.saved_model) == bool(FLAGS.model_dir or FLAGS.checkpoint):
         raise ConfigError("give exactly one of --model_dir (or --checkpoint with --gin_file) and --saved_model")
-    if not 0 <= FLAGS.stream <= 4096:
-        raise ConfigError(f"--stream={FLAGS.stream} must be 0 (off) to 4096 new tokens per printed piece")
-    if FLAGS.stream and (FLAGS.saved_model or len(FLAGS.prompt) != 1):
+    stream = _stream_chunk(FLAGS.stream)
+    if stream and (FLAGS.saved_model or len(FLAGS.prompt) != 1):
         raise ConfigError(f"--stream prints one --prompt from --model_dir as it is made, not "
                           f"{'a --saved_model' if FLAGS.saved_model else f'{len(FLAGS.prompt)} prompts'}; give one "
                           "--prompt and --model_dir, or drop --stream")
-    source, vocab, result = _from_saved_model() if FLAGS.saved_model else _from_model_dir()
-    if not FLAGS.stream:
+    source, vocab, result = _from_saved_model() if FLAGS.saved_model else _from_model_dir(stream)
+    if not stream:
         print(f"# {source}: seed {FLAGS.seed}, temperature {FLAGS.temperature}, top_k {FLAGS.top_k}, "
               f"top_p {FLAGS.top_p}")
         for prompt, row in zip(FLAGS.prompt, result.tokens, strict=True):

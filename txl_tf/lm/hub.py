@@ -1389,26 +1389,28 @@ class TransformerXLCausalLM(keras_hub.models.CausalLM):
         return outputs[0] if single else outputs
 
     def stream_generate(self, prompt, max_length=None, *, temperature=1.0, top_k=0, top_p=1.0, seed=None,
-                        chunk=16):
+                        chunk=None):
         """Yields the text `generate(prompt, max_length, temperature=..., top_k=..., top_p=..., seed=...)` returns,
-        piece by piece as it is made: first the prompt, then `chunk` new tokens at a time (the last piece may be
-        shorter). Joined, the pieces are `generate`'s text for the same settings and seed.
+        piece by piece as it is made: first the prompt, then the new tokens a piece at a time. Joined, the pieces
+        are `generate`'s text for the same settings and seed.
 
         Each piece is one call of a compiled loop that keeps the decoding state between calls
         (`txl_tf.lm.sampling.Generator.stream`): the prompt is read once, and a piece costs its tokens' steps and
         one call, where a call per token would pay the call's fixed cost for every token. `python -m
-        txl_tf.generate --stream` prints this way. `chunk`: new tokens per piece, 1 to 4,096."""
-        if isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or not 1 <= chunk <= 4096:
-            raise ConfigError(f"stream_generate's chunk={str(chunk)[:40]} must be a whole number from 1 to 4096 "
-                              "(new tokens per piece)")
+        txl_tf.generate --stream` prints this way. `chunk`: new tokens per piece, 1 to 4,096 (the last piece may
+        be shorter); None (the default): pieces sized by time, the first of one token, then about 25 ms each."""
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral)
+                                  or not 1 <= chunk <= 4096):
+            raise ConfigError(f"stream_generate's chunk={str(chunk)[:40]} must be None (pieces sized by time) or a "
+                              "whole number from 1 to 4096 (new tokens per piece)")
         if not isinstance(prompt, str):
             raise ConfigError(f"stream_generate takes one prompt, a str; got {type(prompt).__name__} (generate "
                               "takes lists)")
         seed = random.SystemRandom().randrange(2**31) if seed is None else seed
         _, texts, ids, lengths, max_length, new = self._sampling_request(
             "stream_generate", prompt, max_length, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        tokens = self._sampling_generator().stream(ids[0], max_tokens=new, chunk=int(chunk), temperature=temperature,
-                                                   top_k=top_k, top_p=top_p, seed=int(seed))
+        tokens = self._sampling_generator().stream(ids[0], max_tokens=new, chunk=None if chunk is None else int(chunk),
+                                                   temperature=temperature, top_k=top_k, top_p=top_p, seed=int(seed))
         return text_pieces(self.vocab, prompt, tokens)  # checked now, made as the caller reads
 
     # ---- presets -------------------------------------------------------------------------------------------

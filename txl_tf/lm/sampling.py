@@ -105,6 +105,18 @@ class Sampling(keras_hub.samplers.TopPSampler):
                        lambda: everything(probabilities))
 
 
+PIECE_SECONDS = 0.025  # a time-sized stream's pieces: about this long each (40 a second)
+MOST_PIECE = 4096  # and at most this many tokens
+
+
+def next_piece(tokens: int, seconds: float) -> int:
+    """A time-sized stream's next piece after one of `tokens` tokens that took `seconds`: the tokens that take about
+    PIECE_SECONDS at that rate, at least 1, at most 8 times the last piece (one fast piece does not make the next
+    one long) and MOST_PIECE."""
+    rate = tokens / max(seconds, 1e-6)
+    return int(min(max(1, round(rate * PIECE_SECONDS)), 8 * tokens, MOST_PIECE))
+
+
 class Generator(tf.Module):
     """The generation function of a keras-hub `TransformerXLCausalLM` (`lm`: its `generate_step`, its weights):
     prompts consumed in segments of the backbone's `segment_len` under its generation protocol.
@@ -142,18 +154,20 @@ class Generator(tf.Module):
         with without_runtime_asserts() if self._jit else contextlib.nullcontext():
             return tf.cond(sample, lambda: run(self.sampling), lambda: run(self.greedy))
 
-    def stream(self, prompt: Sequence[int], *, max_tokens: int, chunk: int = 16, temperature: float = 1.0,
+    def stream(self, prompt: Sequence[int], *, max_tokens: int, chunk: int | None = None, temperature: float = 1.0,
                top_k: int = 0, top_p: float = 1.0, seed: int = 0):
-        """Yields `max_tokens` new token ids after one prompt (a list of ids), `chunk` at a time (int32 arrays):
-        the tokens `generate` gives for the same settings and seed, as they are made.
+        """Yields `max_tokens` new token ids after one prompt (a list of ids), a piece at a time (int32 arrays):
+        the tokens `generate` gives for the same settings and seed, as they are made, whatever the pieces.
 
-        The prompt is read once; each chunk is one call of a compiled loop that carries the decoding state (the
-        ring of keys and values, or the model's cache) to the next call, so a chunk costs its tokens' steps and
-        one call, and the text can be shown while the rest is made. The settings are the caller's to check
-        (`check_settings`)."""
-        if max_tokens < 1 or chunk < 1 or not prompt:
-            raise ValueError(f"stream needs a prompt, max_tokens >= 1 and chunk >= 1; got {len(prompt)} prompt "
-                             f"tokens, max_tokens={max_tokens}, chunk={chunk}")
+        The prompt is read once; each piece is one call of a compiled loop that carries the decoding state (the
+        ring of keys and values, or the model's cache) to the next call, so a piece costs its tokens' steps and
+        one call, and the text can be shown while the rest is made. `chunk`: new tokens a piece; None (the
+        default) sizes the pieces by time: the first is one token, each next one the tokens that take about
+        PIECE_SECONDS at the rate of the piece before (`next_piece`), so the call's fixed cost is a small share
+        of a piece whatever the model and the context. The settings are the caller's to check (`check_settings`)."""
+        if max_tokens < 1 or (chunk is not None and chunk < 1) or not prompt:
+            raise ValueError(f"stream needs a prompt, max_tokens >= 1 and chunk None or >= 1; got {len(prompt)} "
+                             f"prompt tokens, max_tokens={max_tokens}, chunk={chunk}")
         token_ids, mask = padded([list(prompt)], len(prompt) + max_tokens)
         token_ids, mask = tf.constant(token_ids), tf.constant(mask, tf.bool)
         settings = (temperature if temperature > 0 else 1.0, top_k, top_p)
@@ -171,8 +185,10 @@ class Generator(tf.Module):
         # keeps its own and puts them back before each chunk, so that another stream read in between, or a
         # `generate` call, changes none of its tokens. A greedy one reads neither (keras-hub's GreedySampler).
         state = None  # the random state after the last chunk (None: the seed's)
+        piece = chunk or 1
         while index < width:
-            stop = min(index + chunk, width)
+            stop = min(index + piece, width)
+            start = time.perf_counter()
             with self._lock if temperature > 0 else contextlib.nullcontext():
                 if temperature > 0:
                     self.sampling.set(*settings, seed)
@@ -182,7 +198,10 @@ class Generator(tf.Module):
                                            tf.constant(index, tf.int32), tf.constant(stop, tf.int32), sample)
                 if temperature > 0:
                     state = tf.identity(self.sampling.seed_generator.state)
-            yield token_ids.numpy()[0, index:stop]  # one copy to the host, no slicing op
+            made = token_ids.numpy()[0, index:stop]  # one copy to the host, no slicing op
+            if chunk is None:  # the call's time, not the reader's between pieces
+                piece = next_piece(stop - index, time.perf_counter() - start)
+            yield made
             index = stop
 
     def _stream_start(self, token_ids, padding_mask):
