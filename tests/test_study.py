@@ -90,6 +90,9 @@ def test_ablation_quick_end_to_end_and_resume(tmp_path, data_root):
     assert text == report.render(runs.read_results(os.path.join(out, "results.json")))
     assert "the window chosen on validation" in text and "(plan v2: at its own window 32)" in text
     assert text.count("sanity check ") >= len(quick.seeds)
+    verdicts = {row[0]: row[3] for row in report._ablation_claims(section)}  # beside the vanilla plan v2 row too
+    for _, claim, other in report.CLAIMS:
+        assert verdicts[claim] == tables.seeds_verdict(section["comparisons"][f"xl_vs_{other}_seeds"]), claim
 
     # Re-running trains nothing and re-scores nothing; a run whose record and archive are gone resumes at its last
     # checkpoint.
@@ -239,6 +242,22 @@ def test_published_report_is_what_the_generator_renders():
     without = {**document, "studies": {k: v for k, v in document["studies"].items() if k != "context"}}
     assert (report.SUPERSEDED in expected) == ("context" in document["studies"])
     assert report.SUPERSEDED not in report.render(without)
+
+
+def test_an_ablation_claim_over_seeds_keeps_its_own_verdict_beside_the_vanilla_plans_rows():
+    """The vanilla claim's rows under plans v2 and v1 sit among the claims: the claim after them (the half loss,
+    over its three seeds) keeps the verdict its seeds give, and only the rows after the claims (seed 1 alone, or
+    study v3's one seed) are marked as read from fewer seeds than the plan's, once each."""
+    document = runs.read_results(str(pathlib.Path(REPO_ROOT) / "docs" / report.PUBLISHED_NAME / "results.json"))
+    section = document["studies"]["ablation"]
+    rows = {row[0]: row[3] for row in report._ablation_claims(section)}
+    comparisons = section["comparisons"]
+    over_seeds = [(text, other) for _, text, other in report.CLAIMS if f"xl_vs_{other}_seeds" in comparisons]
+    assert [other for _, other in over_seeds] == ["no_recurrence", "shaw", "vaswani", "al_rfou", "half_loss"]
+    for text, other in over_seeds:
+        assert rows[text] == tables.seeds_verdict(comparisons[f"xl_vs_{other}_seeds"]), (text, rows[text])
+    for verdict in rows.values():
+        assert verdict.count("the plan needs") <= 1, verdict
 
 
 def test_candidate_tokens_are_the_first_train_share_numbered_densely():
