@@ -260,6 +260,18 @@ def test_an_ablation_claim_over_seeds_keeps_its_own_verdict_beside_the_vanilla_p
         assert verdict.count("the plan needs") <= 1, verdict
 
 
+def test_a_sections_machine_line_names_the_commits_its_archived_runs_were_trained_from():
+    """The ablation's runs were trained on other days and machines than the study that read them from
+    studies/archive: its machine line names their commits; PTB's two runs trained where it ran: no such words."""
+    document = runs.read_results(str(pathlib.Path(REPO_ROOT) / "docs" / report.PUBLISHED_NAME / "results.json"))
+    ablation_section, ptb = document["studies"]["ablation"], document["studies"]["ptb"]
+    line = report._machine(ablation_section)
+    trained = sorted({r["commit"] for r in ablation_section["runs"].values()})
+    assert len(trained) > 1 and f"from the scores of its {len(ablation_section['runs'])} runs" in line, line
+    assert f"commits {', '.join(f'`{c}`' for c in trained)} and read from studies/archive" in line, line
+    assert report._machine(ptb).startswith("Measured on ") and "studies/archive" not in report._machine(ptb)
+
+
 def test_candidate_tokens_are_the_first_train_share_numbered_densely():
     from txl_tf.study import corpus_choice
 

@@ -39,9 +39,18 @@ def _bits(value: float) -> str:
 
 
 def _machine(section: dict) -> str:
+    """Where the study ran, and, where its runs were trained elsewhere (read from studies/archive), the commits
+    they were trained from: the machine line of a section names only what ran there."""
     m = section["machine"]
-    return (f"Measured on {m['cpu']} ({m['isa']}, {m['cores']} cores) on {m['date']}, commit `{m['commit']}`, "
+    line = (f"Measured on {m['cpu']} ({m['isa']}, {m['cores']} cores) on {m['date']}, commit `{m['commit']}`, "
             f"TensorFlow {m['tensorflow']}, Python {m['python']}.")
+    runs = section.get("runs", {})
+    trained = sorted({str(r["commit"]) for r in runs.values() if isinstance(r, dict) and r.get("commit")})
+    if not trained or trained == [str(m["commit"])]:
+        return line
+    return (line[:-1] + f": the study's tables, from the scores of its {len(runs)} runs, trained and scored from "
+            f"commits {', '.join(f'`{c}`' for c in trained)} and read from studies/archive where they ran "
+            "elsewhere (the commit that added each archive names its machine and date).")
 
 
 def _run_bpc(section: dict, variant: str, length: int) -> tuple[float, float | None]:
@@ -447,7 +456,8 @@ def summary(document: dict) -> str:
         lines += markdown_table(["claim", *(c.title for c in corpora)],
                                 [(claim, *(cells[claim].get(c.key, "(not measured)") for c in corpora))
                                  for claim in sorted(cells, key=place.get)])
-    lines += ["", f"Measured on {'; '.join(machines)}; figures and conditions in "
+    lines += ["", f"Studies run on {'; '.join(machines)}, from runs trained there or read from studies/archive (the "
+              "commit that added each archive names its machine and date); figures and conditions in "
               "[docs/reproduction.md](docs/reproduction.md).", "", SUMMARY_END]
     return "\n".join(lines)
 
