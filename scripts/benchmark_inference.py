@@ -36,8 +36,9 @@ For every path, batch and context (a random prompt of that many tokens, consumed
     the longest context + --tokens), timed as above: its forward pass over the prompt runs over the whole padded
     width and every step attends over that width.
   Each of --repeats rounds times every path's pair of calls in turn, the paths taking turns so that a slow
-  moment of a shared machine hits all (a pair whose longer call was not the slower is timed again, up to 3 times);
-  a cell is the median of its rounds, printed with their min and max.
+  moment of a shared machine hits all; a short pair is timed again within its round until its calls take ~0.5 s
+  (at most 9 pairs; the round's difference is that of the medians), and a round whose longer call was not the
+  slower is timed again, up to 3 times; a cell is the median of its rounds, printed with their min and max.
   streaming (batch 1, the Python path): `Generator.stream` making --stream_tokens new tokens greedily,
     --stream_chunk a piece and then in pieces sized by time (the default: one token, then about
     sampling.PIECE_SECONDS each), one compiled call a piece with the decoding state kept between calls: the ms per
@@ -45,7 +46,10 @@ For every path, batch and context (a random prompt of that many tokens, consumed
 Then the bound the machine's memory reads put on decoding (the ring's bytes per step over the read bandwidth
 measured in the same run) beside the Python loop's tokens/s; at each batch timed at two or more contexts, the line
 through the loop's seconds a step against its ring slots: its slope the ring's reads' rate (against the bandwidth
-measured), its intercept what a step costs apart from the ring, which a share of the bound cannot go past. Then
+measured), its intercept what a step costs whatever the ring's size, which a share of the bound cannot go past;
+beside it the same line through the ring's two batched products alone, timed at the same ring sizes (XLA's CPU
+dot runs them one matrix-vector product a row and head, 2 x layers x batch x heads a step, each with its own
+cost: at batch 32 most of the step's intercept, 2026-12-02). Then
 per-segment scoring latency: --segments calls of `score` with max_len tokens and the state carried.
 Timings are wall times of this process on this machine; only figures from one run compare.
 
@@ -264,6 +268,8 @@ def gpt2_model(n_token: int, sequence_length: int):
 
 
 RETRIES = 3  # times a decode-loop round lost in noise is timed again (`decode_speeds`)
+ROUND_SECONDS = 0.5  # a round times a path's pair of calls again until its calls take about this long
+MOST_PAIRS = 9  # and at most this many times
 
 
 def decode_speeds(timers: dict, rows: int, tokens: int, repeats: int, most: int) -> tuple[dict, dict]:
@@ -272,14 +278,18 @@ def decode_speeds(timers: dict, rows: int, tokens: int, repeats: int, most: int)
     seconds, whether N may grow). N is `tokens`, or where it may grow (where the ring is the memory's whatever N
     is) and a call's prompt takes more than half its loop (estimated from one pair after the compiling pair),
     enough tokens for the loop to take twice the prompt's time, at most `most`: the difference of two calls is then
-    mostly loop, not the prompt's variation between calls. The paths take turns in every round so that a slow moment of a shared machine hits all of them,
-    the order of a pair alternating; a round whose difference is not positive (the two calls' noise larger than
-    their N - 1 steps: a tiny model on a busy machine) is timed again, up to `RETRIES` times, then counts as nan."""
+    mostly loop, not the prompt's variation between calls. The paths take turns in every round so that a slow
+    moment of a shared machine hits all of them, the order of a pair alternating. Where a pair is short (batch 1 at
+    context 100: ~60 ms, its 63 steps ~20 ms of it), a round times it again, up to `MOST_PAIRS` times, until its
+    calls take `ROUND_SECONDS`, and its difference is that of the medians of its short and of its long calls: one
+    slow call no longer makes the round (2026-12-02: a cell of single pairs spread 1,292-4,593 tokens/s). A round
+    whose difference is not positive (the calls' noise larger than their N - 1 steps: a tiny model on a busy
+    machine) is timed again, up to `RETRIES` times, then counts as nan."""
     import math
 
     import numpy as np
 
-    lengths = {}
+    lengths, pairs = {}, {}
     for name, (run, grows) in timers.items():
         run(1, tokens), run(tokens, tokens)  # tracing and compiling
         short, long = run(1, tokens), run(tokens, tokens)
@@ -290,17 +300,24 @@ def decode_speeds(timers: dict, rows: int, tokens: int, repeats: int, most: int)
             new = max(tokens, min(most, wanted))
             if new > tokens:
                 run(1, new), run(new, new)  # compiling the longer calls
+                short, long = run(1, new), run(new, new)
         lengths[name] = new
+        pairs[name] = max(1, min(MOST_PAIRS, math.ceil(ROUND_SECONDS / max(short + long, 1e-9))))
     rates = {name: [] for name in timers}
     calls = {name: [] for name in timers}
     for round_ in range(repeats):
         for name, (run, _) in timers.items():
             new = lengths[name]
             for _ in range(1 + RETRIES):
-                if round_ % 2:  # the order alternates: what one call leaves behind (caches, allocations) for the next
-                    short, long = run(1, new), run(new, new)
-                else:
-                    long, short = run(new, new), run(1, new)
+                shorts, longs = [], []
+                for k in range(pairs[name]):
+                    if (round_ + k) % 2:  # the order alternates: what one call leaves behind for the next
+                        shorts.append(run(1, new))
+                        longs.append(run(new, new))
+                    else:
+                        longs.append(run(new, new))
+                        shorts.append(run(1, new))
+                short, long = float(np.median(shorts)), float(np.median(longs))
                 if long > short:
                     break
             calls[name].append((short, long))
@@ -389,6 +406,51 @@ def ring_fits(model, protocol, ring_rows) -> list:
         rate = sizes[longest] / slots[longest] / per_slot if per_slot > 0 else float("nan")
         fits.append((batch, float(fixed), float(per_slot), float(rate), float(fixed / seconds[longest])))
     return fits
+
+
+def ring_products(model, batch: int, slots: int, steps: int = 32, repeats: int = 5) -> float:
+    """Median seconds a step of the ring's two products alone, as the block loop's step runs them
+    (`decode_block`): every layer's scores of one query a row and head against the ring's keys [B, N, D, S], a
+    softmax, and the values [B, N, D, S] weighted by it; in an XLA loop of `steps` steps (random numbers in the
+    compute dtype, each layer's own ring, one warm-up)."""
+    import numpy as np
+    import tensorflow as tf
+
+    dtype = model.compute_dtype
+    shape = [batch, model.n_head, model.d_head, slots]
+    rings = [(tf.random.normal(shape, dtype=dtype), tf.random.normal(shape, dtype=dtype))
+             for _ in range(model.n_layer)]
+
+    def body(i, q):
+        for keys, values in rings:
+            probs = tf.cast(tf.nn.softmax(tf.cast(tf.matmul(q, keys), tf.float32), axis=-1), dtype)
+            q = tf.matmul(probs, values, transpose_b=True) * tf.cast(0.01, dtype)  # [B, N, 1, D]
+        return i + 1, q
+
+    loop = tf.function(lambda q: tf.while_loop(lambda i, q: i < steps, body, (0, q))[1], jit_compile=True)
+    query = tf.random.normal([batch, model.n_head, 1, model.d_head], dtype=dtype)
+    loop(query).numpy()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        loop(query).numpy()
+        times.append((time.perf_counter() - start) / steps)
+    return float(np.median(times))
+
+
+def product_fits(model, protocol, fits, ring_rows) -> dict:
+    """{batch: (fixed seconds, seconds a slot)} of the ring's products alone (`ring_products`) at the ring sizes
+    of each batch `ring_fits` drew a line for: the same line through their medians, so the step's fixed cost
+    splits into the products' own and the rest."""
+    import numpy as np
+
+    out = {}
+    for batch in (fit[0] for fit in fits):
+        slots = sorted({ring_slots(protocol, row[2]) for row in ring_rows if row[0] == batch})
+        seconds = [ring_products(model, batch, s) for s in slots]
+        per_slot, fixed = np.polyfit(np.asarray(slots, float), np.asarray(seconds, float), 1)
+        out[batch] = (float(fixed), float(per_slot))
+    return out
 
 
 def score_latency(score, state, batch, max_len, segments, n_token):
@@ -568,15 +630,21 @@ def main(argv):
                   f"{cell(rates)} | {spread(rates)[0] / bound:.0%} |")
     fits = ring_fits(model, protocol, ring_rows)
     if fits:
+        products = product_fits(model, protocol, fits, ring_rows)
         print("\nThe Python loop's step against its ring (least squares over the contexts' medians: a step's seconds "
               "= fixed + per slot x ring slots): the per-slot cost is the reads' rate, the fixed cost what a step "
-              "spends apart from the ring (the layers' products, the small ops, the sampler):\n")
+              "spends whatever the ring's size. Beside it the same line through the ring's two products alone "
+              "(`ring_products`: scores and weighted values, every layer, in an XLA loop): XLA's CPU dot runs a "
+              "batched product as one small matrix-vector product a row and head, so part of the fixed cost is "
+              "theirs; the rest is the layers' own products, the small ops and the sampler:\n")
         print("| batch | fixed ms a step | us a ring slot | reads at GB/s | of the measured bandwidth | "
-              "fixed share of the longest ring's step |")
-        print("|---:|---:|---:|---:|---:|---:|")
+              "fixed share of the longest ring's step | products alone: fixed ms, us a slot | fixed ms not theirs |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
         for batch, fixed, per_slot, rate, share in fits:
+            own_fixed, own_slot = products[batch]
             print(f"| {batch} | {fixed * 1e3:.2f} | {per_slot * 1e6:.3f} | {rate / 1e9:.1f} | "
-                  f"{rate / 1e9 / bandwidth:.0%} | {share:.0%} |")
+                  f"{rate / 1e9 / bandwidth:.0%} | {share:.0%} | {own_fixed * 1e3:.2f}, {own_slot * 1e6:.3f} | "
+                  f"{(fixed - own_fixed) * 1e3:.2f} |")
     print(f"\nScoring a segment of {max_len} tokens with the state carried:\n")
     print("| path | batch | p50 ms | p90 ms | p99 ms | tokens/s at p50 |")
     print("|---|---:|---:|---:|---:|---:|")

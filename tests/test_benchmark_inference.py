@@ -121,3 +121,50 @@ def test_ring_fit_recovers_a_steps_fixed_cost_and_the_reads_rate():
     slot_bytes = bench.ring_bytes(model, protocol, batch, 140) / bench.ring_slots(protocol, 140)
     assert rate == pytest.approx(slot_bytes / 1e-6, rel=1e-6)
     assert share == pytest.approx(2e-3 / (2e-3 + 1e-6 * 101), rel=1e-6)
+
+
+def test_the_ring_products_alone_get_a_line_at_the_batches_the_step_got_one():
+    """`product_fits` times the ring's two products alone at the ring sizes of each batch whose step got a line
+    (`ring_fits`), and at no other batch; each fit is finite and each timing a positive number of seconds."""
+    sys.path.insert(0, REPO)
+    from scripts import benchmark_inference as bench
+    from txl_tf.model.protocol import Protocol
+    from txl_tf.model.transformer_xl import TransformerXL
+
+    model = TransformerXL(n_token=11, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
+                          dropatt=0.0, mem_len=100)
+    protocol = Protocol(100)
+    seconds = bench.ring_products(model, 3, 31, steps=4, repeats=2)
+    assert math.isfinite(seconds) and seconds > 0
+    rows = [(3, 10, 30, [1e3] * 3), (3, 50, 70, [9e2] * 3), (1, 10, 30, [5e2] * 3)]
+    fits = bench.ring_fits(model, protocol, rows)
+    assert [fit[0] for fit in fits] == [3]
+    products = bench.product_fits(model, protocol, fits, rows)
+    assert list(products) == [3] and all(math.isfinite(x) for x in products[3]), products
+
+
+def test_a_short_pair_is_timed_again_in_its_round_and_one_slow_call_does_not_make_the_round():
+    """`decode_speeds` on calls of a known cost (20 ms + 0.3 ms a new token) where every 7th call is 50 ms slow: a
+    round times the short pair until its calls take ROUND_SECONDS (at most MOST_PAIRS pairs) and reads the
+    medians, so every round gives the steps' true rate; a pair of calls longer than ROUND_SECONDS (no slow calls) is
+    timed once a round."""
+    sys.path.insert(0, REPO)
+    from scripts import benchmark_inference as bench
+
+    def timer(fixed, slow_calls):
+        made = []
+
+        def run(new, n):
+            made.append((new, n))
+            return fixed + 3e-4 * (new - 1) + (0.05 if slow_calls and len(made) % 7 == 0 else 0.0)
+        return run, made
+
+    quick, quick_calls = timer(0.02, True)
+    slow, slow_calls = timer(0.4, False)
+    rates, calls = bench.decode_speeds({"quick": (quick, False), "slow": (slow, False)}, rows=2, tokens=64,
+                                       repeats=3, most=64)
+    assert rates["quick"] == [pytest.approx(2 / 3e-4)] * 3, rates
+    assert calls["quick"][0] == 64 and calls["quick"][1] == pytest.approx(0.02)
+    pairs = min(bench.MOST_PAIRS, math.ceil(bench.ROUND_SECONDS / (0.04 + 3e-4 * 63)))
+    assert pairs > 1 and len(quick_calls) == 4 + 3 * 2 * pairs  # compiling and calibrating pairs, then the rounds
+    assert len(slow_calls) == 4 + 3 * 2  # one pair a round
