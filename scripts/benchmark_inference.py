@@ -49,7 +49,7 @@ through the loop's seconds a step against its ring slots: its slope the ring's r
 measured), its intercept what a step costs whatever the ring's size, which a share of the bound cannot go past;
 beside it the same line through the ring's two batched products alone, timed at the same ring sizes (XLA's CPU
 dot runs them one matrix-vector product a row and head, 2 x layers x batch x heads a step, each with its own
-cost: at batch 32 most of the step's intercept, 2026-12-02). Then
+cost: at batch 32 about half of the step's intercept, 2026-12-02). Then
 per-segment scoring latency: --segments calls of `score` with max_len tokens and the state carried.
 Timings are wall times of this process on this machine; only figures from one run compare.
 
