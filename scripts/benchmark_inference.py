@@ -42,7 +42,8 @@ For every path, batch and context (a random prompt of that many tokens, consumed
   streaming (batch 1, the Python path): `Generator.stream` making --stream_tokens new tokens greedily,
     --stream_chunk a piece and then in pieces sized by time (the default: one token, then about
     sampling.PIECE_SECONDS each), one compiled call a piece with the decoding state kept between calls: the ms per
-    token after the first piece (what a reader of the stream waits per token) against the decode loop's.
+    token after the first piece (what a reader of the stream waits per token) against the decode loop's making
+    as many new tokens after the same prompt (the same width and ring; timed as above).
 Then the bound the machine's memory reads put on decoding (the ring's bytes per step over the read bandwidth
 measured in the same run) beside the Python loop's tokens/s; at each batch timed at two or more contexts, the line
 through the loop's seconds a step against its ring slots: its slope the ring's reads' rate (against the bandwidth
@@ -554,12 +555,22 @@ def main(argv):
                       f"{latency[1]:.2f} / p99 {latency[2]:.2f} ms; {loop[name]}", flush=True)
             if batch == 1:
                 tokens = FLAGS.stream_tokens
+                # The loop the stream is read against makes the stream's new tokens after the same prompt: the same
+                # width, the same ring (at context 100 the loop of --tokens=64 reads 165 slots, a stream of 256
+                # tokens 357, and a step over the wider ring cost 1.5x as much on an Intel Xeon with AMX)
+                stream_loop = speeds["Python"]
+                if tokens != FLAGS.tokens:
+                    same_width = {"Python": (stop_timer(hub_lm, prompt, model.n_token),
+                                             context + tokens >= protocol.mem_len)}
+                    stream_loop = decode_speeds(same_width, 1, tokens, FLAGS.repeats,
+                                                max(tokens, FLAGS.most_tokens))[0]["Python"]
                 for chunk in (FLAGS.stream_chunk, None):
                     per_token, first = stream_timing(python_generator, prompt[0], tokens, chunk, FLAGS.repeats)
                     pieces = "by time" if chunk is None else str(chunk)
-                    stream_rows.append((context, pieces, tokens, per_token, first, speeds["Python"]))
+                    stream_rows.append((context, pieces, tokens, per_token, first, stream_loop))
                     print(f"{'stream':10s} batch   1 context {context:5d}: {spread(per_token)[0]:.3f} ms a token "
-                          f"after the first piece, pieces of {pieces} ({spread(first)[0]:.1f} ms to it)", flush=True)
+                          f"after the first piece, pieces of {pieces} ({spread(first)[0]:.1f} ms to it); the loop making "
+                          f"{tokens}: {1000 / spread(stream_loop)[0]:.3f} ms a token", flush=True)
             if gpt2 is not None:
                 peer_rows.append((batch, context, speeds["GPT-2"], speeds["Python"], speeds["SavedModel"]))
                 print(f"{'GPT-2':10s} batch {batch:3d} context {context:5d}: {loop['GPT-2']}", flush=True)
@@ -606,7 +617,8 @@ def main(argv):
               f"pieces sized by time, the default: one token, then about {PIECE_SECONDS * 1000:.0f} ms each; one "
               "compiled call per piece, the state kept between calls): ms per token after the first piece and to the "
               f"first piece (the prompt and one piece), the median (min-max) of {FLAGS.repeats} rounds, against the "
-              "decode loop's ms per token (1,000 / the Python path's median tokens/s above):\n")
+              "decode loop's ms per token making the stream's new tokens after the same prompt (1,000 / the Python "
+              "path's median tokens/s, timed as above with N = the new tokens):\n")
         print("| context | pieces | new tokens | streamed ms/token | first piece ms | loop ms/token | streamed / loop |")
         print("|---:|---:|---:|---:|---:|---:|---:|")
         for context, pieces, tokens, per_token, first, loop in stream_rows:
