@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from train_utils import REPO_ROOT
 
-from txl_tf.study import ablation, archive, evidence, report, runs, studies, tables
+from txl_tf.study import ablation, archive, evidence, report, report_context, runs, studies, tables
 
 
 @pytest.fixture(scope="module")
@@ -286,7 +286,7 @@ def test_candidate_tokens_are_the_first_train_share_numbered_densely():
 
 def test_a_rise_past_the_training_span_is_explained_with_the_clamped_cell():
     """The report says why a model's unclamped bpc rises past the training span (RoPE's: 2.04 -> 4.57 bpc) and what
-    its cell clamped at the span shows: the rise gone (distances it never trained on) or still there."""
+    its cell clamped at the span shows: the rise gone (distances it never trained on), still there, or not scored."""
     import copy
 
     from txl_tf.study import report_context
@@ -295,18 +295,21 @@ def test_a_rise_past_the_training_span_is_explained_with_the_clamped_cell():
     section = document["studies"]["context"]
     lines = report_context._past_the_span_lines(section)
     assert [line for line in lines if line] == [
-        "RoPE + recurrence: 2.0369 bpc at memory 256, 4.5718 at 384 unclamped. With same_length a query reads back "
+        "RoPE + recurrence: 2.0343 bpc at memory 256, 4.0750 at 384 unclamped. With same_length a query reads back "
         "as far as the memory, and past memory 256 that is further than any distance a training query reached "
-        "(255): scores at distances it never trained on. It was not scored clamped at 256 in these runs."]
-    for clamped, says in ((2.05, " Clamped at 256 (every longer distance scored as 256) it reads 2.0500 at 384: the "
-                                 "distances it never trained on make the rise, not the further text."),
+        "(255): scores at distances it never trained on. Clamped at 256 (every longer distance scored as 256) it "
+        "reads 2.0370 at 384: the distances it never trained on make the rise, not the further text."]
+    for clamped, says in ((None, " It was not scored clamped at 256 in these runs."),
                           (4.0, " Clamped at 256 it still reads 4.0000 at 384: the clamp does not remove the rise.")):
         changed = copy.deepcopy(section)
-        changed["runs"]["rope"]["test"]["256"] = {"384": clamped}
+        if clamped is None:
+            del changed["runs"]["rope"]["test"]["256"]
+        else:
+            changed["runs"]["rope"]["test"]["256"] = {"384": clamped}
         (line,) = [line for line in report_context._past_the_span_lines(changed) if line]
         assert line.endswith("scores at distances it never trained on." + says), line
     flat = copy.deepcopy(section)
-    flat["runs"]["rope"]["test"]["-1"]["384"] = 2.0369 + 0.0999  # under the threshold: nothing to explain
+    flat["runs"]["rope"]["test"]["-1"]["384"] = 2.0343 + 0.0999  # under the threshold: nothing to explain
     assert report_context._past_the_span_lines(flat) == []
 
 
@@ -319,7 +322,9 @@ def test_readme_block_has_one_row_per_claim_and_a_column_per_corpus():
     first = document["studies"]["context"]
     second = json.loads(json.dumps(first))
     second["setup"]["dataset"], second["key"] = "networkx_code", "context_code"
-    second["comparisons"]["xl_longer"] = {"mean": 0.0123, "low": 0.0101, "high": 0.0145}
+    beyond = second["by_seed"]["claims"]["longer_beyond_xl"]
+    beyond.update(mean=0.0123, low=0.0101, high=0.0145, seeds=[0.0121, 0.0123, 0.0125], p_holm=0.01,
+                  verdict="reversed")
     document["studies"]["context_code"] = second
     block = report.summary(document)
     assert "[networkx_code]" not in block
@@ -335,9 +340,9 @@ def test_readme_block_has_one_row_per_claim_and_a_column_per_corpus():
         expected = report_context.claims(section, tagged=False)
         assert [row[0] for row in rows] == [claim for claim, *_ in expected]
         assert all(row[column].startswith(result + ": ") for row, (*_, result) in zip(rows, expected, strict=True))
-    one_seed = "undecided (1 seed, the plan needs 3; alone: {}): "  # study v3's sections: one seed each
-    assert rows[0][1].startswith(one_seed.format("reproduced") + "-")
-    assert rows[0][2].startswith(one_seed.format("reversed") + "+0.0123 bpc [+0.0101, +0.0145]")
+    assert rows[0][0].startswith("A longer memory beyond the training span (256) helps Transformer-XL")
+    assert rows[0][1].startswith("undecided (Holm-adjusted p = 1): -0.0001 bpc [-0.0006, +0.0004] over 3 seeds: ")
+    assert rows[0][2] == "reversed: +0.0123 bpc [+0.0101, +0.0145] over 3 seeds: +0.0121, +0.0123, +0.0125"
 
 
 @pytest.mark.slow  # CI's slow phase: the fast suite stays near 10 minutes on 2 cores
@@ -477,3 +482,32 @@ def test_a_memory_gain_splits_at_the_training_span_and_the_beyond_part_is_chosen
     decided = context_seeds.section(seeds, settings)["claims"]
     assert decided["xl_vs_no_recurrence"]["verdict"] == "reproduced"
     assert decided["longer_beyond_xl"]["verdict"] == "undecided"  # seed 1 gains nothing beyond the span
+
+
+def test_which_model_rows_read_every_seed_and_a_recl_earned_by_noise_is_named():
+    """The context rows that pick a maximum ("which encoding reaches furthest") read every seed and name a model
+    only when it leads alone in each (docs/study_plan.md, section 3); the RECL verdict says when the models ahead
+    of XL earned their RECL where their own mean bpc rose (section 6)."""
+    document = runs.read_results(str(pathlib.Path(REPO_ROOT) / "docs" / report.PUBLISHED_NAME / "results.json"))
+    for key in report.CONTEXT_SECTIONS:
+        section = document["studies"][key]
+        by_seed = section["by_seed"]
+        rows = {row[0]: row for row in report_context.claims(section, tagged=False)}
+        copies = rows["Which recurrent encoding copies from furthest back (copy probe, memory 1024)"]
+        reach = by_seed["furthest_copy"]
+        assert all(len(v) == 3 for v in reach.values())
+        leader = evidence.same_leader([{n: reach[n][k] for n in reach} for k in range(3)])
+        assert copies[3] == (f"{leader}, in every seed" if leader else copies[3])
+        assert leader is not None or copies[3].startswith("no verdict: no model ahead in every seed (seed 1: ")
+        for n, values in reach.items():  # every model's three distances in the row
+            assert f"{n} {'/'.join(str(v or 'none') for v in values)}" in copies[2]
+        recl_row = next(row for claim, row in rows.items() if claim.startswith("Transformer-XL has the longest RECL"))
+        assert recl_row[3].startswith(by_seed["recl_verdict"])
+        shares = {n: [e["ratios"]["0.1"]["noise_share"][e["models"].index(n)] for e in by_seed["recl"]]
+                  for n in by_seed["recl"][0]["models"]}
+        assert min(shares["shaw"]) >= 0.5 and "by noise: shaw's longer RECL" in recl_row[3]  # published: 100% each
+    synthetic = [{"seed": k, "models": ["xl", "shaw"], "ratios": {"0.1": {"recl": [256, 1024], "noise_share": [0.0, s],
+                                                                          "truncated": [False, True]}}}
+                 for k, s in ((1, 1.0), (2, 0.9), (3, 0.2))]
+    assert report_context._by_noise(synthetic) == ""  # seed 3's longer RECL is mostly a better mean
+    assert "by noise: shaw" in report_context._by_noise(synthetic[:2])

@@ -78,3 +78,20 @@ def test_the_noise_share_counts_gain_earned_while_the_model_got_worse():
     assert math.isclose(share[1], gains[1, 0] / (gains[1, 0] + gains[1, 1]), rel_tol=1e-12)
     assert 0.0 < share[1] < 1.0
     assert evidence.recl_noise_share(losses, 1.0, 0).tolist() == [0.0, 0.0]  # no step counted: no share
+
+
+def test_a_which_model_row_names_a_model_only_when_it_leads_alone_in_every_seed():
+    ahead = [{"xl": 512, "shaw": 256}, {"xl": 768, "shaw": 512}, {"xl": 512, "shaw": 256}]
+    assert evidence.same_leader(ahead) == "xl"
+    assert evidence.same_leader(ahead[:2]) is None  # fewer seeds than the plan's three
+    tied = [*ahead[:2], {"xl": 512, "shaw": 512}]  # a tie at the top in one seed: no leader there
+    assert evidence.same_leader(tied) is None
+    changes = [*ahead[:2], {"xl": 256, "shaw": 512}]  # another model leads in one seed
+    assert evidence.same_leader(changes) is None
+
+
+def test_the_furthest_copy_is_the_longest_distance_whose_interval_is_below_zero():
+    cells = {"128": {"copy_high": -0.01}, "256": {"copy_high": 0.002}, "512": {"copy_high": -0.001},
+             "1024": {"copy_high": 0.0}}
+    assert evidence.furthest_copy(cells, [128, 256, 512, 1024]) == 512  # 1024's interval reaches zero
+    assert evidence.furthest_copy(cells, [256, 1024]) == 0  # none significant

@@ -118,6 +118,15 @@ def section(seed_scores: dict, settings: ContextSettings) -> dict:
     if BASELINE in group and len(group) > 1 and len(recl_grid(settings)) > 1:
         out["recl"] = recl_by_seed(seed_scores, settings, group)
         out["recl_verdict"] = evidence.longest_recl_verdict(out["recl"], BASELINE)
+    # "Which recurrent encoding reaches furthest" per seed (descriptive: plan, section 3): RECL of the recurrent
+    # models on the plan's grid, and the longest probe distance each copies from at the longest memory
+    recurrent = [m.name for m in MODELS if m.name in seed_scores and not m.vanilla]
+    if len(recurrent) > 1 and any(n in LATER for n in recurrent):
+        if len(recl_grid(settings)) > 1:
+            out["recl_recurrent"] = recl_by_seed(seed_scores, settings, recurrent)
+        memory = max(settings.memories)
+        out["furthest_copy"] = {n: [evidence.furthest_copy(s["probe"][memory], settings.probe.distances)
+                                    for s in seed_scores[n]] for n in recurrent}
     # Every vanilla seed's sanity check, shown beside its verdicts (docs/study_plan_v3.md; plan v2 withholds them)
     out["sanity"] = {m.name: [sanity.vanilla_report(s["cells"], settings.train_span, name=f"{m.name} seed {k}",
                                                     block=settings.block)

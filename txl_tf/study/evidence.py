@@ -9,6 +9,8 @@ only when its corrected p-value is below alpha and every seed agrees in sign; ot
     holm            p-values of a family -> Holm-adjusted p-values
     decide          one family of claims -> each with its adjusted p-value and verdict
     longest_recl_verdict  "XL has the longest RECL" over seeds
+    furthest_copy   the longest probe distance a model copies from
+    same_leader     the model strictly ahead in every seed ("which encoding reaches furthest"), or none
     recl_noise_share  the share of a RECL gain earned at steps where the model's own mean loss got worse
     recl_with_noise   one seed's RECL at the paper's ratios with each model's noise share
 
@@ -135,6 +137,29 @@ def longest_recl_verdict(per_seed: list[dict], model: str, r: str = "0.1", min_s
         longest.append(values[model] > max(others))
         shorter.append(values[model] < max(others))
     return REPRODUCED if all(longest) else REVERSED if all(shorter) else UNDECIDED
+
+
+def furthest_copy(cells: dict, distances) -> int:
+    """The longest copy-probe distance at which the second copy is significantly cheaper than the control (its 95%
+    interval over the examples below zero; 0: at none). `cells`: {distance (str): probe summary}."""
+    return max([d for d in distances if cells[str(d)]["copy_high"] < 0], default=0)
+
+
+def same_leader(per_seed: list[dict], min_seeds: int = MIN_SEEDS) -> str | None:
+    """The model that is strictly ahead in every seed, or None (docs/study_plan.md, section 3: a row that picks a
+    maximum over many noisy tests names a model only when the same one wins in every seed). `per_seed`: one
+    {model: value} per seed, larger = further; a tie at the top is no leader, and so are fewer than `min_seeds`
+    seeds."""
+    if len(per_seed) < min_seeds:
+        return None
+    leaders = set()
+    for values in per_seed:
+        top = max(values.values())
+        first = [n for n, v in values.items() if v == top]
+        if len(first) != 1:
+            return None
+        leaders.add(first[0])
+    return leaders.pop() if len(leaders) == 1 else None
 
 
 def why(entry: dict, min_seeds: int = MIN_SEEDS) -> str:

@@ -189,22 +189,76 @@ def _over_seeds(section: dict, rows: list) -> list:
             out.append((claim.replace("... and more", "... and more beyond the span"), paper, ours, result))
         elif claim.startswith("Transformer-XL has the longest RECL") and "recl" in section.get("by_seed", {}):
             by_seed = section["by_seed"]
-            ours = "; ".join(f"seed {e['seed']}: " + ", ".join(
-                f"{n} {v} (noise share {x:.0%})" for n, v, x in zip(
-                    e["models"], e["ratios"]["0.1"]["recl"], e["ratios"]["0.1"]["noise_share"], strict=True))
-                for e in by_seed["recl"])
+            ours = _recl_over_seeds(by_seed["recl"])
             out.append((claim.replace("(appendix C", f"(appendix C, grid {', '.join(map(str, by_seed['recl_grid']))}"),
-                        paper, ours, by_seed["recl_verdict"]))
+                        paper, ours, by_seed["recl_verdict"] + _by_noise(by_seed["recl"])))
+        elif claim.startswith("Which recurrent encoding has the longest RECL") and "recl_recurrent" in section.get(
+                "by_seed", {}):
+            by_seed = section["by_seed"]
+            entries = by_seed["recl_recurrent"]
+            ours = _recl_over_seeds(entries)
+            values = [dict(zip(e["models"], e["ratios"]["0.1"]["recl"], strict=True)) for e in entries]
+            grid = ", ".join(map(str, by_seed["recl_grid"]))
+            out.append((claim.replace("(r = 0.1", f"(r = 0.1, grid {grid}"), paper, ours, _leader_verdict(values)))
+        elif claim.startswith("Which recurrent encoding copies") and "furthest_copy" in section.get("by_seed", {}):
+            reach = section["by_seed"]["furthest_copy"]
+            seeds = range(min(len(v) for v in reach.values()))
+            values = [{n: reach[n][k] for n in _names(section) if n in reach} for k in seeds]
+            ours = (", ".join(f"{n} {'/'.join(str(values[k][n] or 'none') for k in seeds)}" for n in values[0])
+                    + f" (the longest distance with a significant saving, seeds {'/'.join(str(k + 1) for k in seeds)})")
+            out.append((claim, paper, ours, _leader_verdict(values)))
         elif claim.startswith("(finding)"):
-            out.append((claim, paper, ours, result))  # a description of seed 1's training, not a verdict
+            out.append((claim.replace("(finding)", "(finding, seed 1)"), paper, ours, result))  # not a verdict
         else:
             out.append((claim, paper, ours, tables.one_seed(result)))
     return out
 
 
-def _furthest_copy(cells: dict, distances: list) -> int:
-    """The longest probe distance at which the second copy is significantly cheaper than the control (0: none)."""
-    return max([d for d in distances if cells[str(d)]["copy_high"] < 0], default=0)
+def _recl_over_seeds(entries: list[dict]) -> str:
+    """RECL per seed at r = 0.1, each model's values seed 1 first ("xl 256/512/256, ..."), then the noise shares."""
+    seeds = "/".join(str(e["seed"]) for e in entries)
+
+    def values(i: int, key: str, form) -> str:
+        return "/".join(form(e["ratios"]["0.1"], i) for e in entries)
+
+    models = entries[0]["models"]
+    recl = ", ".join(f"{n} {values(i, 'recl', lambda r, j: ('>=' if r['truncated'][j] else '') + str(r['recl'][j]))}"
+                     for i, n in enumerate(models))
+    shares = ", ".join(f"{n} {values(i, 'noise_share', lambda r, j: format(r['noise_share'][j], '.0%'))}"
+                       for i, n in enumerate(models))
+    return f"{recl} (seeds {seeds}; noise share, the part of the gain earned where the model's mean bpc rose: {shares})"
+
+
+def _by_noise(entries: list[dict], model: str = "xl", share: float = 0.5) -> str:
+    """" (by noise: shaw's RECL ...)" when every model whose RECL beats `model`'s in some seed earns at least `share`
+    of its counted gain, in every seed, at steps where its own mean bpc rose (the paper's verdict stands; the
+    reader sees what it rests on)."""
+    ahead = set()
+    for e in entries:
+        values = dict(zip(e["models"], e["ratios"]["0.1"]["recl"], strict=True))
+        ahead |= {n for n, v in values.items() if v > values[model]}
+    if not ahead:
+        return ""
+    noisy = all(e["ratios"]["0.1"]["noise_share"][e["models"].index(n)] >= share for e in entries for n in ahead)
+    if not noisy:
+        return ""
+    names = " and ".join(sorted(ahead))
+    return f" (by noise: {names}'s longer RECL comes where its own mean bpc rose)"
+
+
+def _leader_verdict(values: list[dict]) -> str:
+    """A "which model reaches furthest" row's verdict over seeds ({model: value} per seed): the model strictly ahead
+    in every seed, else no verdict, with each seed's leaders (docs/study_plan.md, section 3)."""
+    leader = evidence.same_leader(values)
+    if leader is not None:
+        return f"{leader}, in every seed"
+    tops = []
+    for k, seed in enumerate(values, start=1):
+        top = max(seed.values())
+        tops.append(f"seed {k}: " + (" = ".join(n for n, v in seed.items() if v == top) if top else "none"))
+    if len(values) < evidence.MIN_SEEDS:
+        return f"no verdict: {len(values)} of the plan's {evidence.MIN_SEEDS} seeds ({'; '.join(tops)})"
+    return f"no verdict: no model ahead in every seed ({'; '.join(tops)})"
 
 
 def _later_encodings(section: dict) -> list[tuple[str, str, str, str]]:
@@ -238,7 +292,7 @@ def _later_encodings(section: dict) -> list[tuple[str, str, str, str]]:
                      "(not in the paper)", ours, result))
     memory, distances = str(max(setup["memories"])), setup["probe"]["distances"]
     recurrent = [m["name"] for m in setup["models"] if not m["vanilla"]]
-    reach = {n: _furthest_copy(section["probe"][n][memory], distances) for n in recurrent}
+    reach = {n: evidence.furthest_copy(section["probe"][n][memory], distances) for n in recurrent}
     furthest = max(reach.values())
     leaders = [n for n in recurrent if reach[n] == furthest]
     rows.append((f"Which recurrent encoding copies from furthest back (copy probe, memory {memory})",
@@ -285,8 +339,8 @@ def section_lines(section: dict, images: str, machine: str) -> list[str]:
     out += markdown_table(["model", "parameters", "training characters", "wall min", "CPU min", "trained at commit"],
                           rows)
     out += ["", TIMES]
-    out += ["", "Test bpc by memory at evaluation (i = init, * = best on validation; the vanilla row on its subset):",
-            ""]
+    out += ["", f"Test bpc by memory at evaluation{_seed_one(section)} (i = init, * = best on validation; the vanilla "
+            "row on its subset):", ""]
     rows = []
     for n in names:
         table = runs[n]["test_subset" if n in vanilla else "test"]
@@ -303,16 +357,78 @@ def section_lines(section: dict, images: str, machine: str) -> list[str]:
             name = label(section, n) + (f", clamp {clamp}" if int(clamp) > 0 else "")
             rows.append([name + (f" (window = min(memory, {setup['train_span']}))" if n in vanilla else ""), *cells])
     out += markdown_table(["model", *[str(m) for m in memories]], rows)
-    out += ["", *_past_the_span_lines(section)]
+    out += ["", *_past_the_span_lines(section), *_span_split_lines(section)]
     out += [f"![test bpc against the memory at evaluation]({images}{_image(section, 'bpc')})", ""]
     curve = section.get("gain_curve")
     if curve:
-        out += ["Transformer-XL's gain (best memory on validation minus init, on test) as training goes on:", ""]
+        out += [f"Transformer-XL's gain (best memory on validation minus init, on test) as training goes on"
+                f"{_seed_one(section, 'only seed 1 keeps its earlier checkpoints')}:", ""]
         out += markdown_table(["step", "training characters", "init bpc", "best memory", "best bpc", "best - init"],
                               [[p["step"], f"{p['tokens']:,}", f"{p['init_bpc']:.4f}", p["best_memory"],
                                 f"{p['best_bpc']:.4f}", interval(p)] for p in curve])
         out += ["", f"![gain against training characters]({images}{_image(section, 'gain')})", ""]
     out += _recl_lines(section, images) + _probe_lines(section, images)
+    return out
+
+
+def _seed_one(section: dict, why: str = "") -> str:
+    """", seed 1's models" where the section has more seeds than the table shows (the tables by memory, context and
+    distance are seed 1's; the claims and the tables over seeds read every seed)."""
+    seeds = section.get("by_seed", {}).get("seeds", {})
+    if not seeds or max(seeds.values()) < 2:
+        return ""
+    return f", seed 1's models{f' ({why})' if why else ''}"
+
+
+def _span_split_lines(section: dict) -> list[str]:
+    """Every recurrent model's gain from a longer memory, per seed, split at the training span (docs/study_plan.md,
+    section 4): inside = L(span) - L(init), beyond = L(m*) - L(span) with m* chosen on validation among the memories
+    from the span on."""
+    by_seed = section.get("by_seed", {})
+    split = by_seed.get("parts")
+    if not split:
+        return []
+    setup = section["setup"]
+    span, init = setup["train_span"], setup["train_memory"]
+    rows = []
+    for n in _names(section):
+        if n not in split:
+            continue
+        seeds = split[n]
+        rows.append([label(section, n), ", ".join(f"{p['inside']:+.4f}" for p in seeds),
+                     ", ".join(f"{p['beyond']:+.4f}" for p in seeds),
+                     "; ".join(_cell({"memory": p["beyond_at"][0], "clamp": p["beyond_at"][1]}) for p in seeds)])
+    n_seeds = max(len(v) for v in split.values())
+    return [f"Each recurrent model's gain from a longer memory over its {n_seeds} seeds (test bpc, seed 1 first), "
+            f"split at the training span: inside it, memory {init} -> {span}; beyond it, memory {span} -> the "
+            f"(memory >= {span}, clamp) of lowest validation bpc (0 where that is {span} itself). The title-claim "
+            "verdicts read the part beyond.", "",
+            *markdown_table(["model", "inside the span", "beyond the span", "chosen beyond"], rows), ""]
+
+
+def _recl_seed_lines(section: dict) -> list[str]:
+    """RECL per seed on the plan's grid (the training span and its multiples), r = 0.1, with each model's noise
+    share: the figures the RECL verdicts read (docs/study_plan.md, section 6)."""
+    by_seed = section.get("by_seed", {})
+    out = []
+    for key, text in (("recl", "the paper's group"), ("recl_recurrent", "the recurrent models")):
+        entries = by_seed.get(key)
+        if not entries:
+            continue
+        models = entries[0]["models"]
+        rows = []
+        for i, n in enumerate(models):
+            cells = []
+            for e in entries:
+                r = e["ratios"]["0.1"]
+                cells.append(f"{'>=' if r['truncated'][i] else ''}{r['recl'][i]} ({r['noise_share'][i]:.0%})")
+            rows.append([label(section, n), *cells])
+        out += [f"RECL over seeds on the plan's grid ({', '.join(map(str, by_seed['recl_grid']))}: a fixed step of "
+                f"{by_seed['recl_grid'][0]} from the training span, as appendix C steps by a fixed Delta), {text}, "
+                "r = 0.1, threshold 0.01, on the vanilla subset; in brackets the noise share, the part of the "
+                "counted gain earned at steps where the model's own mean bpc rose (a RECL earned by scatter, not "
+                "by a better mean). The verdicts read these.", "",
+                *markdown_table(["model", *[f"seed {e['seed']}" for e in entries]], rows), ""]
     return out
 
 
@@ -383,13 +499,14 @@ def _recl_lines(section: dict, images: str) -> list[str]:
     recl = section.get("recl")
     if not recl:
         return []
-    out = ["### RECL (appendix C)", ""]
+    out = ["### RECL (appendix C)", "", *_recl_seed_lines(section)]
     for key, text in (("paper_group", "the paper's four-model group"), ("recurrent", "the recurrent models")):
         if key not in recl:
             continue
         group = recl[key]
         text = f"{text}, on {_recl_tokens(section, group)}"
-        out += [f"Contexts {', '.join(map(str, group['contexts']))}, each model scored at exactly c (the vanilla "
+        out += [f"Contexts {', '.join(map(str, group['contexts']))}{_seed_one(section)}, each model scored at "
+                "exactly c (the vanilla "
                 f"model at its window, up to {section['setup']['train_span']}), threshold 0.01; {text} "
                 f"({group['tokens']:,} characters). "
                 "In brackets the 95% range over block-bootstrap resamples, then the share of resamples in which "
@@ -419,7 +536,8 @@ def _probe_lines(section: dict, images: str) -> list[str]:
     setup = section["setup"]
     p = setup["probe"]
     out = ["### Copy probe", "",
-           f"{p['examples']} stretches of the test split per distance (seed {p['seed']}), in each the last "
+           f"{p['examples']} stretches of the test split per distance (seed {p['seed']}){_seed_one(section)}, in "
+           "each the last "
            f"{p['span']} characters replaced by a copy of the {p['span']} that start `distance` characters earlier; "
            f"each has a control, the same stretch with that earlier span replaced by other text, so the last "
            f"{p['span']} characters are the same and have no earlier occurrence. Cells: bpc on the second copy "
