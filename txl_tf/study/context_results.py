@@ -183,7 +183,7 @@ def run(output_dir: str, data_dir: str, *, models=None, quick: bool = False,
     settings = context.settings_for(quick)
     data = context.splits(data_dir, settings)
     archive_dir = archive_dir or os.path.join(output_dir, "archive")
-    records, scores, seed_scores = {}, {}, {}
+    records, scores, seed_scores, seed_runs = {}, {}, {}, {}
     for model in MODELS:
         for seed in settings.seeds:  # seeds in order: a model's seeds are 1..k
             if not ((models is None or model.name in models) or _finished(
@@ -194,8 +194,9 @@ def run(output_dir: str, data_dir: str, *, models=None, quick: bool = False,
             if seed == 1:
                 records[model.name], scores[model.name] = record, scored
             seed_scores.setdefault(model.name, []).append(scored)
+            seed_runs.setdefault(model.name, []).append({"name": record["name"], "commit": record["commit"]})
     out = section(records, scores, data, settings, quick=quick, corpus=corpus)
-    out["by_seed"] = context_seeds.section(seed_scores, settings)
+    out["by_seed"] = {**context_seeds.section(seed_scores, settings), "runs": seed_runs}
     old = plan_v1_claim(scores, archive_dir, data, settings, data_dir, quick, corpus)
     if old is not None:
         out["comparisons"]["xl_vs_al_rfou_v1"] = old

@@ -45,6 +45,9 @@ def _machine(section: dict) -> str:
     line = (f"Measured on {m['cpu']} ({m['isa']}, {m['cores']} cores) on {m['date']}, commit `{m['commit']}`, "
             f"TensorFlow {m['tensorflow']}, Python {m['python']}.")
     runs = section.get("runs", {})
+    every_seed = section.get("by_seed", {}).get("runs")  # a context section's runs of every seed
+    if every_seed:
+        runs = {r["name"]: r for seeds in every_seed.values() for r in seeds}
     trained = sorted({str(r["commit"]) for r in runs.values() if isinstance(r, dict) and r.get("commit")})
     if not trained or trained == [str(m["commit"])]:
         return line
