@@ -328,7 +328,7 @@ def test_readme_block_has_one_row_per_claim_and_a_column_per_corpus():
     document["studies"]["context_code"] = second
     block = report.summary(document)
     assert "[networkx_code]" not in block
-    general = _table_rows(block, "| claim of the paper |")
+    general = _table_rows(block, "| claim (of the paper, unless marked")
     assert [row[0] for row in general] == [
         row[0] for row in report.claims({**document, "studies": {k: v for k, v in document["studies"].items()
                                                                   if k in ("ablation", "ptb")}})

@@ -452,7 +452,8 @@ def summary(document: dict) -> str:
     lines = [SUMMARY_BEGIN, ""]
     general = _general_claims(document)
     if general:
-        lines += markdown_table(["claim of the paper", "here, at CPU scale", "ours"],
+        lines += markdown_table(["claim (of the paper, unless marked as this project's target)", "here, at CPU scale",
+                                 "ours"],
                                 [(claim, result, _short(ours)) for claim, _, ours, result in general])
     corpora = [corpus for corpus in context.CORPORA if corpus.key in studies]
     if corpora:

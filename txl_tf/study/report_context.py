@@ -481,7 +481,9 @@ def _training_lines(section: dict) -> list[str]:
                               "characters per step as Transformer-XL (so twice its backpropagation length, like the "
                               "paper's memory-matched Table 8 rather than Table 5), and is scored with a memory like "
                               "the others",
-             "al_rfou": f"the vanilla model trains on windows of {span} with learned absolute positions",
+             "al_rfou": f"the vanilla model trains on windows of {span} with learned absolute positions, which at "
+                        "this budget leave it well behind the model without recurrence "
+                        "([why](vanilla_baseline.md))",
              "rope": "RoPE and ALiBi train exactly like Transformer-XL (no position weights: a wider feed-forward "
                      "keeps the parameter count)"}
     chosen = [text for name, text in parts.items() if name in names or (name == "rope" and "alibi" in names)]
