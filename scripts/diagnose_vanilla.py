@@ -32,6 +32,7 @@ from absl import flags
 
 from txl_tf.base import cli, paths
 from txl_tf.study import ablation, runs
+from txl_tf.study.scoring import bits
 
 FLAGS = flags.FLAGS
 WINDOW = 256  # the context study's training window (its training span)
@@ -94,7 +95,7 @@ def main(argv) -> None:
     output_dir = paths.output_dir(FLAGS.output_dir, "--output_dir")
     data_dir = prepared_data(paths.output_dir(FLAGS.data_root, "--data_root"), "enwik8_sample")
     valid = np.asarray(pipeline.read_split(data_dir, "valid"), np.int32)
-    rows, bits = [], lambda x: float(np.mean(x, dtype=np.float64) / math.log(2.0))
+    rows = []
     for name, gin_file, extra in MODELS:
         run = spec(name, gin_file, extra, data_dir, FLAGS.steps, FLAGS.seed, FLAGS.quick)
         run_dir = os.path.join(output_dir, run.name)

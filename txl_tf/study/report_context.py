@@ -218,13 +218,13 @@ def _recl_over_seeds(entries: list[dict]) -> str:
     """RECL per seed at r = 0.1, each model's values seed 1 first ("xl 256/512/256, ..."), then the noise shares."""
     seeds = "/".join(str(e["seed"]) for e in entries)
 
-    def values(i: int, key: str, form) -> str:
+    def values(i: int, form) -> str:
         return "/".join(form(e["ratios"]["0.1"], i) for e in entries)
 
     models = entries[0]["models"]
-    recl = ", ".join(f"{n} {values(i, 'recl', lambda r, j: ('>=' if r['truncated'][j] else '') + str(r['recl'][j]))}"
+    recl = ", ".join(f"{n} {values(i, lambda r, j: ('>=' if r['truncated'][j] else '') + str(r['recl'][j]))}"
                      for i, n in enumerate(models))
-    shares = ", ".join(f"{n} {values(i, 'noise_share', lambda r, j: format(r['noise_share'][j], '.0%'))}"
+    shares = ", ".join(f"{n} {values(i, lambda r, j: format(r['noise_share'][j], '.0%'))}"
                        for i, n in enumerate(models))
     return f"{recl} (seeds {seeds}; noise share, the part of the gain earned where the model's mean bpc rose: {shares})"
 
