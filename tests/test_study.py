@@ -511,3 +511,17 @@ def test_which_model_rows_read_every_seed_and_a_recl_earned_by_noise_is_named():
                  for k, s in ((1, 1.0), (2, 0.9), (3, 0.2))]
     assert report_context._by_noise(synthetic) == ""  # seed 3's longer RECL is mostly a better mean
     assert "by noise: shaw" in report_context._by_noise(synthetic[:2])
+
+
+def test_the_report_names_the_commits_of_the_plans_versions():
+    """The analysis plan's versions are named by the commits that added them (issue 54: the plan's commit named in
+    the report), as the study recorded them from git, so a reader can check that they precede the runs."""
+    document = runs.read_results(str(pathlib.Path(REPO_ROOT) / "docs" / report.PUBLISHED_NAME / "results.json"))
+    recorded = document["studies"]["context"]["by_seed"]["plan_commits"]
+    assert sorted(recorded) == sorted(runs.PLAN_PAGES)
+    text = report.render(document)
+    assert ("Verdicts follow [the analysis plan](study_plan.md) (version 1 committed at `94f7105` on 2026-11-28, "
+            "version 2 committed at `16e5a51` on 2026-11-28, version 3 committed at `45d6a89` on 2026-11-28, before "
+            "the runs they govern") in text
+    here = runs.plan_commits()  # {} outside a git checkout (an installed package, a sandbox)
+    assert here in ({}, recorded)

@@ -196,7 +196,8 @@ def run(output_dir: str, data_dir: str, *, models=None, quick: bool = False,
             seed_scores.setdefault(model.name, []).append(scored)
             seed_runs.setdefault(model.name, []).append({"name": record["name"], "commit": record["commit"]})
     out = section(records, scores, data, settings, quick=quick, corpus=corpus)
-    out["by_seed"] = {**context_seeds.section(seed_scores, settings), "runs": seed_runs}
+    out["by_seed"] = {**context_seeds.section(seed_scores, settings), "runs": seed_runs,
+                      "plan_commits": runs.plan_commits()}
     old = plan_v1_claim(scores, archive_dir, data, settings, data_dir, quick, corpus)
     if old is not None:
         out["comparisons"]["xl_vs_al_rfou_v1"] = old

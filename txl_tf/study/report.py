@@ -356,13 +356,26 @@ def _ptb_section(section: dict) -> list[str]:
     return out + [""]
 
 
+def _plan_commits(studies: dict) -> str:
+    """" (version 1 committed at `94f7105` on 2026-11-28, ...)": the commits that added the plan's versions, as a
+    context section recorded them (runs.plan_commits), so that a reader can check they precede the runs."""
+    pages = next((s["by_seed"]["plan_commits"] for s in studies.values()
+                  if s.get("by_seed", {}).get("plan_commits")), {})
+    if not pages:
+        return ""
+    parts = [f"version {k} committed at `{added['commit']}` on {added['date']}"  # study_plan.md, then _v2, _v3
+             for k, (_, added) in enumerate(sorted(pages.items()), start=1)]
+    return (f" ({', '.join(parts)}, before the runs they govern: `git log -- docs/study_plan*.md studies/archive` "
+            "lists them in order)")
+
+
 def render(document: dict, images: str = "", source: str = "results.json") -> str:
     """The report (Markdown) of a results document; `images` prefixes the PNG paths."""
     studies = document["studies"]
     out = [GENERATED.format(source=source), "", "# Reproducing Transformer-XL's findings at CPU scale", "",
            "Table numbers are those of the paper's arXiv text (Dai et al., 2019, arXiv:1901.02860: Table 5 the "
            "ablation, Table 6 RECL, Table 8 the memory-matched ablation); check them against that text when citing "
-           "the ACL 2019 version. Verdicts follow [the analysis plan](study_plan.md): a "
+           f"the ACL 2019 version. Verdicts follow [the analysis plan](study_plan.md){_plan_commits(studies)}: a "
            "claim is reproduced or reversed only over three seeds of every model it compares; a verdict read from "
            "fewer is undecided, with what the seeds there are read alone.", ""]
     if any(s.get("quick") for s in studies.values()):

@@ -115,6 +115,26 @@ def require_clean_tree(what: str) -> str:
     return head
 
 
+PLAN_PAGES = ("docs/study_plan.md", "docs/study_plan_v2.md", "docs/study_plan_v3.md")  # the analysis plan's versions
+
+
+def plan_commits() -> dict:
+    """{page: {"commit", "date"}} of the commit that added each version of the analysis plan (PLAN_PAGES), for the
+    report to name beside the verdicts; {} outside git or where a page was never committed."""
+    out = {}
+    for page in PLAN_PAGES:
+        try:
+            lines = subprocess.run(["git", "log", "--diff-filter=A", "--format=%h %ad", "--date=short", "--", page],
+                                   cwd=repository_root(), capture_output=True, text=True,
+                                   check=True).stdout.split("\n")
+        except (OSError, subprocess.CalledProcessError):
+            return {}
+        added = [line.split() for line in lines if line.strip()]
+        if added:  # the first time the page was added (the oldest line)
+            out[page] = {"commit": added[-1][0], "date": added[-1][1]}
+    return out
+
+
 def commit() -> str:
     """The repository's HEAD commit, with "+changes" when txl_tf/ or gin/ differ from it ("unknown" outside git)."""
     root = repository_root()
