@@ -73,13 +73,13 @@ def spec(name: str, gin_file: str, extra: tuple, data_dir: str, steps: int, seed
 
 
 def window_losses(run_dir: str, tokens: np.ndarray, count: int) -> np.ndarray:
-    """[count, WINDOW] losses (nats) of non-overlapping validation windows, each scored alone (no memory), as the
+    """[count, WINDOW] losses (nats) of the first `count` non-overlapping validation windows (count * WINDOW + 1
+    tokens at most), each scored alone (no memory), as the
     training loss is: position p predicts from the p + 1 characters of its window up to it."""
     from txl_tf.evaluation import loops as evaluation
     from txl_tf.model.protocol import Protocol
 
     model, _ = runs.load_run_model(run_dir)
-    count = min(count, (len(tokens) - 1) // WINDOW)
     starts = np.arange(count) * WINDOW
     streams = tokens[starts[:, None] + np.arange(WINDOW + 1)[None, :]]  # [count, WINDOW + 1]
     result = evaluation.evaluate_streams(model, streams, tgt_len=WINDOW, protocol=Protocol(mem_len=0),
@@ -95,6 +95,7 @@ def main(argv) -> None:
     output_dir = paths.output_dir(FLAGS.output_dir, "--output_dir")
     data_dir = prepared_data(paths.output_dir(FLAGS.data_root, "--data_root"), "enwik8_sample")
     valid = np.asarray(pipeline.read_split(data_dir, "valid"), np.int32)
+    windows = min(FLAGS.valid_windows, (len(valid) - 1) // WINDOW)  # as many as the split holds
     rows = []
     for name, gin_file, extra in MODELS:
         run = spec(name, gin_file, extra, data_dir, FLAGS.steps, FLAGS.seed, FLAGS.quick)
@@ -102,13 +103,13 @@ def main(argv) -> None:
         done = runs.read_record(run_dir) is not None
         runs.log(f"{run.name}: {'trained already' if done else f'training {FLAGS.steps} steps'} in {run_dir}")
         record = runs.train_run(run, run_dir, echo=False)  # a finished run of other settings is one error line
-        losses = window_losses(run_dir, valid, FLAGS.valid_windows)
+        losses = window_losses(run_dir, valid, windows)
         rows.append([name, f"{record['final_train_loss'] / math.log(2.0):.4f}", f"{bits(losses):.4f}",
                      *[f"{bits(losses[:, lo:hi]):.4f}" for lo, hi in BUCKETS]])
     machine = runs.machine()
     print(f"\n{FLAGS.steps} steps each, seed {FLAGS.seed}, on {machine['cpu']} ({machine['isa']}, "
           f"{machine['cores']} cores), {machine['date']}, commit {machine['commit']}; validation: "
-          f"{min(FLAGS.valid_windows, (len(valid) - 1) // WINDOW)} windows of {WINDOW}, each alone; bits per character\n")
+          f"{windows} windows of {WINDOW}, each alone; bits per character\n")
     header = ["model", "last training bpc", "valid bpc", *[f"positions {lo}-{hi - 1}" for lo, hi in BUCKETS]]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))

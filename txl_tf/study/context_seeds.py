@@ -112,18 +112,20 @@ def section(seed_scores: dict, settings: ContextSettings) -> dict:
                    "baseline)",
            "seeds": {n: len(s) for n, s in seed_scores.items()},
            "claims": evidence.decide(claims) if claims else {}, "parts": split, "recl_grid": list(recl_grid(settings))}
+    recurrent = [m.name for m in MODELS if m.name in seed_scores and not m.vanilla]
     group = [n for n in PAPER_GROUP if n in seed_scores]
     if len(group) < len(PAPER_GROUP):
-        group = [m.name for m in MODELS if m.name in seed_scores and not m.vanilla]
-    if BASELINE in group and len(group) > 1 and len(recl_grid(settings)) > 1:
+        group = recurrent
+    gridded = len(recl_grid(settings)) > 1
+    if BASELINE in group and len(group) > 1 and gridded:
         out["recl"] = recl_by_seed(seed_scores, settings, group)
         out["recl_verdict"] = evidence.longest_recl_verdict(out["recl"], BASELINE)
     # "Which recurrent encoding reaches furthest" per seed (descriptive: plan, section 3): RECL of the recurrent
     # models on the plan's grid, and the longest probe distance each copies from at the longest memory
-    recurrent = [m.name for m in MODELS if m.name in seed_scores and not m.vanilla]
     if len(recurrent) > 1 and any(n in LATER for n in recurrent):
-        if len(recl_grid(settings)) > 1:
-            out["recl_recurrent"] = recl_by_seed(seed_scores, settings, recurrent)
+        if gridded:
+            out["recl_recurrent"] = out["recl"] if group == recurrent and "recl" in out else recl_by_seed(
+                seed_scores, settings, recurrent)
         memory = max(settings.memories)
         out["furthest_copy"] = {n: [evidence.furthest_copy(s["probe"][memory], settings.probe.distances)
                                     for s in seed_scores[n]] for n in recurrent}

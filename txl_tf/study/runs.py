@@ -126,7 +126,7 @@ def plan_commits() -> dict:
         try:
             lines = subprocess.run(["git", "log", "--diff-filter=A", "--format=%h %ad", "--date=short", "--", page],
                                    cwd=repository_root(), capture_output=True, text=True,
-                                   check=True).stdout.split("\n")
+                                   check=True).stdout.splitlines()
         except (OSError, subprocess.CalledProcessError):
             return {}
         added = [line.split() for line in lines if line.strip()]
