@@ -50,7 +50,9 @@ through the loop's seconds a step against its ring slots: its slope the ring's r
 measured), its intercept what a step costs whatever the ring's size, which a share of the bound cannot go past;
 beside it the same line through the ring's two batched products alone, timed at the same ring sizes (XLA's CPU
 dot runs them one matrix-vector product a row and head, 2 x layers x batch x heads a step, each with its own
-cost: at batch 32 about half of the step's intercept, 2026-12-02). Then
+cost: at batch 32 about half of the step's intercept, 2026-12-02); and what the step's dense work (projections,
+feed-forward, logits: `dense_flops`) costs at the matmul peak measured in the run (the share of the bound a step
+that reads at the bandwidth can reach at most) and timed alone with the model's layers (`dense_seconds`). Then
 per-segment scoring latency: --segments calls of `score` with max_len tokens and the state carried.
 Timings are wall times of this process on this machine; only figures from one run compare.
 
@@ -414,7 +416,6 @@ def ring_products(model, batch: int, slots: int, steps: int = 32, repeats: int =
     (`decode_block`): every layer's scores of one query a row and head against the ring's keys [B, N, D, S], a
     softmax, and the values [B, N, D, S] weighted by it; in an XLA loop of `steps` steps (random numbers in the
     compute dtype, each layer's own ring, one warm-up)."""
-    import numpy as np
     import tensorflow as tf
 
     dtype = model.compute_dtype
@@ -428,14 +429,23 @@ def ring_products(model, batch: int, slots: int, steps: int = 32, repeats: int =
             q = tf.matmul(probs, values, transpose_b=True) * tf.cast(0.01, dtype)  # [B, N, 1, D]
         return i + 1, q
 
-    loop = tf.function(lambda q: tf.while_loop(lambda i, q: i < steps, body, (0, q))[1], jit_compile=True)
-    query = tf.random.normal([batch, model.n_head, 1, model.d_head], dtype=dtype)
-    loop(query).numpy()
+    return loop_seconds(body, tf.random.normal([batch, model.n_head, 1, model.d_head], dtype=dtype), steps,
+                        repeats)
+
+
+def loop_seconds(body, start, steps: int, repeats: int) -> float:
+    """Median seconds a step of `body(i, x) -> (i + 1, x)` from `start` in an XLA while loop of `steps` steps,
+    over `repeats` timed loops (one warm-up)."""
+    import numpy as np
+    import tensorflow as tf
+
+    loop = tf.function(lambda x: tf.while_loop(lambda i, x: i < steps, body, (0, x))[1], jit_compile=True)
+    loop(start).numpy()
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        loop(query).numpy()
-        times.append((time.perf_counter() - start) / steps)
+        began = time.perf_counter()
+        loop(start).numpy()
+        times.append((time.perf_counter() - began) / steps)
     return float(np.median(times))
 
 
@@ -451,6 +461,62 @@ def product_fits(model, protocol, fits, ring_rows) -> dict:
         seconds = [ring_products(model, batch, s) for s in slots]
         per_slot, fixed = np.polyfit(np.asarray(slots, float), np.asarray(seconds, float), 1)
         out[batch] = (float(fixed), float(per_slot))
+    return out
+
+
+def dense_flops(model, batch: int) -> int:
+    """Matmul FLOPs a decoding step does besides reading the ring: every layer's projections of the new token (q,
+    k, v, output) and feed-forward, the embedding's and the softmax's products (`forward_flops_per_segment` of a
+    one-token segment with no memory: its scores against the token itself are a few FLOPs a head)."""
+    from txl_tf.model import flops
+
+    return flops.forward_flops_per_segment(**{**model.get_config(), "tgt_len": 1, "mem_len": 0,
+                                              "batch_size": batch})
+
+
+def dense_seconds(model, batch: int, steps: int = 32, repeats: int = 5) -> float:
+    """Median seconds a step of the dense work alone (`dense_flops`), as the decoding step runs it with the
+    model's own layers: the token's embedding, every layer's query and key/value projections, its output
+    projection and residual (`_decoded`, the heads' values replaced by the projections: no ring read) and
+    feed-forward, the log-probabilities and a greedy pick; at batch 1 through the layers' row kernels
+    (`projection.dense_row`), as batch 1's ring step; in an XLA loop of `steps` steps (one warm-up)."""
+    import tensorflow as tf
+
+    from txl_tf.model.projection import dense_row
+
+    rows = [(block.attention.row_kernels(), block.feed_forward.row_kernels()) if batch == 1 else (None, None)
+            for block in model.blocks]
+
+    def body(i, token):
+        h = model.embedding(token)  # [B, 1, d]
+        for block, (attention_rows, feed_forward_rows) in zip(model.blocks, rows, strict=True):
+            attention = block.attention
+            h_in = attention.layer_norm(h) if attention.pre_lnorm else h
+            if attention_rows is None:
+                queries, keys_values = attention._queries(h_in), attention._keys_values(h_in)
+            else:
+                queries, keys_values = dense_row(h_in, attention_rows[0]), dense_row(h_in, attention_rows[1])
+            keys, values = tf.split(keys_values, 2, axis=-1)  # all used: XLA drops dead work
+            heads = tf.reshape(queries + keys + values, [batch, attention.n_head, 1, attention.d_head])
+            h = attention._decoded(h, heads, attention_rows)
+            h = (block.feed_forward(h) if feed_forward_rows is None else
+                 block.feed_forward.decode_row(h, feed_forward_rows))
+        return i + 1, tf.argmax(model.log_probs(h), axis=-1, output_type=tf.int32)  # [B, 1]
+
+    return loop_seconds(body, tf.zeros([batch, 1], tf.int32), steps, repeats)
+
+
+def ceilings(model, protocol, fits, ring_rows, bandwidth: float, peak: float) -> list:
+    """(batch, slots, bound seconds, dense FLOPs, dense seconds at `peak`, the most of the bound a step can reach)
+    at each fitted batch's longest ring: a step that reads the ring at `bandwidth` and does its dense work
+    (`dense_flops`) at the matmul `peak`, one after the other, takes bound + dense seconds, so it reaches at most
+    bound / (bound + dense) of the memory-read bound, whatever the kernel that reads the ring."""
+    out = []
+    for batch in (fit[0] for fit in fits):
+        positions = max(row[2] for row in ring_rows if row[0] == batch)
+        size = ring_bytes(model, protocol, batch, positions)
+        bound, work = size / (bandwidth * 1e9), dense_flops(model, batch)
+        out.append((batch, ring_slots(protocol, positions), bound, work, work / peak, bound / (bound + work / peak)))
     return out
 
 
@@ -657,6 +723,23 @@ def main(argv):
             print(f"| {batch} | {fixed * 1e3:.2f} | {per_slot * 1e6:.3f} | {rate / 1e9:.1f} | "
                   f"{rate / 1e9 / bandwidth:.0%} | {share:.0%} | {own_fixed * 1e3:.2f}, {own_slot * 1e6:.3f} | "
                   f"{(fixed - own_fixed) * 1e3:.2f} |")
+        from txl_tf.model.flops import measure_matmul_peak
+
+        peak = measure_matmul_peak(model.compute_dtype, jit_compile=True)
+        print(f"\nThe ceiling a step's other work puts on the share of the bound (issue 55's goal: 90% at batch 32): "
+              f"a step also does its dense work (the new token's projections and feed-forward, the logits), "
+              f"compute-bound; at the {model.compute_dtype} matmul peak measured in this run ({peak / 1e9:.1f} "
+              "GFLOP/s, XLA, 2048-square products) it takes the time below. A step that reads the ring at the "
+              "measured bandwidth and then does that work at the peak reaches at most bound / (bound + dense) of "
+              "the bound; beside it the fit's fixed cost, what the loop's step spends besides the ring now, and the dense work "
+              "timed alone with the model's layers (XLA's kernels of these small products run well below the peak):\n")
+        print("| batch | ring slots | bound ms a step | dense MFLOP a step | dense ms at the peak | at most of the "
+              "bound | fixed ms a step (fit) | dense work alone, ms (`dense_seconds`) |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for (batch, slots, bound, work, seconds, most), fit in zip(
+                ceilings(model, protocol, fits, ring_rows, bandwidth, peak), fits, strict=True):
+            print(f"| {batch} | {slots:,} | {bound * 1e3:.2f} | {work / 1e6:.1f} | {seconds * 1e3:.2f} | {most:.0%} | "
+                  f"{fit[1] * 1e3:.2f} | {dense_seconds(model, batch) * 1e3:.2f} |")
     print(f"\nScoring a segment of {max_len} tokens with the state carried:\n")
     print("| path | batch | p50 ms | p90 ms | p99 ms | tokens/s at p50 |")
     print("|---|---:|---:|---:|---:|---:|")

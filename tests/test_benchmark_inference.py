@@ -145,6 +145,37 @@ def test_the_ring_products_alone_get_a_line_at_the_batches_the_step_got_one():
     assert list(products) == [3] and all(math.isfinite(x) for x in products[3]), products
 
 
+def test_the_dense_work_and_the_ceiling_it_puts_on_the_share_of_the_bound():
+    """`dense_flops` counts a step's products besides the ring by hand (2 layers of q, k, v, output projections
+    and feed-forward for each row, the logits, and the few FLOPs of one token's scores against itself), and
+    `ceilings` gives, at each fitted batch's longest ring, bound / (bound + dense at the peak)."""
+    sys.path.insert(0, REPO)
+    from scripts import benchmark_inference as bench
+    from txl_tf.model.protocol import Protocol
+    from txl_tf.model.transformer_xl import TransformerXL
+
+    model = TransformerXL(n_token=11, n_layer=2, d_model=16, n_head=2, d_head=8, d_inner=32, dropout=0.0,
+                          dropatt=0.0, mem_len=100)
+    batch, d, width, inner = 3, 16, 16, 32
+    per_layer = batch * (2 * d * 3 * width + 2 * width * d + 2 * 2 * d * inner)  # projections, feed-forward
+    per_layer += batch * (2 * width + 2 * 2 * width + 2 * width)  # (a)+(c) against the one key, (b)+(d) against it
+    per_layer += 2 * d * width  # and rel_shift's zero row, probabilities x values; W_R R of the one position
+    expected = 2 * per_layer
+    expected += batch * 2 * d * 11  # the logits over 11 tokens
+    assert bench.dense_flops(model, batch) == expected
+    protocol = Protocol(100)
+    rows = [(batch, 10, 30, [1e3] * 3), (batch, 50, 140, [9e2] * 3), (1, 10, 30, [5e2] * 3)]
+    fits = [(batch, 2e-3, 1e-6, 1e9, 0.5)]
+    [(fit_batch, slots, bound, work, seconds, most)] = bench.ceilings(model, protocol, fits, rows, 10.0, 1e9)
+    assert (fit_batch, slots, work) == (batch, 101, expected)
+    assert bound == pytest.approx(bench.ring_bytes(model, protocol, batch, 140) / 1e10, rel=1e-9)
+    assert seconds == pytest.approx(expected / 1e9) and most == pytest.approx(bound / (bound + expected / 1e9))
+    assert 0 < most < 1
+    for rows in (batch, 1):  # the dense work alone in an XLA loop; batch 1 through the row kernels
+        seconds = bench.dense_seconds(model, rows, steps=4, repeats=2)
+        assert math.isfinite(seconds) and seconds > 0
+
+
 def test_a_short_pair_is_timed_again_in_its_round_and_one_slow_call_does_not_make_the_round():
     """`decode_speeds` on calls of a known cost (20 ms + 0.3 ms a new token) where every 7th call is 50 ms slow: a
     round times the short pair until its calls take ROUND_SECONDS (at most MOST_PAIRS pairs) and reads the
