@@ -36,8 +36,8 @@ test-all: venv
 # The tests marked slow (CI's slow phase): two files at a time as `test` runs them (one such test keeps about one
 # of 2 cores busy: 108 of them ran 61 minutes in one process on a 2-core AMD EPYC, AVX2, 2026-11-29, at a load of
 # ~1.1), then, one at a time, the files whose tests time a run against a bound (a lost worker's end, a kill's
-# resume), which a second test on the same cores could stretch.
-SLOW_SERIAL ?= tests/test_cluster.py tests/test_train.py
+# resume, a training path's choice on a busy machine), which a second test on the same cores could stretch.
+SLOW_SERIAL ?= tests/test_autotune_busy.py tests/test_cluster.py tests/test_train.py
 test-slow: venv
 	$(PY) -m pytest -q -m slow -n $(TEST_WORKERS) --dist loadfile --durations=25 \
 	  $(foreach file,$(SLOW_SERIAL),--ignore=$(file))

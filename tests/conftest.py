@@ -41,6 +41,16 @@ def _no_gin_bindings_left_behind():
 
 
 @pytest.fixture
+def autotune_cache(tmp_path, monkeypatch):
+    """The training-path cache file of a private TXL_TF_CACHE (not written yet), $TXL_TF_AUTOTUNE unset."""
+    from txl_tf.training import autotune
+
+    monkeypatch.setenv("TXL_TF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(autotune.MEASURE_ENV, raising=False)
+    return tmp_path / "cache" / autotune.CHOICES_FILE
+
+
+@pytest.fixture
 def fixture_dir():
     if not (FIXTURE_DIR / "golden.npz").exists():
         pytest.skip(f"golden fixtures not found at {FIXTURE_DIR} (set TXL_SHARED_DIR to the shared/ folder)")

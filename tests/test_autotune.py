@@ -28,10 +28,8 @@ def char_data(tmp_path_factory):
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TXL_TF_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv(autotune.MEASURE_ENV, raising=False)
-    return tmp_path / "cache" / autotune.CHOICES_FILE
+def cache(autotune_cache):
+    return autotune_cache
 
 
 @pytest.fixture
