@@ -731,8 +731,9 @@ def main(argv):
               f"compute-bound; at the {model.compute_dtype} matmul peak measured in this run ({peak / 1e9:.1f} "
               "GFLOP/s, XLA, 2048-square products) it takes the time below. A step that reads the ring at the "
               "measured bandwidth and then does that work at the peak reaches at most bound / (bound + dense) of "
-              "the bound; beside it the fit's fixed cost, what the loop's step spends besides the ring now, and the dense work "
-              "timed alone with the model's layers (XLA's kernels of these small products run well below the peak):\n")
+              "the bound; beside it the fit's fixed cost, what the loop's step spends besides the ring now, and the "
+              "dense work timed alone with the model's layers (XLA's kernels of these small products run well below "
+              "the peak):\n")
         print("| batch | ring slots | bound ms a step | dense MFLOP a step | dense ms at the peak | at most of the "
               "bound | fixed ms a step (fit) | dense work alone, ms (`dense_seconds`) |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|")
